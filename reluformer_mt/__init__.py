@@ -1,0 +1,13 @@
+"""reluformer-mt: ReLU-attention Transformers for (document-level) machine translation.
+
+``fairseq-train --user-dir reluformer_mt`` imports this package, which registers the models,
+architectures, criteria and tasks, and first neutralises two traps of the Python-3.11 fairseq
+builds (see :mod:`reluformer_mt.fairseq_compat`).
+"""
+__version__ = "0.1.0"
+
+from reluformer_mt import fairseq_compat as _fairseq_compat
+
+_fairseq_compat.apply()
+
+from reluformer_mt import models, criteria, tasks  # noqa: E402,F401  (registration side effects)

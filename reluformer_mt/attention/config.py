@@ -1,0 +1,67 @@
+"""The options of one attention sublayer, validated in one place."""
+from dataclasses import dataclass
+
+from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS
+
+GAMMA_MODES = ("fixed", "layer", "head")
+RELA_VARIANTS = ("gated", "ungated")
+ATTENTION_IMPLS = ("auto", "dense", "blocked")
+
+
+class AttentionOptionError(ValueError):
+    """A bad attention option; the message names the option and the accepted values."""
+
+
+@dataclass
+class AttentionConfig:
+    """Options of one attention sublayer.
+
+    fn: the weight function (see ``functions.ATTENTION_FUNCTIONS``).
+    relu_gamma / relu_gamma_mode: ReLUFormer's temperature; ``fixed`` keeps it constant,
+        ``layer``/``head`` learn one scalar per layer / per head, initialised at relu_gamma.
+        (Secondary sources disagree whether gamma is learned; both are offered, fixed by default.)
+    relu_scale_logits: keep the 1/sqrt(d_h) inside the ReLU (the paper does not say; default True).
+    rela_variant: ``gated`` (ReLA-g, the released variant) or ``ungated`` (ReLA-i: RMSNorm only).
+    rela_gain_init: initial RMSNorm gain of ReLA (ReLA-i's specialised value is unpublished).
+    pointwise_alpha / pointwise_activation: ReLU-ViT's n^-alpha * h(s).
+    qk_layernorm: LayerNorm on queries and keys (per head) before the dot product (ReLU-ViT).
+    output_gate: the gated attention unit of ReLU-ViT: the attention output is multiplied
+        element-wise by a linear projection of the query input before the output projection.
+    impl / blocked_min_len / block_size: the memory-bounded path for long sequences.
+    """
+
+    fn: str = "softmax"
+    relu_gamma: float = 1.0
+    relu_gamma_mode: str = "fixed"
+    relu_scale_logits: bool = True
+    rela_variant: str = "gated"
+    rela_gain_init: float = 1.0
+    pointwise_alpha: float = 1.0
+    pointwise_activation: str = "relu"
+    qk_layernorm: bool = False
+    output_gate: bool = False
+    impl: str = "auto"
+    blocked_min_len: int = 2048
+    block_size: int = 512
+
+    def validate(self, option_prefix: str = "") -> "AttentionConfig":
+        def fail(option, value, expected):
+            raise AttentionOptionError(f"--{option_prefix}{option}: got {value!r}, expected {expected}")
+
+        if self.fn not in ATTENTION_FUNCTIONS:
+            fail("attn-fn", self.fn, "one of " + ", ".join(ATTENTION_FUNCTIONS))
+        if not (self.relu_gamma > 0):
+            fail("relu-gamma", self.relu_gamma, "a number > 0")
+        if self.relu_gamma_mode not in GAMMA_MODES:
+            fail("relu-gamma-mode", self.relu_gamma_mode, "one of " + ", ".join(GAMMA_MODES))
+        if self.rela_variant not in RELA_VARIANTS:
+            fail("rela-variant", self.rela_variant, "one of " + ", ".join(RELA_VARIANTS))
+        if not (0.0 <= self.pointwise_alpha <= 2.0):
+            fail("pointwise-alpha", self.pointwise_alpha, "a number in [0, 2]")
+        if self.pointwise_activation not in POINTWISE_ACTIVATIONS:
+            fail("pointwise-h", self.pointwise_activation, "one of " + ", ".join(POINTWISE_ACTIVATIONS))
+        if self.impl not in ATTENTION_IMPLS:
+            fail("attn-impl", self.impl, "one of " + ", ".join(ATTENTION_IMPLS))
+        if self.block_size < 1:
+            fail("attn-block-size", self.block_size, "a positive integer")
+        return self

@@ -1,0 +1,252 @@
+"""The one multi-head attention module of reluformer-mt, with the weight function an option.
+
+It subclasses fairseq's ``MultiheadAttention`` instead of replacing it, for three reasons:
+parameter names (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``) stay fairseq's, so a softmax
+model and fairseq's ``transformer`` load each other's weights; the incremental-decoding cache
+and ``reorder_incremental_state`` used by beam search stay fairseq's; and the softmax function
+calls fairseq's own forward (PyTorch's fused attention), so the baseline keeps fairseq's speed.
+Every other function runs :meth:`ReluformerAttention._attend`, which computes the logits,
+applies a function from :mod:`reluformer_mt.attention.functions`, and the output transforms
+(ReLA's RMSNorm and gate, ReLU-ViT's gated unit).
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from fairseq.modules.multihead_attention import MultiheadAttention
+from torch import Tensor
+
+from reluformer_mt.attention import functions as F_attn
+from reluformer_mt.attention.config import AttentionConfig
+
+# ReLA's RMSNorm epsilon and gate initialisation range, from the official code (bzhangGo/zero)
+RELA_EPS = 1e-8
+RELA_GATE_INIT_RANGE = 0.077
+
+
+class ReluformerAttention(MultiheadAttention):
+    """Multi-head attention whose weight function is ``config.fn``.
+
+    Input and output shapes are fairseq's (Time x Batch x Channel). Attention weights are
+    returned per head (heads x batch x tgt x src) with ``need_head_weights`` and averaged over
+    heads with ``need_weights``, as in fairseq.
+
+    Recording (off by default, so training pays nothing for it): set ``record_stats`` to make
+    each forward add counts of zero weights, null rows and (with ``regularise``) ReLUFormer's
+    row losses into ``self.stats``; the criterion reads and clears them.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, config: AttentionConfig, kdim=None, vdim=None,
+                 dropout: float = 0.0, self_attention: bool = False,
+                 encoder_decoder_attention: bool = False, q_noise: float = 0.0, qn_block_size: int = 8):
+        super().__init__(embed_dim, num_heads, kdim=kdim, vdim=vdim, dropout=dropout,
+                         self_attention=self_attention,
+                         encoder_decoder_attention=encoder_decoder_attention,
+                         q_noise=q_noise, qn_block_size=qn_block_size)
+        self.config = config.validate()
+        self.fn = config.fn
+
+        if config.relu_gamma_mode == "layer":
+            self.gamma = nn.Parameter(torch.tensor(float(config.relu_gamma)))
+        elif config.relu_gamma_mode == "head":
+            self.gamma = nn.Parameter(torch.full((num_heads,), float(config.relu_gamma)))
+        else:
+            self.gamma = None
+
+        self.rela_gain = self.rela_gate = None
+        if self.fn == "rela":
+            self.rela_gain = nn.Parameter(torch.full((embed_dim,), float(config.rela_gain_init)))
+            if config.rela_variant == "gated":
+                self.rela_gate = nn.Parameter(
+                    torch.empty(embed_dim).uniform_(-RELA_GATE_INIT_RANGE, RELA_GATE_INIT_RANGE))
+
+        self.q_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
+        self.k_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
+        self.gate_proj = nn.Linear(embed_dim, embed_dim) if config.output_gate else None
+
+        self.record_stats = False
+        self.regularise = False
+        self.entropy_margin_ratio = 0.7
+        self.stats: Dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def uses_fairseq_forward(self) -> bool:
+        """Plain softmax attention runs fairseq's own (fused) forward."""
+        return self.fn == "softmax" and self.q_norm is None and self.gate_proj is None
+
+    def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
+        """(T, B, H*D) -> (B, H, T, D)."""
+        return x.contiguous().view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def _gamma(self, dtype) -> Tensor:
+        if self.gamma is None:
+            return torch.tensor(self.config.relu_gamma, dtype=dtype)
+        return self.gamma.to(dtype).view(-1, 1, 1) if self.gamma.dim() == 1 else self.gamma.to(dtype)
+
+    def attention_weights(self, scores: Tensor, keep: Tensor, n_visible: Tensor) -> Tensor:
+        """Dispatch to the named weight function."""
+        fn = self.fn
+        if fn == "softmax":
+            return F_attn.softmax_weights(scores, keep)
+        if fn == "relu":
+            return F_attn.relu_weights(scores, keep, n_visible, self._gamma(scores.dtype))
+        if fn == "rela":
+            return F_attn.rela_weights(scores, keep)
+        if fn == "pointwise":
+            return F_attn.pointwise_weights(scores, keep, n_visible, self.config.pointwise_alpha,
+                                            self.config.pointwise_activation)
+        if fn == "sparsemax":
+            return F_attn.sparsemax_weights(scores, keep)
+        if fn == "entmax15":
+            return F_attn.entmax15_weights(scores, keep)
+        raise AssertionError(fn)  # validated in AttentionConfig
+
+    def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
+                      key_padding_mask: Optional[Tensor], device) -> Tuple[Tensor, Optional[Tensor]]:
+        """Bool mask (B or 1, 1, T, S) of keys each query may see, and an additive float mask.
+
+        fairseq gives the causal mask as a float (T, S) tensor of 0 / -inf (or a bool one);
+        finite non-zero entries (e.g. a bias) are returned separately to add to the logits.
+        """
+        keep = torch.ones(1, 1, tgt_len, src_len, dtype=torch.bool, device=device)
+        additive = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                blocked = attn_mask
+            else:
+                blocked = torch.isneginf(attn_mask)
+                finite = attn_mask.masked_fill(blocked, 0.0)
+                if finite.any():
+                    additive = finite.view(1, 1, tgt_len, src_len)
+            keep = keep & ~blocked.view(1, 1, tgt_len, src_len)
+        if key_padding_mask is not None:
+            keep = keep & ~key_padding_mask.bool().view(-1, 1, 1, src_len)
+        return keep, additive
+
+    # ------------------------------------------------------------------ attention core
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, additive: Optional[Tensor],
+                want_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted."""
+        scale_logits = self.fn != "relu" or self.config.relu_scale_logits
+        scores = torch.matmul(q * self.scaling if scale_logits else q, k.transpose(-1, -2))
+        if additive is not None:
+            scores = scores + additive
+        n_visible = keep.sum(-1, keepdim=True)
+        weights = self.attention_weights(scores, keep, n_visible)
+        if self.record_stats:
+            self._record(weights, keep, n_visible)
+        out = torch.matmul(self.dropout_module(weights), v)
+        return out, (weights if want_weights else None)
+
+    def _record(self, weights: Tensor, keep: Tensor, n_visible: Tensor) -> None:
+        keep_full = keep.expand_as(weights)
+        live_rows = keep_full.any(-1)
+        nonzero = weights.detach() != 0
+        add = {
+            "zeros": (~nonzero & keep_full).sum(),
+            "visible": keep_full.sum(),
+            "null_rows": (live_rows & ~nonzero.any(-1)).sum(),
+            "rows": live_rows.sum(),
+        }
+        if self.regularise:
+            norm_loss, margin, used = F_attn.row_regularisers(weights, keep, n_visible,
+                                                              self.entropy_margin_ratio)
+            add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
+        for key, value in add.items():
+            self.stats[key] = self.stats.get(key, 0) + value
+
+    def _output_transform(self, out: Tensor, query: Tensor) -> Tensor:
+        """ReLA's RMSNorm (+ gate) over the concatenated heads; ReLU-ViT's gated unit."""
+        if self.fn == "rela":
+            rms = torch.sqrt(out.float().pow(2).mean(-1, keepdim=True) + RELA_EPS).type_as(out)
+            normed = self.rela_gain * out / rms
+            out = normed * torch.sigmoid(self.rela_gate * out) if self.rela_gate is not None else normed
+        if self.gate_proj is not None:
+            out = out * self.gate_proj(query)
+        return out
+
+    # ------------------------------------------------------------------ fairseq interface
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False):
+        # fairseq's fused path averages the heads, so per-head weights take the generic path
+        if self.uses_fairseq_forward and not before_softmax and not need_head_weights:
+            out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
+                                           incremental_state=incremental_state, need_weights=need_weights,
+                                           static_kv=static_kv, attn_mask=attn_mask,
+                                           need_head_weights=need_head_weights)
+            if self.record_stats:
+                self._record_dense_rows(query.size(0), query.size(1))
+            return out, weights
+        if before_softmax:
+            raise ValueError("before_softmax is only defined for softmax attention")
+        need_weights = need_weights or need_head_weights
+
+        tgt_len, bsz, _ = query.size()
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if saved is not None and static_kv and "prev_key" in saved:
+            key = value = None  # encoder keys/values are cached from the first step
+
+        q = self._split_heads(self.q_proj(query), bsz)
+        k = v = None
+        if self.self_attention:
+            k, v = self.k_proj(query), self.v_proj(query)
+        elif key is not None:
+            k, v = self.k_proj(key), self.v_proj(value)
+        if k is not None:
+            k, v = self._split_heads(k, k.size(1)), self._split_heads(v, v.size(1))
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k) if k is not None else None
+
+        if saved is not None:
+            k, v, key_padding_mask = self._update_cache(saved, k, v, key_padding_mask, static_kv)
+            self._set_input_buffer(incremental_state, saved)
+
+        kv_bsz, src_len = k.size(0), k.size(2)
+        if kv_bsz != bsz:  # beam search shares one copy of the encoder keys per sentence
+            repeat = bsz // kv_bsz
+            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
+
+        keep, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, query.device)
+        out, weights = self._attend(q, k, v, keep, additive, need_weights)
+
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
+        out = self.out_proj(self._output_transform(out, query))
+
+        if weights is not None:
+            weights = weights.float().transpose(0, 1)  # heads x batch x tgt x src
+            if not need_head_weights:
+                weights = weights.mean(0)
+        return out, weights
+
+    def _update_cache(self, saved, k, v, key_padding_mask, static_kv):
+        """Append this step's keys/values to fairseq's incremental cache, (B, H, S, D) layout."""
+        if "prev_key" in saved:
+            if static_kv:
+                k, v = saved["prev_key"], saved["prev_value"]
+            else:
+                k = torch.cat([saved["prev_key"], k], dim=2)
+                v = torch.cat([saved["prev_value"], v], dim=2)
+        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=saved.get("prev_key_padding_mask"),
+            batch_size=k.size(0), src_len=k.size(2), static_kv=static_kv)
+        saved["prev_key"], saved["prev_value"] = k, v
+        saved["prev_key_padding_mask"] = key_padding_mask
+        return k, v, key_padding_mask
+
+    def _record_dense_rows(self, tgt_len: int, bsz: int) -> None:
+        """Softmax rows are never null and never hold exact zeros: count rows only."""
+        rows = torch.tensor(tgt_len * bsz * self.num_heads)
+        for key, value in (("rows", rows), ("zeros", torch.tensor(0)), ("null_rows", torch.tensor(0))):
+            self.stats[key] = self.stats.get(key, 0) + value
+
+    def pop_stats(self) -> Dict[str, Tensor]:
+        stats, self.stats = self.stats, {}
+        return stats

@@ -1,0 +1,1 @@
+from reluformer_mt.criteria import reluformer_criterion  # noqa: F401

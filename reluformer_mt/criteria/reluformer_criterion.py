@@ -1,0 +1,104 @@
+"""Label-smoothed cross-entropy plus ReLUFormer's attention regularisers and attention statistics.
+
+ReLUFormer (Shen et al. 2023, arXiv:2302.06461) adds two losses over the scaled ReLU weights a_i
+of each query row: the normalisation loss |log sum_j a_ij| and the entropy-margin loss
+max(H(p_i) - 0.7 log n_i, 0). Their weights are not published; we default both to 0.1, which
+keeps them an order of magnitude below the cross-entropy at the start of training and trained
+stably in our runs (tests/test_end_to_end.py), and make them options.
+
+Per update the criterion also logs, for every attention sublayer, the sparsity rate (share of
+exact zeros among visible weights), the null-attention rate (share of query rows with no
+non-zero weight) and the two regularisers (row means), so fairseq's progress lines and
+validation show them.
+"""
+from dataclasses import dataclass, field
+
+import torch
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion, LabelSmoothedCrossEntropyCriterionConfig)
+from fairseq.logging import metrics
+
+from reluformer_mt.attention import ATTENTION_FUNCTIONS, ReluformerAttention
+
+STAT_KEYS = ("zeros", "visible", "null_rows", "rows", "norm_loss", "entropy_margin", "reg_rows")
+
+
+@dataclass
+class ReluformerCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    norm_loss_weight: float = field(default=0.1, metadata={"help": "weight of ReLUFormer's normalisation loss |log sum_j a_ij|"})
+    entropy_margin_weight: float = field(default=0.1, metadata={"help": "weight of ReLUFormer's entropy-margin loss max(H - C, 0)"})
+    entropy_margin_ratio: float = field(default=0.7, metadata={"help": "C_i = ratio * log(n_i)"})
+    regularise_fns: str = field(default="relu", metadata={"help": "comma-separated attention functions whose rows get the two losses"})
+    attention_stats: bool = field(default=True, metadata={"help": "log sparsity and null-attention rates per update"})
+
+
+@register_criterion("reluformer_cross_entropy", dataclass=ReluformerCriterionConfig)
+class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 norm_loss_weight=0.1, entropy_margin_weight=0.1, entropy_margin_ratio=0.7,
+                 regularise_fns="relu", attention_stats=True):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        for name, value in (("norm-loss-weight", norm_loss_weight), ("entropy-margin-weight", entropy_margin_weight)):
+            if value < 0:
+                raise ValueError(f"--{name}: got {value}, expected a number >= 0")
+        self.regularise_fns = {f.strip() for f in regularise_fns.split(",") if f.strip()}
+        unknown = self.regularise_fns - set(ATTENTION_FUNCTIONS)
+        if unknown:
+            raise ValueError(f"--regularise-fns: unknown {', '.join(sorted(unknown))}; expected names from {', '.join(ATTENTION_FUNCTIONS)}")
+        self.norm_loss_weight = norm_loss_weight
+        self.entropy_margin_weight = entropy_margin_weight
+        self.entropy_margin_ratio = entropy_margin_ratio
+        self.attention_stats = attention_stats
+
+    def _attention_modules(self, model):
+        return [m for m in model.modules() if isinstance(m, ReluformerAttention)]
+
+    def forward(self, model, sample, reduce=True):
+        modules = self._attention_modules(model)
+        regularising = self.norm_loss_weight > 0 or self.entropy_margin_weight > 0
+        for m in modules:
+            m.regularise = regularising and m.fn in self.regularise_fns
+            m.record_stats = self.attention_stats or m.regularise
+            m.entropy_margin_ratio = self.entropy_margin_ratio
+            m.stats = {}
+
+        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
+
+        totals = {k: 0 for k in STAT_KEYS}
+        for m in modules:
+            for k, v in m.pop_stats().items():
+                totals[k] = totals[k] + v
+            m.record_stats = m.regularise = False
+
+        if torch.is_tensor(totals["reg_rows"]) and totals["reg_rows"] > 0:
+            rows = totals["reg_rows"].clamp(min=1)
+            reg = (self.norm_loss_weight * totals["norm_loss"] + self.entropy_margin_weight * totals["entropy_margin"]) / rows
+            # the CE is a sum over the sample; the regulariser is a per-row mean: scale alike
+            loss = loss + reg * sample_size
+        for k in STAT_KEYS:
+            v = totals[k]
+            logging_output[f"attn_{k}"] = float(v.detach()) if torch.is_tensor(v) else float(v)
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+
+        def total(key):
+            return sum(log.get(f"attn_{key}", 0) for log in logging_outputs)
+
+        if total("visible") > 0:
+            metrics.log_scalar("attn_sparsity", total("zeros") / total("visible"), total("visible"), round=4)
+        if total("rows") > 0:
+            metrics.log_scalar("attn_null", total("null_rows") / total("rows"), total("rows"), round=4)
+        if total("reg_rows") > 0:
+            metrics.log_scalar("attn_norm_loss", total("norm_loss") / total("reg_rows"), total("reg_rows"), round=4)
+            metrics.log_scalar("attn_entropy_margin", total("entropy_margin") / total("reg_rows"), total("reg_rows"), round=4)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True
+
+
+__all__ = ["ReluformerCriterion", "ReluformerCriterionConfig"]

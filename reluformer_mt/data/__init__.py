@@ -1,0 +1,1 @@
+"""Corpus readers, document segmentation, SentencePiece and binarisation helpers."""

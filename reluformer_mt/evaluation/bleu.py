@@ -1,0 +1,424 @@
+"""s-BLEU and d-BLEU with sacreBLEU (Post, 2018), and the readers that feed them.
+
+Definitions (METHODS.md section 4):
+- s-BLEU: corpus BLEU over sentences. Document-level output is split back into sentences with
+  the segment metadata (``reluformer_mt.data.segments``); hypothesis and reference must have the
+  same number of sentences in every document, otherwise it is an error naming the document.
+- d-BLEU: corpus BLEU over whole documents (each document's sentences joined by a space), or
+  over segments when asked (``level="segment"``). The report always names the level.
+
+Scores are detokenised sacreBLEU (default tokenizer 13a) and equal the ``sacrebleu`` command line
+on the same sentence (or document-per-line) files. Files are read the way that command reads them
+(split on ``\\n`` only, trailing whitespace stripped), so CRLF files give the same score.
+"""
+import re
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from sacrebleu.metrics import BLEU
+
+from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, split_segment
+
+DOC_MARKER = "<d>"
+SPM_SPACE = "\u2581"  # SentencePiece's word-start mark '▁'
+
+Docs = Dict[str, List[str]]  # doc id -> sentences, in document order (dicts keep insertion order)
+
+
+@dataclass
+class BleuResult:
+    """One sacreBLEU score with what it was computed over."""
+    score: float
+    signature: str
+    level: str  # "sentence" (s-BLEU), "document" or "segment" (d-BLEU)
+    n_items: int  # sentences, documents or segments scored
+    precisions: List[float] = field(default_factory=list)
+    bp: float = 0.0
+    sys_len: int = 0
+    ref_len: int = 0
+    verbose: str = ""
+
+    @property
+    def name(self) -> str:
+        return "s-BLEU" if self.level == "sentence" else f"d-BLEU ({self.level}s)"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["name"] = self.name
+        return d
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.score:.2f} {self.verbose} over {self.n_items} {self.level}s | BLEU|{self.signature}"
+
+
+def _bleu(hyps: Sequence[str], refs: Sequence[str], level: str, tokenize: str = "13a", lowercase: bool = False) -> BleuResult:
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    metric = BLEU(tokenize=tokenize, lowercase=lowercase)
+    r = metric.corpus_score(list(hyps), [list(refs)])
+    verbose = " ".join(f"{p:.1f}" for p in r.precisions).replace(" ", "/")
+    verbose += f" (BP = {r.bp:.3f} ratio = {r.sys_len / max(r.ref_len, 1):.3f} hyp_len = {r.sys_len} ref_len = {r.ref_len})"
+    return BleuResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps),
+                      precisions=list(r.precisions), bp=r.bp, sys_len=r.sys_len, ref_len=r.ref_len, verbose=verbose)
+
+
+def corpus_sbleu(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a", lowercase: bool = False) -> BleuResult:
+    """s-BLEU: corpus BLEU over aligned sentence lists."""
+    return _bleu(hyps, refs, "sentence", tokenize, lowercase)
+
+
+def _join(doc: Union[str, Sequence[str]]) -> str:
+    return doc if isinstance(doc, str) else " ".join(s.strip() for s in doc)
+
+
+def corpus_dbleu(hyp_docs: Sequence[Union[str, Sequence[str]]], ref_docs: Sequence[Union[str, Sequence[str]]],
+                 tokenize: str = "13a", lowercase: bool = False, level: str = "document") -> BleuResult:
+    """d-BLEU: corpus BLEU where each item is a whole document (or segment, ``level="segment"``).
+
+    An item is either a string or a list of sentences, joined with single spaces.
+    """
+    if level not in ("document", "segment"):
+        raise ValueError(f"level must be 'document' or 'segment', got {level!r}")
+    return _bleu([_join(d) for d in hyp_docs], [_join(d) for d in ref_docs], level, tokenize, lowercase)
+
+
+# ----------------------------------------------------------------------------------------------
+# readers
+
+def read_lines(path) -> List[str]:
+    """Lines as the sacrebleu CLI reads them: split on '\\n' only, trailing whitespace removed."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip() for line in f]
+
+
+def read_d_format(path, marker: str = DOC_MARKER) -> Docs:
+    """Read a file where a line ``<d>`` starts each document (Maruf et al. 2019 format).
+
+    Documents get the ids "0", "1", ... in file order.
+    """
+    docs: Docs = OrderedDict()
+    for line_no, line in enumerate(read_lines(path), 1):
+        if line.strip() == marker:
+            docs[str(len(docs))] = []
+        elif not docs:
+            raise ValueError(f"{path}:{line_no}: expected the document marker {marker!r} on the first line, got {line[:60]!r}")
+        else:
+            docs[next(reversed(docs))].append(line)
+    if not docs:
+        raise ValueError(f"{path}: empty file, expected documents starting with {marker!r}")
+    return docs
+
+
+def group_by_doc_ids(lines: Sequence[str], doc_ids: Sequence[str], where: str = "") -> Docs:
+    """Group line-aligned sentences by their doc id, keeping first-appearance order.
+
+    A document's lines must be contiguous; an id that comes back after another one is an error.
+    """
+    if len(lines) != len(doc_ids):
+        raise ValueError(f"{where}: {len(lines)} sentences but {len(doc_ids)} doc ids")
+    docs: Docs = OrderedDict()
+    last = None
+    for i, (line, doc) in enumerate(zip(lines, doc_ids), 1):
+        if doc != last and doc in docs:
+            raise ValueError(f"{where}:{i}: document {doc!r} appears again after other documents (lines of a document must be contiguous)")
+        docs.setdefault(doc, []).append(line)
+        last = doc
+    return docs
+
+
+def read_with_doc_ids(path, doc_ids_path) -> Docs:
+    """Sentences one per line plus a file with one document id per line."""
+    lines, ids = read_lines(path), [x.strip() for x in read_lines(doc_ids_path)]
+    if len(lines) != len(ids):
+        raise ValueError(f"{path} has {len(lines)} lines but {doc_ids_path} has {len(ids)} doc ids")
+    return group_by_doc_ids(lines, ids, where=str(doc_ids_path))
+
+
+def is_d_format(path, marker: str = DOC_MARKER) -> bool:
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return f.readline().strip() == marker
+
+
+def split_like(lines: Sequence[str], template: Docs, where: str = "") -> Docs:
+    """Cut a flat sentence list into documents with the sizes of ``template``."""
+    total = sum(len(v) for v in template.values())
+    if len(lines) != total:
+        raise ValueError(f"{where}: {len(lines)} sentences, but the other side's documents hold {total}")
+    docs: Docs = OrderedDict()
+    pos = 0
+    for doc, sents in template.items():
+        docs[doc] = list(lines[pos:pos + len(sents)])
+        pos += len(sents)
+    return docs
+
+
+# ----------------------------------------------------------------------------------------------
+# fairseq-generate output
+
+@dataclass
+class GeneratedSample:
+    source: Optional[str] = None
+    target: Optional[str] = None
+    hypothesis: Optional[str] = None  # the best hypothesis (first H line); D line if present
+
+
+_GEN_LINE = re.compile(r"^([STHD])-(\d+)\t(.*)$")
+
+
+def spm_detokenize(text: str) -> str:
+    """SentencePiece pieces -> text, as fairseq's ``--post-process sentencepiece`` does."""
+    return text.replace(" ", "").replace(SPM_SPACE, " ").strip()
+
+
+def read_fairseq_generate(path, pieces: str = "auto") -> Dict[int, GeneratedSample]:
+    """Parse ``fairseq-generate`` output into {sample id: GeneratedSample}.
+
+    S-/T- lines are ``X-id<TAB>text``; H-/D- lines are ``X-id<TAB>score<TAB>text``. With
+    several hypotheses per sample (--nbest), the first one is kept. The D (detokenised) line is
+    preferred over H when present. ``pieces``: "yes" = texts are SentencePiece pieces and are
+    detokenised; "no" = already text (generated with ``--post-process sentencepiece``);
+    "auto" = pieces when any hypothesis contains '▁'. Other lines (logs) are ignored.
+    """
+    if pieces not in ("auto", "yes", "no"):
+        raise ValueError(f"pieces must be auto, yes or no, got {pieces!r}")
+    samples: Dict[int, GeneratedSample] = {}
+    best_h: Dict[int, str] = {}
+    best_d: Dict[int, str] = {}
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            m = _GEN_LINE.match(line.rstrip("\r\n"))
+            if not m:
+                continue
+            kind, sid, rest = m.group(1), int(m.group(2)), m.group(3)
+            s = samples.setdefault(sid, GeneratedSample())
+            if kind in "HD":
+                fields = rest.split("\t", 1)  # score, text
+                text = fields[1] if len(fields) == 2 else ""
+                (best_h if kind == "H" else best_d).setdefault(sid, text)  # first = best of the n-best
+            elif kind == "S":
+                s.source = rest
+            else:
+                s.target = rest
+    for sid, s in samples.items():
+        s.hypothesis = best_d.get(sid, best_h.get(sid))
+    if not samples:
+        raise ValueError(f"{path}: no S-/T-/H- lines of fairseq-generate output found")
+    missing_h = sorted(i for i, s in samples.items() if s.hypothesis is None)
+    if missing_h:
+        raise ValueError(f"{path}: no H- line for sample id(s) {missing_h[:10]}")
+    if pieces == "auto":
+        pieces = "yes" if any(SPM_SPACE in s.hypothesis for s in samples.values()) else "no"
+    if pieces == "yes":
+        for s in samples.values():
+            s.hypothesis = spm_detokenize(s.hypothesis)
+            s.source = None if s.source is None else spm_detokenize(s.source)
+            s.target = None if s.target is None else spm_detokenize(s.target)
+    return samples
+
+
+def _texts_by_id(texts: Union[Mapping[int, str], Sequence[str]], n: int, what: str) -> List[str]:
+    if isinstance(texts, Mapping):
+        missing = [i for i in range(n) if i not in texts]
+        if missing:
+            raise ValueError(f"{what}: no text for sample id(s) {missing[:10]} (segment metadata has {n} examples)")
+        extra = sorted(i for i in texts if not 0 <= i < n)
+        if extra:
+            raise ValueError(f"{what}: sample id(s) {extra[:10]} beyond the {n} examples of the segment metadata")
+        return [texts[i] for i in range(n)]
+    if len(texts) != n:
+        raise ValueError(f"{what}: {len(texts)} texts but the segment metadata has {n} examples")
+    return list(texts)
+
+
+def sentences_from_segments(texts: Union[Mapping[int, str], Sequence[str]], segments: Sequence[SegmentInfo],
+                            separator: str = SEPARATOR, strict: bool = True) -> Docs:
+    """Split translated segments (indexed by sample id) back into the sentences of each document.
+
+    ``segments[i]`` describes sample id i. Sentences come out grouped by doc id, documents in
+    first-appearance order. A segment that splits into a different number of sentences than its
+    metadata says is an error naming the document, the segment and both counts; with
+    ``strict=False`` its pieces are kept as they are, so that document's sentence count differs
+    from the reference (reported by ``pair_documents``) while its text still serves d-BLEU.
+    """
+    texts = _texts_by_id(texts, len(segments), "segments")
+    docs: Docs = OrderedDict()
+    for sid, (text, seg) in enumerate(zip(texts, segments)):
+        sents = docs.setdefault(seg.doc_id, [])
+        if strict and seg.first_sentence != len(sents):
+            raise ValueError(f"sample {sid}: document {seg.doc_id!r} segment starts at sentence {seg.first_sentence}, "
+                             f"expected {len(sents)} (segments of a document must be in order)")
+        parts = split_segment(text, separator)
+        if strict and len(parts) != seg.n_sentences:
+            raise ValueError(f"document {seg.doc_id!r}: segment {sid} (sentence {seg.first_sentence}) splits into "
+                             f"{len(parts)} sentences in the hypothesis, but the reference has {seg.n_sentences}")
+        sents.extend(parts)
+    return docs
+
+
+def segment_texts(texts: Union[Mapping[int, str], Sequence[str]], segments: Sequence[SegmentInfo],
+                  separator: str = SEPARATOR) -> List[Tuple[SegmentInfo, str]]:
+    """(segment, text without separators) per sample id, for d-BLEU over segments."""
+    texts = _texts_by_id(texts, len(segments), "segments")
+    return [(seg, " ".join(split_segment(t, separator))) for t, seg in zip(texts, segments)]
+
+
+# ----------------------------------------------------------------------------------------------
+# pairing hypothesis and reference documents
+
+def pair_documents(hyp_docs: Docs, ref_docs: Docs, match: str = "id", allow_mismatch: bool = False
+                   ) -> Tuple[List[Tuple[str, List[str], List[str]]], List[Tuple[str, int, int]]]:
+    """Pair documents by id (or by order) and check their sentence counts.
+
+    Returns (pairs, mismatches) with pairs = [(doc id, hyp sentences, ref sentences)] in the
+    hypothesis order and mismatches = [(doc id, hyp count, ref count)]. A mismatch raises
+    ValueError unless ``allow_mismatch``; nothing is ever padded.
+    """
+    if match == "order":
+        if len(hyp_docs) != len(ref_docs):
+            raise ValueError(f"hypothesis has {len(hyp_docs)} documents but reference has {len(ref_docs)}")
+        pairs = [(h, hs, rs) for (h, hs), rs in zip(hyp_docs.items(), ref_docs.values())]
+    elif match == "id":
+        missing = [d for d in hyp_docs if d not in ref_docs]
+        if missing:
+            raise ValueError(f"document(s) {missing[:5]} of the hypothesis are not in the reference "
+                             f"(reference ids look like {list(ref_docs)[:3]}; --match-docs-by order pairs them by position)")
+        extra = [d for d in ref_docs if d not in hyp_docs]
+        if extra:
+            raise ValueError(f"document(s) {extra[:5]} of the reference have no hypothesis")
+        pairs = [(d, hs, ref_docs[d]) for d, hs in hyp_docs.items()]
+    else:
+        raise ValueError(f"match must be 'id' or 'order', got {match!r}")
+    mismatches = [(d, len(hs), len(rs)) for d, hs, rs in pairs if len(hs) != len(rs)]
+    if mismatches and not allow_mismatch:
+        d, nh, nr = mismatches[0]
+        more = f" (and {len(mismatches) - 1} more documents)" if len(mismatches) > 1 else ""
+        raise ValueError(f"document {d!r}: hypothesis has {nh} sentences, reference has {nr}{more}")
+    return pairs, mismatches
+
+
+def score_documents(pairs, levels=("sentence", "document"), segments: Optional[Sequence[SegmentInfo]] = None,
+                    hyp_segment_texts: Optional[List[Tuple[SegmentInfo, str]]] = None, mismatched: bool = False,
+                    tokenize: str = "13a", lowercase: bool = False) -> Dict[str, BleuResult]:
+    """Score paired documents at the asked levels ("sentence", "document", "segment").
+
+    With ``mismatched`` (some documents differ in sentence count) only document-level d-BLEU
+    is computed. Segment level needs ``segments``; its hypothesis side is ``hyp_segment_texts``
+    when given (fairseq-generate output), else the hypothesis sentences of the segment.
+    """
+    out: Dict[str, BleuResult] = {}
+    if "sentence" in levels and not mismatched:
+        out["sentence"] = corpus_sbleu([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
+                                       tokenize, lowercase)
+    if "document" in levels:
+        out["document"] = corpus_dbleu([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], tokenize, lowercase)
+    if "segment" in levels and segments is not None:
+        refs = {d: rs for d, _, rs in pairs}
+        hyps = {d: hs for d, hs, _ in pairs}
+        if hyp_segment_texts is None:
+            if mismatched:
+                return out
+            hyp_segment_texts = [(seg, _join(hyps[seg.doc_id][seg.first_sentence:seg.first_sentence + seg.n_sentences]))
+                                 for seg in segments]
+        seg_refs = []
+        for seg, _ in hyp_segment_texts:
+            rs = refs[seg.doc_id]
+            if seg.first_sentence + seg.n_sentences > len(rs):
+                raise ValueError(f"document {seg.doc_id!r}: segment of sentences {seg.first_sentence}.."
+                                 f"{seg.first_sentence + seg.n_sentences - 1} but the reference has {len(rs)} sentences")
+            seg_refs.append(rs[seg.first_sentence:seg.first_sentence + seg.n_sentences])
+        out["segment"] = corpus_dbleu([t for _, t in hyp_segment_texts], seg_refs, tokenize, lowercase, level="segment")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# from files: what ``reluformer-eval bleu`` runs
+
+def detect_format(path) -> str:
+    """'d' if the first line is ``<d>``, 'generate' if fairseq-generate lines appear early, else 'plain'."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        head = [line for _, line in zip(range(500), f)]
+    if head and head[0].strip() == DOC_MARKER:
+        return "d"
+    if any(_GEN_LINE.match(line.rstrip("\r\n")) for line in head):
+        return "generate"
+    return "plain"
+
+
+def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_target=False):
+    """-> (docs or flat list of sentences, segment texts or None)."""
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt == "d":
+        return read_d_format(path), None
+    if fmt == "plain":
+        lines = read_lines(path)
+        if doc_ids:
+            ids = [x.strip() for x in read_lines(doc_ids)]
+            if len(lines) != len(ids):
+                raise ValueError(f"{path} has {len(lines)} lines but {doc_ids} has {len(ids)} doc ids")
+            return group_by_doc_ids(lines, ids, where=str(doc_ids)), None
+        return lines, None
+    if fmt != "generate":
+        raise ValueError(f"unknown input format {fmt!r} (auto, d, plain, generate)")
+    samples = read_fairseq_generate(path, pieces)
+    what = "T" if use_target else "H"
+    texts = {i: (s.target if use_target else s.hypothesis) for i, s in samples.items()}
+    missing = sorted(i for i, t in texts.items() if t is None)
+    if missing:
+        raise ValueError(f"{path}: no {what}- line for sample id(s) {missing[:10]}")
+    if segments is not None:
+        return sentences_from_segments(texts, segments, separator, strict), segment_texts(texts, segments, separator)
+    return _texts_by_id(texts, len(texts), str(path)), None
+
+
+def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
+                    ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
+                    ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
+                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict:
+    """Load hypothesis and reference (``<d>`` files, plain files with doc-id files, or
+    fairseq-generate output split with ``segments`` = a ``{split}.segments.tsv`` path or list),
+    check the sentence counts per document and score. Returns a report dict with ``scores``
+    ({level: BleuResult}), ``mismatches`` and a ``definition`` line.
+    """
+    from reluformer_mt.data.segments import read_segment_metadata
+    if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
+        segments = read_segment_metadata(segments)
+    strict = not allow_mismatch
+    hyp_side, hyp_seg = _load_side(hyp, hyp_format, hyp_doc_ids, segments, separator, pieces, strict)
+    if ref_from_generate:
+        ref_side, _ = _load_side(hyp, "generate", None, segments, separator, pieces, True, use_target=True)
+    elif ref is None:
+        raise ValueError("give a reference file (--ref) or --ref-from-generate")
+    else:
+        ref_side, _ = _load_side(ref, ref_format, ref_doc_ids, segments if ref_format == "generate" else None,
+                                 separator, pieces, True)
+    notes = []
+    if isinstance(hyp_side, list) and isinstance(ref_side, list):
+        if len(hyp_side) != len(ref_side):
+            raise ValueError(f"hypothesis has {len(hyp_side)} sentences, reference has {len(ref_side)}")
+        hyp_docs, ref_docs = OrderedDict([("all", hyp_side)]), OrderedDict([("all", ref_side)])
+        if "document" in levels:
+            notes.append("no document boundaries on either side: d-BLEU skipped")
+        levels = [lv for lv in levels if lv == "sentence"]
+    elif isinstance(hyp_side, list):
+        hyp_docs, ref_docs = split_like(hyp_side, ref_side, where=str(hyp)), ref_side
+        notes.append("hypothesis documents cut with the reference's document sizes")
+    elif isinstance(ref_side, list):
+        hyp_docs, ref_docs = hyp_side, split_like(ref_side, hyp_side, where=str(ref))
+        notes.append("reference documents cut with the hypothesis's document sizes")
+    else:
+        hyp_docs, ref_docs = hyp_side, ref_side
+    pairs, mismatches = pair_documents(hyp_docs, ref_docs, match, allow_mismatch)
+    if mismatches:
+        notes.append(f"{len(mismatches)} documents differ in sentence count: s-BLEU not computed, d-BLEU only")
+    if "segment" in levels and segments is None:
+        notes.append("segment-level d-BLEU needs --segments: skipped")
+    scores = score_documents(pairs, levels, segments, hyp_seg, bool(mismatches), tokenize, lowercase)
+    n_sent = sum(len(rs) for _, _, rs in pairs)
+    definition = (f"detokenised sacreBLEU ({tokenize}{', lowercased' if lowercase else ''}); s-BLEU = corpus BLEU over "
+                  f"{n_sent} reference sentences; d-BLEU = corpus BLEU over {len(pairs)} whole documents "
+                  f"(sentences joined by a space)" + ("; segment d-BLEU over the segments of the metadata"
+                                                    if "segment" in scores else ""))
+    return {"definition": definition, "scores": scores, "n_documents": len(pairs), "n_sentences": n_sent,
+            "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": r} for d, h, r in mismatches],
+            "notes": notes}

@@ -1,0 +1,55 @@
+"""Reports: readable tables for the terminal and JSON files (NaN written as null)."""
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON types: dataclasses and objects with to_dict become dicts, tensors lists, NaN null."""
+    if hasattr(obj, "to_dict"):
+        return to_jsonable(obj.to_dict())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "tolist"):  # torch tensors, numpy arrays and scalars
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path, report: dict, command: str = "") -> None:
+    """Write ``report`` with the command line and time it came from."""
+    body = {"command": command or " ".join(sys.argv), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **to_jsonable(report)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(body, f, indent=1, ensure_ascii=False, allow_nan=False)
+        f.write("\n")
+
+
+def _cell(value: Any, digits: int) -> str:
+    if isinstance(value, float):
+        return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 2) -> str:
+    """Left-aligned first column, right-aligned others; floats with ``digits`` decimals, NaN as n/a."""
+    cells = [[str(h) for h in headers]] + [[_cell(v, digits) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, r in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

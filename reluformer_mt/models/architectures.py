@@ -1,0 +1,61 @@
+"""Architectures: one per attention family and size.
+
+Sizes: ``tiny`` (tests and CPU demos), ``iwslt_de_en`` (fairseq's transformer_iwslt_de_en:
+512/1024, 4 heads, 6+6 layers) and ``base`` (Vaswani et al. base: 512/2048, 8 heads, 6+6).
+Families set the three sublayers' weight functions:
+
+- ``softmax``: the baseline, identical to fairseq's transformer;
+- ``reluformer``: ``relu`` in all three (ReLUFormer's "full ReLU" model);
+- ``rela``: ``rela`` (gated, ReLA-g) in all three;
+- ``pointwise``: ReLU-ViT defaults, h = relu, alpha = 1, qk-layernorm;
+- ``sparsemax`` / ``entmax15``: the sparse baselines.
+
+Every value is only a default: command-line options (``--encoder-attn-fn`` ...) override it.
+"""
+from fairseq.models import register_model_architecture
+from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
+
+from reluformer_mt.models.reluformer_transformer import fill_attention_defaults
+
+FAMILIES = {
+    "softmax": dict(encoder_attn_fn="softmax", decoder_attn_fn="softmax", cross_attn_fn="softmax"),
+    "reluformer": dict(encoder_attn_fn="relu", decoder_attn_fn="relu", cross_attn_fn="relu"),
+    "rela": dict(encoder_attn_fn="rela", decoder_attn_fn="rela", cross_attn_fn="rela", rela_variant="gated"),
+    "pointwise": dict(encoder_attn_fn="pointwise", decoder_attn_fn="pointwise", cross_attn_fn="pointwise",
+                      pointwise_h="relu", pointwise_alpha=1.0, qk_layernorm=True),
+    "sparsemax": dict(encoder_attn_fn="sparsemax", decoder_attn_fn="sparsemax", cross_attn_fn="sparsemax"),
+    "entmax15": dict(encoder_attn_fn="entmax15", decoder_attn_fn="entmax15", cross_attn_fn="entmax15"),
+}
+
+
+def _tiny(args):
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 128)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 64)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 128)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    base_architecture(args)
+
+
+SIZES = {
+    "tiny": _tiny,
+    "iwslt_de_en": transformer_iwslt_de_en,
+    "base": base_architecture,
+}
+
+
+def _make_architecture(family_defaults, size_fn):
+    def architecture(args):
+        fill_attention_defaults(args, **family_defaults)
+        size_fn(args)
+    return architecture
+
+
+for _family, _defaults in FAMILIES.items():
+    for _size, _size_fn in SIZES.items():
+        register_model_architecture("reluformer", f"{_family}_{_size}")(_make_architecture(_defaults, _size_fn))
+
+ARCHITECTURES = [f"{family}_{size}" for family in FAMILIES for size in SIZES]

@@ -1,0 +1,193 @@
+"""The ``reluformer`` model: fairseq's Transformer whose three attention sublayers use
+:class:`~reluformer_mt.attention.ReluformerAttention` with a weight function each.
+
+Only the attention builders of fairseq's layers are overridden; embeddings, positions, layer
+norms, FFNs, incremental decoding and alignment outputs are fairseq's own. Options are plain
+argparse arguments of the model (``--encoder-attn-fn`` etc.), so ``--arch`` presets, the
+command line and hydra configs (``model.encoder_attn_fn``) all set the same knobs.
+"""
+import logging
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer.transformer_decoder import TransformerDecoderBase
+from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
+from fairseq.modules import transformer_layer
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+from reluformer_mt.attention import (ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, AttentionConfig,
+                                     AttentionOptionError, ReluformerAttention)
+from reluformer_mt.attention.config import ATTENTION_IMPLS, GAMMA_MODES, RELA_VARIANTS
+
+logger = logging.getLogger(__name__)
+
+SUBLAYERS = ("encoder", "decoder", "cross")
+
+# defaults of the family-wide options (architectures may override them)
+ATTENTION_DEFAULTS = {
+    "encoder_attn_fn": "softmax",
+    "decoder_attn_fn": "softmax",
+    "cross_attn_fn": "softmax",
+    "relu_gamma": 1.0,
+    "relu_gamma_mode": "fixed",
+    "relu_no_logit_scale": False,
+    "rela_variant": "gated",
+    "rela_gain_init": 1.0,
+    "pointwise_alpha": 1.0,
+    "pointwise_h": "relu",
+    "qk_layernorm": False,
+    "attn_output_gate": False,
+    "attn_impl": "auto",
+    "attn_blocked_min_len": 2048,
+    "attn_block_size": 512,
+}
+
+
+def add_attention_args(parser):
+    fns = ", ".join(ATTENTION_FUNCTIONS)
+    group = parser.add_argument_group("reluformer attention")
+    for sub, what in (("encoder", "encoder self-attention"), ("decoder", "decoder (causal) self-attention"),
+                      ("cross", "encoder-decoder attention")):
+        group.add_argument(f"--{sub}-attn-fn", metavar="FN", help=f"weight function of the {what}: {fns}")
+    group.add_argument("--relu-gamma", type=float, metavar="G", help="ReLUFormer temperature gamma (> 0)")
+    group.add_argument("--relu-gamma-mode", metavar="MODE",
+                       help=f"gamma {'/'.join(GAMMA_MODES)}: fixed, or learned per layer / per head")
+    group.add_argument("--relu-no-logit-scale", action="store_true", default=None,
+                       help="ReLUFormer: drop the 1/sqrt(d_h) inside the ReLU")
+    group.add_argument("--rela-variant", metavar="V", help=f"ReLA {'/'.join(RELA_VARIANTS)} (ReLA-g / ReLA-i)")
+    group.add_argument("--rela-gain-init", type=float, metavar="X", help="initial RMSNorm gain of ReLA")
+    group.add_argument("--pointwise-alpha", type=float, metavar="A", help="pointwise length exponent alpha in [0, 2]")
+    group.add_argument("--pointwise-h", metavar="H", help="pointwise activation: " + ", ".join(POINTWISE_ACTIVATIONS))
+    group.add_argument("--qk-layernorm", action="store_true", default=None, help="LayerNorm on queries and keys")
+    group.add_argument("--attn-output-gate", action="store_true", default=None,
+                       help="gated attention unit: multiply the attention output by a projection of the input")
+    group.add_argument("--attn-impl", metavar="IMPL",
+                       help=f"{'/'.join(ATTENTION_IMPLS)}: dense, memory-bounded blocked, or blocked above a length")
+    group.add_argument("--attn-blocked-min-len", type=int, metavar="L", help="auto: use the blocked path from this key length on")
+    group.add_argument("--attn-block-size", type=int, metavar="B", help="block size of the blocked path")
+
+
+def fill_attention_defaults(args, **overrides):
+    """Set each attention option not given on the command line: architecture value, then default."""
+    for name, default in ATTENTION_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, overrides.get(name, default))
+
+
+def attention_config(cfg, sublayer: str) -> AttentionConfig:
+    """The AttentionConfig of one sublayer ('encoder', 'decoder' or 'cross') from model args."""
+    return AttentionConfig(
+        fn=getattr(cfg, f"{sublayer}_attn_fn"),
+        relu_gamma=cfg.relu_gamma,
+        relu_gamma_mode=cfg.relu_gamma_mode,
+        relu_scale_logits=not cfg.relu_no_logit_scale,
+        rela_variant=cfg.rela_variant,
+        rela_gain_init=cfg.rela_gain_init,
+        pointwise_alpha=cfg.pointwise_alpha,
+        pointwise_activation=cfg.pointwise_h,
+        qk_layernorm=bool(cfg.qk_layernorm),
+        output_gate=bool(cfg.attn_output_gate),
+        impl=cfg.attn_impl,
+        blocked_min_len=cfg.attn_blocked_min_len,
+        block_size=cfg.attn_block_size,
+    )
+
+
+def validate_attention_args(args) -> None:
+    """One-line errors naming the option and the accepted values, before any layer is built."""
+    for sub in SUBLAYERS:
+        fn = getattr(args, f"{sub}_attn_fn")
+        if fn not in ATTENTION_FUNCTIONS:
+            raise AttentionOptionError(f"--{sub}-attn-fn: got {fn!r}, expected one of {', '.join(ATTENTION_FUNCTIONS)}")
+    attention_config(args, "encoder").validate()
+
+
+def _wrap_layer(layer, cfg):
+    """fairseq's activation checkpointing and FSDP wrapping, as its own layer builders do."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+
+
+class ReluformerEncoderLayer(transformer_layer.TransformerEncoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg):
+        return ReluformerAttention(embed_dim, cfg.encoder.attention_heads, attention_config(cfg, "encoder"),
+                                   dropout=cfg.attention_dropout, self_attention=True,
+                                   q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+
+class ReluformerDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise AttentionOptionError("--cross-self-attention / bias_kv / zero_attn are not supported by reluformer models")
+        return ReluformerAttention(embed_dim, cfg.decoder.attention_heads, attention_config(cfg, "decoder"),
+                                   dropout=cfg.attention_dropout, self_attention=True,
+                                   q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return ReluformerAttention(embed_dim, cfg.decoder.attention_heads, attention_config(cfg, "cross"),
+                                   kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+                                   dropout=cfg.attention_dropout, encoder_decoder_attention=True,
+                                   q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+
+class ReluformerEncoder(TransformerEncoderBase):
+    def build_encoder_layer(self, cfg):
+        return _wrap_layer(ReluformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class ReluformerDecoder(TransformerDecoderBase):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap_layer(ReluformerDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+@register_model("reluformer")
+class ReluformerModel(TransformerModel):
+    """Transformer with ReLU-family attention (ReLUFormer, ReLA, pointwise) or softmax/sparse maps.
+
+    Papers: Shen et al. 2023 (arXiv:2302.06461), Zhang et al. EMNLP 2021 (arXiv:2104.07012),
+    Wortsman et al. 2023 (arXiv:2309.08586).
+    """
+
+    @classmethod
+    def add_args(cls, parser):
+        TransformerModel.add_args(parser)
+        add_attention_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        fill_attention_defaults(args)
+        validate_attention_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return ReluformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return ReluformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def attention_modules(self):
+        """Every ReluformerAttention of the model, with its name."""
+        return [(name, m) for name, m in self.named_modules() if isinstance(m, ReluformerAttention)]
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """Refuse, in one line, a checkpoint whose parameters belong to another architecture."""
+        own = set(self.state_dict().keys())
+        given = set(state_dict.keys())
+        missing, unexpected = sorted(own - given), sorted(given - own)
+        # fairseq fills/upgrades a few buffers itself (e.g. version, positions); ignore those
+        ignorable = lambda k: k.endswith((".version", "_float_tensor"))  # noqa: E731
+        missing = [k for k in missing if not ignorable(k)]
+        unexpected = [k for k in unexpected if not ignorable(k)]
+        if strict and (missing or unexpected):
+            raise ValueError(
+                f"checkpoint does not fit this reluformer architecture "
+                f"(encoder/decoder/cross attn = {self.cfg.encoder_attn_fn}/{self.cfg.decoder_attn_fn}/"
+                f"{self.cfg.cross_attn_fn}): {len(missing)} missing parameters"
+                f"{' e.g. ' + missing[0] if missing else ''}, {len(unexpected)} unexpected"
+                f"{' e.g. ' + unexpected[0] if unexpected else ''}; was it trained with another --arch?")
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)

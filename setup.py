@@ -1,0 +1,34 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="reluformer-mt",
+    version="0.1.0",
+    description="ReLU-attention Transformers (ReLUFormer, ReLA, pointwise) for document-level MT, as fairseq plugins",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["reluformer_mt", "reluformer_mt.*"]),
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.1",
+        # a fairseq 0.12 build that imports on Python 3.11/3.12; never plain `fairseq`
+        # (0.12.2 fails on 3.11). `fairseq-fixed` is the same code as an sdist for other platforms.
+        "ve-fairseq>=0.12.3",
+        "sacrebleu>=2.3,<3",
+        "sentencepiece>=0.1.99",
+        "hydra-core>=1.0.7,<1.4",
+        "omegaconf<2.4",
+        "entmax>=1.1",
+        "faiss-cpu>=1.7",
+        "matplotlib>=3.5",
+        "pysbd>=0.3.4",
+        "bible-alignments==0.4.2",
+        "tqdm",
+        "numpy",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={
+        "console_scripts": [
+        ],
+    },
+)

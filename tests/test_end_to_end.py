@@ -1,0 +1,59 @@
+"""Every family trains, generates, aligns, serves interactively and resumes through fairseq's CLIs."""
+import re
+
+import pytest
+import torch
+
+from helpers import USER_DIR, needs_shared_data, run_fairseq, run_subprocess
+
+pytestmark = needs_shared_data
+
+FAMILIES = ["softmax", "reluformer", "rela", "pointwise", "sparsemax", "entmax15"]
+
+TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+        "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+def train_args(data, save_dir, arch, max_update=40, extra=()):
+    return [data, "--user-dir", USER_DIR, "--arch", arch, *TINY,
+            "--task", "translation", "--source-lang", "en", "--target-lang", "de",
+            "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
+            "--max-tokens", "1000", "--max-update", str(max_update), "--num-workers", "0", "--seed", "1",
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "5",
+            "--no-progress-bar", *extra]
+
+
+def losses(log_text):
+    return [float(x) for x in re.findall(r'"train_inner_loss": "([0-9.na]+)"|"loss": "([0-9.]+)"', log_text) for x in x if x]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_trains_generates_and_resumes(family, sentence_data, tmp_path, caplog):
+    data = sentence_data["bin"]
+    save = tmp_path / "ckpt"
+    caplog.set_level("INFO")
+    run_fairseq("train", train_args(data, save, f"{family}_tiny"))
+    text = caplog.text
+    train_losses = [float(m) for m in re.findall(r'"loss": "([0-9.]+)"', text)]
+    assert len(train_losses) >= 3, text[-2000:]
+    assert all(l == l for l in train_losses)  # no NaN
+    assert train_losses[-1] < train_losses[0] - 0.5, train_losses
+    assert (save / "checkpoint_last.pt").exists()
+
+    # resume: 5 more updates from checkpoint_last
+    caplog.clear()
+    run_fairseq("train", train_args(data, save, f"{family}_tiny", max_update=45))
+    assert re.search(r"[Ll]oaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 40 updates\)", caplog.text)
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 45
+
+    out = run_fairseq("generate", [data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+                                   "--source-lang", "en", "--target-lang", "de", "--gen-subset", "test",
+                                   "--beam", "2", "--max-len-b", "20", "--print-alignment",
+                                   "--num-workers", "0"], capture=True)
+    hyps = [l for l in out.splitlines() if l.startswith("H-")]
+    aligns = [l for l in out.splitlines() if l.startswith("A-")]
+    assert len(hyps) == sentence_data["sizes"]["test"], out[-1500:]
+    assert len(aligns) == len(hyps)
