@@ -6,6 +6,7 @@ norms, FFNs, incremental decoding and alignment outputs are fairseq's own. Optio
 argparse arguments of the model (``--encoder-attn-fn`` etc.), so ``--arch`` presets, the
 command line and hydra configs (``model.encoder_attn_fn``) all set the same knobs.
 """
+import argparse
 import logging
 
 from fairseq.distributed import fsdp_wrap
@@ -44,26 +45,41 @@ ATTENTION_DEFAULTS = {
 }
 
 
+def _checked_float(accept, expected):
+    """argparse type: a float for which ``accept`` holds, else argparse's one-line error."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
+
+
 def add_attention_args(parser):
-    fns = ", ".join(ATTENTION_FUNCTIONS)
+    """The attention options; enumerations and ranges are checked by argparse (one-line errors)."""
     group = parser.add_argument_group("reluformer attention")
     for sub, what in (("encoder", "encoder self-attention"), ("decoder", "decoder (causal) self-attention"),
                       ("cross", "encoder-decoder attention")):
-        group.add_argument(f"--{sub}-attn-fn", metavar="FN", help=f"weight function of the {what}: {fns}")
-    group.add_argument("--relu-gamma", type=float, metavar="G", help="ReLUFormer temperature gamma (> 0)")
-    group.add_argument("--relu-gamma-mode", metavar="MODE",
-                       help=f"gamma {'/'.join(GAMMA_MODES)}: fixed, or learned per layer / per head")
+        group.add_argument(f"--{sub}-attn-fn", choices=list(ATTENTION_FUNCTIONS), help=f"weight function of the {what}")
+    group.add_argument("--relu-gamma", type=_checked_float(lambda g: g > 0, "a number > 0"), metavar="G",
+                       help="ReLUFormer temperature gamma")
+    group.add_argument("--relu-gamma-mode", choices=list(GAMMA_MODES),
+                       help="gamma fixed, or learned per layer / per head (initialised at --relu-gamma)")
     group.add_argument("--relu-no-logit-scale", action="store_true", default=None,
                        help="ReLUFormer: drop the 1/sqrt(d_h) inside the ReLU")
-    group.add_argument("--rela-variant", metavar="V", help=f"ReLA {'/'.join(RELA_VARIANTS)} (ReLA-g / ReLA-i)")
+    group.add_argument("--rela-variant", choices=list(RELA_VARIANTS), help="ReLA-g (gated) or ReLA-i (ungated)")
     group.add_argument("--rela-gain-init", type=float, metavar="X", help="initial RMSNorm gain of ReLA")
-    group.add_argument("--pointwise-alpha", type=float, metavar="A", help="pointwise length exponent alpha in [0, 2]")
-    group.add_argument("--pointwise-h", metavar="H", help="pointwise activation: " + ", ".join(POINTWISE_ACTIVATIONS))
+    group.add_argument("--pointwise-alpha", type=_checked_float(lambda a: 0 <= a <= 2, "a number in [0, 2]"), metavar="A",
+                       help="pointwise length exponent alpha")
+    group.add_argument("--pointwise-h", choices=list(POINTWISE_ACTIVATIONS), help="pointwise activation h")
     group.add_argument("--qk-layernorm", action="store_true", default=None, help="LayerNorm on queries and keys")
     group.add_argument("--attn-output-gate", action="store_true", default=None,
                        help="gated attention unit: multiply the attention output by a projection of the input")
-    group.add_argument("--attn-impl", metavar="IMPL",
-                       help=f"{'/'.join(ATTENTION_IMPLS)}: dense, memory-bounded blocked, or blocked above a length")
+    group.add_argument("--attn-impl", choices=list(ATTENTION_IMPLS),
+                       help="dense, memory-bounded blocked, or auto (blocked from --attn-blocked-min-len keys on)")
     group.add_argument("--attn-blocked-min-len", type=int, metavar="L", help="auto: use the blocked path from this key length on")
     group.add_argument("--attn-block-size", type=int, metavar="B", help="block size of the blocked path")
 

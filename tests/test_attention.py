@@ -1,0 +1,266 @@
+"""The attention functions and the multi-head module against direct, naive computations."""
+import math
+
+import pytest
+import torch
+
+import reluformer_mt  # noqa: F401
+from reluformer_mt.attention import AttentionConfig, AttentionOptionError, ReluformerAttention
+from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS
+
+E, H = 16, 4
+D = E // H
+FNS = ["softmax", "relu", "rela", "pointwise", "sparsemax", "entmax15"]
+
+
+def make(fn, seed=0, **options):
+    torch.manual_seed(seed)
+    module = ReluformerAttention(E, H, AttentionConfig(fn=fn, **options), self_attention=True).eval()
+    if module.rela_gain is not None:  # make the gain non-trivial so the test can see it
+        module.rela_gain.data.uniform_(0.5, 1.5)
+    return module
+
+
+# --------------------------------------------------------------------------- naive references
+def naive_sparsemax(z):
+    """Sparsemax by its definition: Euclidean projection onto the simplex (sort-based)."""
+    zs, _ = torch.sort(z, descending=True)
+    k = torch.arange(1, len(z) + 1, dtype=z.dtype)
+    support = 1 + k * zs > torch.cumsum(zs, 0)
+    k_max = support.nonzero().max() + 1
+    tau = (zs[:k_max].sum() - 1) / k_max
+    return torch.clamp(z - tau, min=0)
+
+
+def naive_entmax15(z, iters=80):
+    """1.5-entmax by bisection on tau: p_j = max((z_j/2 - tau), 0)^2 summing to 1."""
+    x = z / 2
+    lo, hi = x.max() - 1, x.max()
+    for _ in range(iters):
+        tau = (lo + hi) / 2
+        mass = torch.clamp(x - tau, min=0).pow(2).sum()
+        lo, hi = (tau, hi) if mass > 1 else (lo, tau)
+    p = torch.clamp(x - (lo + hi) / 2, min=0).pow(2)
+    return p / p.sum()
+
+
+def naive_weights(fn, s, visible, cfg):
+    """One query row: logits s (S,), visible (S,) bool -> weights (S,), loop-free but direct."""
+    n = int(visible.sum())
+    out = torch.zeros_like(s)
+    sv = s[visible]
+    if n == 0:
+        return out
+    if fn == "softmax":
+        w = torch.exp(sv - sv.max()) / torch.exp(sv - sv.max()).sum()
+    elif fn == "relu":
+        w = torch.clamp(sv, min=0) / (cfg.relu_gamma * math.sqrt(n / 2))
+    elif fn == "rela":
+        w = torch.clamp(sv, min=0)
+    elif fn == "pointwise":
+        w = n ** (-cfg.pointwise_alpha) * POINTWISE_ACTIVATIONS[cfg.pointwise_activation](sv)
+    elif fn == "sparsemax":
+        w = naive_sparsemax(sv)
+    elif fn == "entmax15":
+        w = naive_entmax15(sv)
+    out[visible] = w
+    return out
+
+
+def naive_forward(module, x, key_padding_mask=None, causal=False):
+    """The whole module by loops over batch, head and query, from its own parameters."""
+    T, B, _ = x.shape
+    cfg = module.config
+    q = module.q_proj(x).view(T, B, H, D)
+    k = module.k_proj(x).view(T, B, H, D)
+    v = module.v_proj(x).view(T, B, H, D)
+    if module.q_norm is not None:
+        q, k = module.q_norm(q), module.k_norm(k)
+    out = torch.zeros(T, B, H, D)
+    weights = torch.zeros(H, B, T, T)
+    scale = 1 / math.sqrt(D) if (cfg.fn != "relu" or cfg.relu_scale_logits) else 1.0
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                visible = torch.ones(T, dtype=torch.bool)
+                if key_padding_mask is not None:
+                    visible &= ~key_padding_mask[b]
+                if causal:
+                    visible[i + 1:] = False
+                s = (q[i, b, h] @ k[:, b, h].T) * scale
+                w = naive_weights(cfg.fn, s, visible, cfg)
+                weights[h, b, i] = w
+                out[i, b, h] = w @ v[:, b, h]
+    out = out.reshape(T, B, E)
+    if cfg.fn == "rela":
+        rms = torch.sqrt((out ** 2).mean(-1, keepdim=True) + 1e-8)
+        normed = module.rela_gain * out / rms
+        out = normed * torch.sigmoid(module.rela_gate * out) if module.rela_gate is not None else normed
+    if module.gate_proj is not None:
+        out = out * module.gate_proj(x)
+    return module.out_proj(out), weights
+
+
+def causal_mask(T):
+    return torch.triu(torch.full((T, T), float("-inf")), 1)
+
+
+# --------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("fn,options", [(fn, {}) for fn in FNS] + [
+    ("relu", {"relu_gamma": 2.0}), ("relu", {"relu_scale_logits": False}),
+    ("rela", {"rela_variant": "ungated"}),
+    ("pointwise", {"pointwise_alpha": 0.5, "pointwise_activation": "gelu", "qk_layernorm": True}),
+    ("pointwise", {"pointwise_activation": "sigmoid", "output_gate": True}),
+    ("pointwise", {"pointwise_activation": "identity"}),
+    ("softmax", {"qk_layernorm": True}),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_module_matches_naive_reference(fn, options, causal):
+    module = make(fn, **options)
+    x = torch.randn(6, 3, E)
+    kpm = torch.zeros(3, 6, dtype=torch.bool)
+    kpm[1, :2] = True  # left padding, as fairseq pads sources
+    kpm[2, 4:] = True  # right padding
+    out, w = module(x, x, x, key_padding_mask=kpm, attn_mask=causal_mask(6) if causal else None,
+                    need_head_weights=True)
+    ref_out, ref_w = naive_forward(module, x, kpm, causal)
+    tol = 2e-4 if fn == "entmax15" else 1e-5
+    torch.testing.assert_close(w, ref_w, atol=tol, rtol=1e-4)
+    real = ~kpm.T  # compare outputs of real (unpadded) query positions
+    torch.testing.assert_close(out[real], ref_out[real], atol=tol * 10, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_masked_positions_get_exactly_zero_weight(fn):
+    module = make(fn)
+    x = torch.randn(7, 2, E) * 3
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[0, :3] = True
+    _, w = module(x, x, x, key_padding_mask=kpm, attn_mask=causal_mask(7), need_head_weights=True)
+    assert torch.all(w[:, 0, :, :3] == 0)
+    assert torch.all(torch.triu(w, 1) == 0)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_padding_does_not_change_real_outputs(fn):
+    module = make(fn)
+    x = torch.randn(5, 1, E)
+    padded = torch.cat([torch.randn(3, 1, E), x], 0)  # left-padded by 3 junk positions
+    kpm = torch.tensor([[True] * 3 + [False] * 5])
+    out, _ = module(x, x, x)
+    out_padded, _ = module(padded, padded, padded, key_padding_mask=kpm)
+    torch.testing.assert_close(out_padded[3:], out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_incremental_decoding_equals_full_pass(fn):
+    module = make(fn)
+    T = 6
+    x = torch.randn(T, 2, E)
+    full, _ = module(x, x, x, attn_mask=causal_mask(T))
+    state = {}
+    steps = [module(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state)[0] for t in range(T)]
+    torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fn", FNS)
+def test_cross_attention_incremental_with_static_keys(fn):
+    torch.manual_seed(0)
+    module = ReluformerAttention(E, H, AttentionConfig(fn=fn), encoder_decoder_attention=True).eval()
+    enc = torch.randn(5, 2, E)
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[0, :2] = True
+    y = torch.randn(4, 2, E)
+    full, _ = module(y, enc, enc, key_padding_mask=kpm, static_kv=True)
+    state = {}
+    steps = [module(y[t:t + 1], enc, enc, key_padding_mask=kpm, incremental_state=state, static_kv=True)[0]
+             for t in range(4)]
+    torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-5)
+
+
+def test_relu_counts_visible_tokens_per_position_in_causal_attention():
+    """Row i of causal ReLUFormer attention is scaled by sqrt((i+1)/2): check on constant logits."""
+    module = make("relu")
+    for p in (module.q_proj, module.k_proj):
+        torch.nn.init.zeros_(p.weight)
+        torch.nn.init.constant_(p.bias, 1.0)
+    x = torch.randn(5, 1, E)
+    _, w = module(x, x, x, attn_mask=causal_mask(5), need_head_weights=True)
+    s = D * 1.0 / math.sqrt(D)  # q.k / sqrt(d) with all-ones q, k
+    for i in range(5):
+        expected = torch.tensor([s / math.sqrt((i + 1) / 2)] * (i + 1) + [0.0] * (4 - i))
+        torch.testing.assert_close(w[0, 0, i], expected)
+
+
+def test_relu_variance_property():
+    """sum_j ReLU(x_j) v_j has variance ~ n/2; ReLUFormer's factor keeps it ~1 for n in 16..1024."""
+    from reluformer_mt.attention.functions import relu_weights
+
+    torch.manual_seed(0)
+    trials = 4000
+    for n in (16, 64, 256, 1024):
+        s = torch.randn(trials, 1, 1, n)
+        v = torch.randn(trials, 1, n, 1)
+        keep = torch.ones(1, 1, 1, n, dtype=torch.bool)
+        unscaled = (torch.relu(s) @ v).var().item()
+        scaled = (relu_weights(s, keep, torch.full((1, 1, 1, 1), n), torch.tensor(1.0)) @ v).var().item()
+        assert abs(unscaled / (n / 2) - 1) < 0.1, (n, unscaled)
+        assert abs(scaled - 1) < 0.1, (n, scaled)
+
+
+@pytest.mark.parametrize("mode", ["layer", "head"])
+def test_gradients_reach_gamma_and_gates(mode):
+    module = make("relu", relu_gamma_mode=mode).train()
+    x = torch.randn(5, 2, E)
+    module(x, x, x)[0].pow(2).sum().backward()
+    assert module.gamma.grad is not None and torch.all(module.gamma.grad != 0)
+
+    rela = make("rela").train()
+    rela(x, x, x)[0].pow(2).sum().backward()
+    assert rela.rela_gate.grad.abs().sum() > 0 and rela.rela_gain.grad.abs().sum() > 0
+
+    gated = make("pointwise", output_gate=True).train()
+    gated(x, x, x)[0].pow(2).sum().backward()
+    assert gated.gate_proj.weight.grad.abs().sum() > 0
+
+
+def test_rela_null_attention_gives_zero_not_nan():
+    module = make("rela")
+    torch.nn.init.zeros_(module.q_proj.weight)
+    torch.nn.init.constant_(module.q_proj.bias, -1.0)
+    torch.nn.init.zeros_(module.k_proj.weight)
+    torch.nn.init.constant_(module.k_proj.bias, 1.0)  # every logit negative: all rows null
+    x = torch.randn(4, 2, E)
+    out, w = module(x, x, x, need_head_weights=True)
+    assert torch.all(w == 0)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, module.out_proj.bias.expand_as(out))
+
+
+def test_stats_recording_counts_zeros_and_null_rows():
+    module = make("relu")
+    module.record_stats = module.regularise = True
+    x = torch.randn(6, 2, E)
+    _, w = module(x, x, x, need_head_weights=True)
+    stats = module.pop_stats()
+    assert int(stats["visible"]) == w.numel()
+    assert int(stats["zeros"]) == int((w == 0).sum())
+    assert int(stats["null_rows"]) == int((w.sum(-1) == 0).sum())
+    mass = w.sum(-1)
+    live = mass > 0
+    torch.testing.assert_close(stats["norm_loss"], torch.log(mass[live]).abs().sum())
+    assert module.stats == {}
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"fn": "sigmoid"}, "--attn-fn: got 'sigmoid', expected one of softmax, relu"),
+    ({"fn": "relu", "relu_gamma": 0.0}, "--relu-gamma: got 0.0, expected a number > 0"),
+    ({"fn": "pointwise", "pointwise_alpha": 3.0}, "--pointwise-alpha: got 3.0, expected a number in [0, 2]"),
+    ({"fn": "pointwise", "pointwise_activation": "tanh"}, "--pointwise-h: got 'tanh', expected one of relu, relu2"),
+    ({"fn": "relu", "relu_gamma_mode": "token"}, "--relu-gamma-mode"),
+])
+def test_bad_options_name_the_option(options, message):
+    with pytest.raises(AttentionOptionError) as err:
+        AttentionConfig(**options).validate()
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
