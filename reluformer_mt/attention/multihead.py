@@ -68,6 +68,9 @@ class ReluformerAttention(MultiheadAttention):
         self.regularise = False
         self.entropy_margin_ratio = 0.7
         self.stats: Dict[str, Tensor] = {}
+        # evaluation (alignment, attention statistics) asks for every head's weights of every call
+        self.capture_weights = False
+        self.captured: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -172,6 +175,8 @@ class ReluformerAttention(MultiheadAttention):
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
                 need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
                 before_softmax: bool = False, need_head_weights: bool = False):
+        asked_head_weights, asked_weights = need_head_weights, need_weights
+        need_head_weights = need_head_weights or self.capture_weights
         # fairseq's fused path averages the heads, so per-head weights take the generic path
         if self.uses_fairseq_forward and not before_softmax and not need_head_weights:
             out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
@@ -221,8 +226,10 @@ class ReluformerAttention(MultiheadAttention):
 
         if weights is not None:
             weights = weights.float().transpose(0, 1)  # heads x batch x tgt x src
-            if not need_head_weights:
-                weights = weights.mean(0)
+            if self.capture_weights:
+                self.captured = weights.detach()
+            if not asked_head_weights:
+                weights = weights.mean(0) if asked_weights else None
         return out, weights
 
     def _update_cache(self, saved, k, v, key_padding_mask, static_kv):
