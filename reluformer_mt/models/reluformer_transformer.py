@@ -16,10 +16,13 @@ from fairseq.models.transformer.transformer_decoder import TransformerDecoderBas
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.modules import transformer_layer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from omegaconf import OmegaConf
 
 from reluformer_mt.attention import (ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, AttentionConfig,
                                      AttentionOptionError, ReluformerAttention)
 from reluformer_mt.attention.config import ATTENTION_IMPLS, GAMMA_MODES, RELA_VARIANTS
+from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_ffn_fc2, configure_ffn,
+                                  fill_memory_defaults, validate_memory_args)
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +130,13 @@ def _wrap_layer(layer, cfg):
 
 
 class ReluformerEncoderLayer(transformer_layer.TransformerEncoderLayerBase):
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        configure_ffn(self, cfg)  # FFN as key-value memory: relu / softmax / softmax_ln
+
+    def build_fc2(self, input_dim, output_dim, q_noise, qn_block_size):
+        return build_ffn_fc2(self.cfg, input_dim, output_dim, q_noise, qn_block_size)
+
     def build_self_attention(self, embed_dim, cfg):
         return ReluformerAttention(embed_dim, cfg.encoder.attention_heads, attention_config(cfg, "encoder"),
                                    dropout=cfg.attention_dropout, self_attention=True,
@@ -134,6 +144,14 @@ class ReluformerEncoderLayer(transformer_layer.TransformerEncoderLayerBase):
 
 
 class ReluformerDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        self._ffn_cfg = cfg  # fairseq's decoder layer keeps no cfg; build_fc2 needs the variant
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        configure_ffn(self, cfg)
+
+    def build_fc2(self, input_dim, output_dim, q_noise, qn_block_size):
+        return build_ffn_fc2(self._ffn_cfg, input_dim, output_dim, q_noise, qn_block_size)
+
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise AttentionOptionError("--cross-self-attention / bias_kv / zero_attn are not supported by reluformer models")
@@ -170,21 +188,32 @@ class ReluformerModel(TransformerModel):
     def add_args(cls, parser):
         TransformerModel.add_args(parser)
         add_attention_args(parser)
+        add_memory_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
+        if OmegaConf.is_config(args):
+            # fairseq-hydra-train passes a DictConfig; fairseq's TransformerConfig.from_namespace
+            # keeps extra (plugin) options only from a flat namespace
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         fill_attention_defaults(args)
+        fill_memory_defaults(args)
         validate_attention_args(args)
+        validate_memory_args(args)
         return super().build_model(args, task)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return ReluformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+        encoder = ReluformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+        attach_memory_layers(encoder.layers, args, "encoder")  # --memory-layers
+        return encoder
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return ReluformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        decoder = ReluformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        attach_memory_layers(decoder.layers, args, "decoder")  # --memory-layers
+        return decoder
 
     def attention_modules(self):
         """Every ReluformerAttention of the model, with its name."""
