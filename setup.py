@@ -29,6 +29,8 @@ setup(
     extras_require={"test": ["pytest>=7"]},
     entry_points={
         "console_scripts": [
+            "reluformer-prepare=reluformer_mt.cli.prepare:main",
+            "reluformer-eval=reluformer_mt.cli.eval:main",
         ],
     },
 )

@@ -50,10 +50,20 @@ def test_family_trains_generates_and_resumes(family, sentence_data, tmp_path, ca
     assert state["optimizer_history"][-1]["num_updates"] == 45
 
     out = run_fairseq("generate", [data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-                                   "--source-lang", "en", "--target-lang", "de", "--gen-subset", "test",
+                                   "--source-lang", "en", "--target-lang", "de", "--gen-subset", "valid",
                                    "--beam", "2", "--max-len-b", "20", "--print-alignment",
                                    "--num-workers", "0"], capture=True)
     hyps = [l for l in out.splitlines() if l.startswith("H-")]
     aligns = [l for l in out.splitlines() if l.startswith("A-")]
-    assert len(hyps) == sentence_data["sizes"]["test"], out[-1500:]
+    assert len(hyps) == sentence_data["sizes"]["valid"], out[-1500:]
     assert len(aligns) == len(hyps)
+    for line in aligns:  # source-target index pairs inside the sentence bounds
+        assert all(re.fullmatch(r"\d+-\d+", link) for link in line.split("\t")[1].split())
+
+    few_sentences = tmp_path / "five.en"
+    few_sentences.write_text("\n".join((sentence_data["raw"] / "test.en").read_text().splitlines()[:5]) + "\n")
+    inter = run_fairseq("interactive", [data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+                                        "--source-lang", "en", "--target-lang", "de", "--beam", "2",
+                                        "--max-len-b", "20", "--input", few_sentences,
+                                        "--buffer-size", "8", "--batch-size", "8"], capture=True)
+    assert sum(1 for l in inter.splitlines() if l.startswith("H-")) == 5

@@ -178,7 +178,8 @@ def read_fairseq_generate(path, pieces: str = "auto") -> Dict[int, GeneratedSamp
     several hypotheses per sample (--nbest), the first one is kept. The D (detokenised) line is
     preferred over H when present. ``pieces``: "yes" = texts are SentencePiece pieces and are
     detokenised; "no" = already text (generated with ``--post-process sentencepiece``);
-    "auto" = pieces when any hypothesis contains '▁'. Other lines (logs) are ignored.
+    "auto" = decided for H/D, T and S lines separately: pieces when any line of that kind
+    contains '▁'. Other lines (logs, P- lines) are ignored.
     """
     if pieces not in ("auto", "yes", "no"):
         raise ValueError(f"pieces must be auto, yes or no, got {pieces!r}")
@@ -207,13 +208,12 @@ def read_fairseq_generate(path, pieces: str = "auto") -> Dict[int, GeneratedSamp
     missing_h = sorted(i for i, s in samples.items() if s.hypothesis is None)
     if missing_h:
         raise ValueError(f"{path}: no H- line for sample id(s) {missing_h[:10]}")
-    if pieces == "auto":
-        pieces = "yes" if any(SPM_SPACE in s.hypothesis for s in samples.values()) else "no"
-    if pieces == "yes":
-        for s in samples.values():
-            s.hypothesis = spm_detokenize(s.hypothesis)
-            s.source = None if s.source is None else spm_detokenize(s.source)
-            s.target = None if s.target is None else spm_detokenize(s.target)
+    for name in ("hypothesis", "target", "source"):  # decided per kind of line, for the whole file
+        texts = [getattr(s, name) for s in samples.values() if getattr(s, name) is not None]
+        if pieces == "yes" or (pieces == "auto" and any(SPM_SPACE in t for t in texts)):
+            for s in samples.values():
+                if getattr(s, name) is not None:
+                    setattr(s, name, spm_detokenize(getattr(s, name)))
     return samples
 
 

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def _save(fig, path) -> Path:
@@ -36,10 +37,10 @@ def plot_attention_heatmaps(attn_by_model: Mapping[str, "object"], src_tokens: S
             raise ValueError(f"model {n!r}: attention shape {a.shape}, expected (heads, {len(tgt_tokens)}, {len(src_tokens)})")
     cell = 0.22
     fig_w = max(3.0, n_heads * (len(src_tokens) * cell + 1.0))
-    fig_h = max(2.5, len(names) * (len(tgt_tokens) * cell + 1.2))
-    fig, axes = plt.subplots(len(names), n_heads, figsize=(fig_w, fig_h), squeeze=False)
-    cmap = matplotlib.colormaps["Blues"].copy()
-    cmap.set_under("white")
+    label_room = 0.08 * max(len(t) for t in src_tokens) + 0.6  # rotated source labels under each row
+    fig_h = max(2.5, len(names) * (len(tgt_tokens) * cell + label_room + 0.4))
+    fig, axes = plt.subplots(len(names), n_heads, figsize=(fig_w, fig_h), squeeze=False, layout="constrained")
+    cmap = matplotlib.colormaps["Blues"].with_extremes(under="white")  # exact zeros below vmin: white
     for r, name in enumerate(names):
         a = arrays[name]
         for h in range(n_heads):
@@ -76,6 +77,7 @@ def plot_aer_per_layer(aer_by_model: Mapping[str, Mapping[str, Mapping[str, Sequ
             if values:
                 ax.plot(range(1, len(values) + 1), values, marker="o", label=model)
         ax.set_title(f"{mode}, {kind.replace('_', ' ')}", fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer")
         ax.set_ylabel("AER")
         ax.grid(alpha=0.3)
@@ -95,6 +97,7 @@ def plot_metric_per_layer(values_by_model: Mapping[str, Sequence[float]], path, 
         ys = [math.nan if v is None else v for v in values]
         ax.plot(range(1, len(ys) + 1), ys, marker="o", label=model)
     ax.set_xlabel("layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()

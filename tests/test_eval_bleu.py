@@ -1,0 +1,159 @@
+"""s-BLEU / d-BLEU against the sacrebleu CLI on real docmt_ende files, fairseq-generate input,
+<d> files, doc-id files, and sentence-count mismatches."""
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reluformer_mt.cli.eval import main
+from reluformer_mt.data.segments import SegmentInfo, write_segment_metadata
+from reluformer_mt.evaluation.bleu import (bleu_from_files, corpus_dbleu, corpus_sbleu, pair_documents,
+                                           read_d_format, read_fairseq_generate, sentences_from_segments)
+
+DATA = Path(os.environ.get("RELUFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DOCMT = DATA / "docmt_ende" / "IWSLT2017"  # CRLF line ends, 23 documents
+needs_data = pytest.mark.skipif(not DOCMT.is_dir(), reason=f"shared data not found at {DOCMT} (set RELUFORMER_SHARED_DATA)")
+SACREBLEU = Path(sys.executable).parent / "sacrebleu"
+
+
+def perturb(sentence: str, k: int) -> str:
+    """A deterministic imperfect 'translation': drop one word, swap two."""
+    words = sentence.split()
+    if len(words) > 3:
+        del words[k % len(words)]
+        words[0], words[1] = words[1], words[0]
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """Reference docs (<d> file), perturbed hypothesis docs, and flat files for the CLI."""
+    tmp = tmp_path_factory.mktemp("bleu")
+    ref_path = DOCMT / "concatenated_en2de_test_de.txt"
+    ref_docs = read_d_format(ref_path)
+    hyp_docs = {d: [perturb(s, k) for k, s in enumerate(sents)] for d, sents in ref_docs.items()}
+    files = {}
+    for name, lines in {"ref.sent": [s for v in ref_docs.values() for s in v],
+                        "hyp.sent": [s for v in hyp_docs.values() for s in v],
+                        "ref.doc": [" ".join(v) for v in ref_docs.values()],
+                        "hyp.doc": [" ".join(v) for v in hyp_docs.values()],
+                        "hyp.d": [x for v in hyp_docs.values() for x in ["<d>"] + v],
+                        "ids": [d for d, v in ref_docs.items() for _ in v]}.items():
+            files[name] = tmp / name
+            files[name].write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return tmp, ref_path, ref_docs, hyp_docs, files
+
+
+def sacrebleu_cli(ref, hyps):
+    out = subprocess.run([str(SACREBLEU), str(ref), "-i", *map(str, hyps), "-b", "-w", "6"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [float(x) for x in out]
+
+
+@needs_data
+def test_sbleu_and_dbleu_equal_sacrebleu_cli(real):
+    tmp, ref_path, ref_docs, hyp_docs, f = real
+    cli_s, = sacrebleu_cli(f["ref.sent"], [f["hyp.sent"]])
+    cli_d, = sacrebleu_cli(f["ref.doc"], [f["hyp.doc"]])
+    s = corpus_sbleu([x for v in hyp_docs.values() for x in v], [x for v in ref_docs.values() for x in v])
+    d = corpus_dbleu(list(hyp_docs.values()), list(ref_docs.values()))
+    assert 20 < s.score < 90 and s.n_items == 2271 and d.n_items == 23
+    assert round(s.score, 6) == pytest.approx(cli_s, abs=1e-6)
+    assert round(d.score, 6) == pytest.approx(cli_d, abs=1e-6)
+    assert s.signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    # the same from files: <d> hypothesis vs the CRLF <d> reference, and plain + doc ids
+    for kw in ({"hyp": f["hyp.d"]}, {"hyp": f["hyp.sent"], "hyp_doc_ids": f["ids"]}, {"hyp": f["hyp.sent"]}):
+        rep = bleu_from_files(ref=ref_path, **kw)
+        assert round(rep["scores"]["sentence"].score, 6) == pytest.approx(cli_s, abs=1e-6)
+        assert round(rep["scores"]["document"].score, 6) == pytest.approx(cli_d, abs=1e-6)
+
+
+def to_pieces(text: str) -> str:
+    """Fake SentencePiece output: '▁' word starts, long words cut in two pieces."""
+    out = []
+    for w in text.split():
+        out += ["\u2581" + w[:3], w[3:]] if len(w) > 4 else ["\u2581" + w]
+    return " ".join(out)
+
+
+@needs_data
+@pytest.mark.parametrize("post_processed", [False, True])
+def test_fairseq_generate_with_segments(real, post_processed):
+    tmp, ref_path, ref_docs, hyp_docs, _ = real
+    segs, texts = [], []
+    for d, sents in hyp_docs.items():  # segments of up to 7 sentences
+        for first in range(0, len(sents), 7):
+            part = sents[first:first + 7]
+            segs.append(SegmentInfo(d, len(part), first))
+            texts.append(" <sep> ".join(part))
+    order = list(range(len(segs)))
+    random.Random(0).shuffle(order)  # fairseq prints samples in batch order, not id order
+    lines = ["2024-01-01 | INFO | fairseq_cli.generate | log line"]
+    for i in order:
+        h = texts[i] if post_processed else to_pieces(texts[i]).replace(" <sep> ", " \u2581<sep> ")
+        lines += [f"S-{i}\tsource", f"T-{i}\t{texts[i]}", f"H-{i}\t-0.5\t{h}", f"H-{i}\t-0.9\tworse nbest", f"P-{i}\t-0.1 -0.2"]
+    gen = tmp / f"gen{post_processed}.out"
+    gen.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    seg_path = tmp / "test.segments.tsv"
+    write_segment_metadata(seg_path, segs)
+
+    samples = read_fairseq_generate(gen)
+    assert samples[0].hypothesis.replace("<sep>", "").split() == texts[0].replace("<sep>", "").split()
+    docs = sentences_from_segments({i: s.hypothesis for i, s in samples.items()}, segs)
+    assert list(docs) == list(hyp_docs) and [len(v) for v in docs.values()] == [len(v) for v in hyp_docs.values()]
+    rep = bleu_from_files(gen, ref_path, segments=seg_path, levels=("sentence", "document", "segment"))
+    flat = bleu_from_files(tmp / "hyp.sent", ref_path)
+    assert rep["scores"]["sentence"].score == pytest.approx(flat["scores"]["sentence"].score, abs=1e-9)
+    assert rep["scores"]["document"].score == pytest.approx(flat["scores"]["document"].score, abs=1e-9)
+    assert rep["scores"]["segment"].n_items == len(segs)
+    # the T lines as reference give the same segmentation and a perfect score
+    assert bleu_from_files(gen, segments=seg_path, ref_from_generate=True)["scores"]["sentence"].score == pytest.approx(100)
+
+
+def test_segment_sentence_mismatch_is_an_error():
+    segs = [SegmentInfo("docA", 2, 0), SegmentInfo("docA", 1, 2), SegmentInfo("docB", 2, 0)]
+    texts = {0: "a b <sep> c", 1: "d", 2: "e f g"}  # docB's segment lost its separator
+    with pytest.raises(ValueError, match=r"document 'docB': segment 2 \(sentence 0\) splits into 1 sentences.*has 2"):
+        sentences_from_segments(texts, segs)
+    with pytest.raises(ValueError, match=r"no text for sample id\(s\) \[1\]"):
+        sentences_from_segments({0: "a <sep> b", 2: "x <sep> y"}, segs)
+    docs = sentences_from_segments(texts, segs, strict=False)
+    assert docs == {"docA": ["a b", "c", "d"], "docB": ["e f g"]}
+
+
+def test_document_mismatch_error_and_allow_mismatch(tmp_path, capsys):
+    hyp = tmp_path / "hyp.txt"
+    ref = tmp_path / "ref.txt"
+    hyp.write_text("<d>\nthe cat sat .\non the mat .\n<d>\na dog barked loudly today .\n", encoding="utf-8")
+    ref.write_text("<d>\nthe cat sat .\non the mat .\n<d>\na dog barked\nloudly today .\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="document '1': hypothesis has 1 sentences, reference has 2"):
+        bleu_from_files(hyp, ref)
+    rep = bleu_from_files(hyp, ref, allow_mismatch=True)
+    assert set(rep["scores"]) == {"document"} and rep["mismatches"] == [{"doc_id": "1", "hyp_sentences": 1, "ref_sentences": 2}]
+    assert rep["scores"]["document"].score == pytest.approx(100)
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref)]) == 1
+    assert "document '1': hypothesis has 1 sentences, reference has 2" in capsys.readouterr().err
+    js = tmp_path / "r.json"
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--allow-mismatch", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "d-BLEU (documents)" in out and "signature: BLEU|nrefs:1" in out and "1 documents differ" in out
+    import json
+    assert json.loads(js.read_text())["scores"]["document"]["score"] == pytest.approx(100)
+
+
+def test_doc_pairing_and_bad_files(tmp_path):
+    with pytest.raises(ValueError, match=r"document\(s\) \['x'\] of the hypothesis are not in the reference"):
+        pair_documents({"x": ["a"]}, {"0": ["a"]})
+    pairs, _ = pair_documents({"x": ["a"]}, {"0": ["b"]}, match="order")
+    assert pairs == [("x", ["a"], ["b"])]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a\n<d>\nb\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.txt:1: expected the document marker"):
+        read_d_format(bad)
+    ids = tmp_path / "ids"
+    ids.write_text("a\nb\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="has 3 lines but .*ids has 2 doc ids"):
+        bleu_from_files(bad, bad, hyp_format="plain", hyp_doc_ids=ids)
