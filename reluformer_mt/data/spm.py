@@ -29,6 +29,8 @@ def train_spm(sentences: Iterable[str], model_prefix, vocab_size: int, separator
     """
     model_prefix = Path(model_prefix)
     model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    if hasattr(spm, "set_random_generator_seed"):  # reproducible sampling of the input sentences
+        spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
         model_prefix=str(model_prefix),
@@ -40,7 +42,6 @@ def train_spm(sentences: Iterable[str], model_prefix, vocab_size: int, separator
         input_sentence_size=max_sentences,
         shuffle_input_sentence=True,
         num_threads=max(1, workers),
-        random_seed=seed,
         minloglevel=2,
     )
     return model_prefix.with_suffix(".model")

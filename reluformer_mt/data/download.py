@@ -1,0 +1,211 @@
+"""Fetch the public corpora (sha256-checked) or copy them from a local folder laid out like
+``../shared/data``. Usage: ``python -m reluformer_mt.data.download DATASET... --dest DIR [--local DIR]``.
+
+The pins are the sha256 of the files as published (the copies in ``../shared/data`` are
+unchanged copies of these sources). The document-level *training* sets of Maruf et al. (TED,
+News Commentary, Europarl) are not in the selective-attn repository but in a Dropbox folder
+linked from its readme; fetch them by hand and pass the folder as ``--local``: a file without a
+pin (like those) is copied and reported as unchecked.
+"""
+import argparse
+import hashlib
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+SELECTIVE_ATTN = "https://raw.githubusercontent.com/sameenmaruf/selective-attn/1cb44c5ddd2cdf4f32ea74768a3389b52fc4db27/data"
+WIT3 = "https://raw.githubusercontent.com/hlt-mt/WIT3/e43615b79232e9cc0fccc76d90fd1c658146d29d/archive/2017-01-ted-test/texts"
+DOCMT_TRAIN_URL = "https://www.dropbox.com/sh/c61nm7lx6cthulv/AABWMce0O9vL0hAdvmQm5dIaa?dl=0"
+
+DOCMT = {
+    "Europarl7/concatenated_en2de_dev_de.txt": "d75378d8f8482c4276e3c77be8f8c48e5577c064c05481b1a05cff1db5c5b0aa",
+    "Europarl7/concatenated_en2de_dev_en.txt": "938fde3fccaace0e221e2520dcb11d9b121ca3740308a4c7940692c96955b011",
+    "Europarl7/concatenated_en2de_test_de.txt": "60bd6552032d82bfd0fb9597bad8aec4f6cf333918cb56a5cf215003d983850a",
+    "Europarl7/concatenated_en2de_test_en.txt": "a82dd0099a1a786b9af99eeb2444bf0ad935d0a534cd883c5d560980fd07859c",
+    "IWSLT2017/concatenated_en2de_dev_de.txt": "b22638ac9a98861dbdc81def31472d7d816e64cd7cc06482fb041b69016340b6",
+    "IWSLT2017/concatenated_en2de_dev_en.txt": "ab2299d5f254f12128d49aac47614930ed83965e4c3548709ac428aa0a25e8ce",
+    "IWSLT2017/concatenated_en2de_test_de.txt": "9a6bb0f3f79879a6af26b3012d584853ba0d53700972ccdb799bb92aeb7d6912",
+    "IWSLT2017/concatenated_en2de_test_en.txt": "f8414019291f264368570a60cbc662ea2ac00f07d079624823f6553fa632e3d3",
+    "NC-2016/concatenated_en2de_dev_de.txt": "e482a04b2cc1e3015059de851dbb295afea7e79a3d76278561e6e5ad9939e110",
+    "NC-2016/concatenated_en2de_dev_en.txt": "bfc32336a5820c95b460a5a4cb715af93c43147bed01f7a6936ed3b0f1d7f719",
+    "NC-2016/concatenated_en2de_test_de.txt": "11f7dd3ba475ce6d4fa4b33bb949ed61fa847d46ff2bfbb81ef39d83f30fa110",
+    "NC-2016/concatenated_en2de_test_en.txt": "9edec9fe1259b7b4802a6e451cc2a8c0d1bc4851dcad24c91f30b79998f801be",
+}
+# optional training files (Dropbox, unpinned): copied from --local when present
+DOCMT_TRAIN = [f"{c}/concatenated_en2de_train_{l}.txt" for c in ("IWSLT2017", "NC-2016", "Europarl7") for l in ("en", "de")]
+
+IWSLT_ARCHIVES = {
+    "de-en": "b0034e3c957da26eaf3c573390c3fc669d509ea94c0b398889ad74bddadb4974",
+    "en-de": "0c786a6905618af716da365592594473481ba9548a922506aaf6c17f1aee27e4",
+    "en-fr": "755b1061ff258686d8c906525dc75035304b292320d59e5a78802b2923c204ad",
+    "fr-en": "8393e55847ba750290180f1fb62684abb8c09b890c52d4ebc5c2376e8e722e93",
+}
+IWSLT_XML = {
+    "de-en/IWSLT17.TED.tst2016.de-en.de.xml": "6f653002748d8a2228fea7adb37581be6c9d96afd26e8f9d0a9c4219770ee369",
+    "de-en/IWSLT17.TED.tst2017.de-en.de.xml": "5ddaaa6bb4f926b12a869b40e234f3e53e21468dfb2d44806ac64e499251e93b",
+    "en-de/IWSLT17.TED.tst2016.en-de.en.xml": "10510092bffdbd72a6543c00d1a04772084b8caad1804a00f41bd8f67ac18bdb",
+    "en-de/IWSLT17.TED.tst2017.en-de.en.xml": "e91dbe5dc98c633b9099208cc268734284a5679e2c92d1b6cf7bdded70db5dc5",
+    "en-fr/IWSLT17.TED.tst2016.en-fr.en.xml": "2e04434e4893279ae8dbc164b680b716d048a18dfd50aa3e50eff5d9c5aaedb4",
+    "en-fr/IWSLT17.TED.tst2017.en-fr.en.xml": "2be03ecc6d5b4e8924b203566bf60e91172ed68ed425942cb8e8c7c4beb48d33",
+    "fr-en/IWSLT17.TED.tst2016.fr-en.fr.xml": "2531aa3a9f1edbe086ee66aa394cfa63370e71005f4459a9aa1a91ed2397416c",
+    "fr-en/IWSLT17.TED.tst2017.fr-en.fr.xml": "12317194898512be531a99aab579f3f5920044cc5e88f90422f924519f10bef0",
+}
+BIBLE_VERSION = "0.4.2"
+BIBLE = {
+    "data/sources/SBLGNT.tsv": "c355b3f79a453e8e2a681506cdddc7349826fd4ea223736920625b8362d7b2f0",
+    "data/eng/targets/BSB/nt_BSB.tsv": "d388c73f52361968eb96761098e983699fdd0dd37272b1d701efebd61a5a36df",
+    "data/eng/alignments/BSB/SBLGNT-BSB-manual.json": "144c84636e3972774565b66105259e01df2b2236877055920c7996c08fdbc38e",
+}
+DATASETS = ("docmt_ende", "iwslt17_ted_test", "bible")
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check(path, expected: str, source: str) -> None:
+    got = sha256(path)
+    if got != expected:
+        raise ValueError(f"{path}: sha256 {got} but expected {expected} (from {source}); the file is damaged or the source changed")
+
+
+def fetch(url: str, dest: Path, expected: str) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                shutil.copyfileobj(r, tmp)
+        except OSError as e:
+            Path(tmp.name).unlink(missing_ok=True)
+            raise OSError(f"{url}: download failed ({e}); pass --local DIR to copy from a local folder instead") from None
+    try:
+        check(tmp.name, expected, url)
+    except ValueError:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise
+    Path(tmp.name).replace(dest)
+
+
+def copy_local(src: Path, dest: Path, expected) -> None:
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: not found in the --local folder")
+    if expected:
+        check(src, expected, str(src))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != dest.resolve():
+        shutil.copyfile(src, dest)
+
+
+def _done(dest: Path, expected) -> bool:
+    return dest.is_file() and (expected is None or sha256(dest) == expected)
+
+
+def get_docmt(dest: Path, local=None, log=print) -> int:
+    n = 0
+    for rel, pin in DOCMT.items():
+        target = dest / "docmt_ende" / rel
+        if _done(target, pin):
+            continue
+        if local:
+            copy_local(Path(local) / "docmt_ende" / rel, target, pin)
+        else:
+            fetch(f"{SELECTIVE_ATTN}/{rel}", target, pin)
+        n += 1
+    for rel in DOCMT_TRAIN:
+        src = Path(local) / "docmt_ende" / rel if local else None
+        if src is not None and src.is_file():
+            copy_local(src, dest / "docmt_ende" / rel, None)
+            log(f"copied {rel} (unchecked: the training sets have no published checksum)")
+    if not any((dest / "docmt_ende" / rel).is_file() for rel in DOCMT_TRAIN):
+        log(f"docmt_ende: no training sets; download them by hand from {DOCMT_TRAIN_URL} "
+            f"(see github.com/sameenmaruf/selective-attn) into {dest / 'docmt_ende'}/<corpus>/concatenated_en2de_train_{{en,de}}.txt")
+    return n
+
+
+def get_iwslt(dest: Path, local=None, log=print) -> int:
+    n = 0
+    base = dest / "iwslt17_ted_test"
+    for pair, pin in IWSLT_ARCHIVES.items():
+        archive = base / "archives" / f"{pair}.tgz"
+        if not _done(archive, pin):
+            if local:
+                copy_local(Path(local) / "iwslt17_ted_test" / "archives" / f"{pair}.tgz", archive, pin)
+            else:
+                a, b = pair.split("-")
+                fetch(f"{WIT3}/{a}/{b}/{pair}.tgz", archive, pin)
+            n += 1
+        with tarfile.open(archive) as tar:
+            for rel, xml_pin in IWSLT_XML.items():
+                if rel.startswith(pair + "/") and not _done(base / rel, xml_pin):
+                    (base / pair).mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(tar.getmember(rel)) as f, open(base / rel, "wb") as out:
+                        shutil.copyfileobj(f, out)
+                    check(base / rel, xml_pin, str(archive))
+    return n
+
+
+def get_bible(dest: Path, local=None, log=print) -> int:
+    """The three data files of bible-alignments 0.4.2: from --local (a folder with the package's
+    data/ tree, e.g. site-packages), the installed package, or ``pip download`` of the wheel."""
+    import subprocess
+    import zipfile
+
+    base = dest / "bible_alignments"
+    if all(_done(base / rel, pin) for rel, pin in BIBLE.items()):
+        return 0
+    root = Path(local) if local else None
+    if root is None:
+        try:
+            from bible_alignments import DATAPATH
+
+            root = Path(DATAPATH).parent
+        except ImportError:
+            root = None
+    if root is not None and all((root / rel).is_file() for rel in BIBLE):
+        for rel, pin in BIBLE.items():
+            copy_local(root / rel, base / rel, pin)
+        return len(BIBLE)
+    if local:
+        raise FileNotFoundError(f"{local}: no bible-alignments data/ tree ({', '.join(BIBLE)})")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", f"bible-alignments=={BIBLE_VERSION}", "-d", tmp], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            for rel, pin in BIBLE.items():
+                (base / rel).parent.mkdir(parents=True, exist_ok=True)
+                (base / rel).write_bytes(z.read(rel))
+                check(base / rel, pin, str(wheel))
+    return len(BIBLE)
+
+
+GETTERS = {"docmt_ende": get_docmt, "iwslt17_ted_test": get_iwslt, "bible": get_bible}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reluformer_mt.data.download", description=__doc__.split("\n\n")[0])
+    p.add_argument("datasets", nargs="*", default=list(DATASETS), help=f"any of {', '.join(DATASETS)} (default: all)")
+    p.add_argument("--dest", required=True, help="folder to write the corpora into")
+    p.add_argument("--local", default=None, help="copy from this folder (laid out like ../shared/data) instead of the network")
+    args = p.parse_args(argv)
+    dest = Path(args.dest)
+    try:
+        for name in args.datasets:
+            if name not in GETTERS:
+                raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+            n = GETTERS[name](dest, args.local)
+            print(f"{name}: {n} files fetched/copied, all checksums verified -> {dest}")
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"download: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

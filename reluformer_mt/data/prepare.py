@@ -1,0 +1,348 @@
+"""One preparation run: read -> SentencePiece -> encode + segment -> binarise -> prepared.json.
+
+The output directory is a fairseq data directory (``dict.*.txt``, ``{split}.{src}-{tgt}.*``)
+plus ``{split}.segments.tsv`` (see :mod:`reluformer_mt.data.segments`), the SentencePiece
+model(s), ``prepared.json``, ``summary.txt`` and, for the bible corpus, the gold word links.
+It trains with ``fairseq-train DIR --user-dir reluformer_mt --task translation`` (sentence
+level) or ``--task document_translation`` (document level).
+
+Each expensive step writes a stamp (``.steps/{step}.json``) with the options and input
+fingerprint it ran with; a re-run skips a step whose stamp matches, refuses one whose stamp
+differs (naming the options that changed), and redoes everything with ``force``.
+"""
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from tqdm import tqdm
+
+from reluformer_mt.data import spm as spm_utils
+from reluformer_mt.data.binarize import preprocess_argv, run_preprocess
+from reluformer_mt.data.readers import Document, Report, read_corpus
+from reluformer_mt.data.segmentation import parse_segment_tokens, segment_document
+from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR, metadata_path, write_segment_metadata
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+STEP_DIR = ".steps"
+
+
+@dataclass
+class PrepareConfig:
+    out: str
+    fmt: str = "docmt"                      # a readers.FORMATS name, or "bible"
+    src: str = "en"
+    tgt: str = "de"
+    train: List[List[str]] = field(default_factory=list)   # file groups, concatenated in order
+    valid: List[List[str]] = field(default_factory=list)
+    test: List[List[str]] = field(default_factory=list)
+    valid_from_train: int = 0               # hold out the last K train documents as valid
+    limit_docs: int = 0                     # keep only the first K documents of each split (demos)
+    segment_tokens: int = 0                 # N; 0 = sentence level
+    vocab_size: int = 8000
+    spm_per_language: bool = False
+    spm_models: List[str] = field(default_factory=list)    # reuse: one joint model or src, tgt
+    joined_dictionary: bool = False
+    separator: str = SEPARATOR
+    input_separator: str = SEPARATOR        # doclines input only
+    bible_root: Optional[str] = None
+    bible_books: List[int] = field(default_factory=list)
+    force: bool = False
+    workers: int = 1
+    progress: bool = True
+
+
+# ---------------------------------------------------------------- steps with stamps
+
+def _sha(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8") if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _file_sha(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def run_step(out: Path, name: str, config: dict, fn, force: bool):
+    """Run ``fn() -> result dict`` unless a matching stamp says it already ran."""
+    stamp = out / STEP_DIR / f"{name}.json"
+    if stamp.is_file() and not force:
+        saved = json.loads(stamp.read_text(encoding="utf-8"))
+        if saved.get("config") == config:
+            print(f"[prepare] step {name}: already done with these options, skipping (use --force to redo)", flush=True)
+            return saved["result"]
+        changed = sorted(k for k in set(config) | set(saved.get("config", {})) if config.get(k) != saved.get("config", {}).get(k))
+        raise ValueError(f"{out}: step {name!r} was done with other options or inputs (changed: {', '.join(changed)}); "
+                         "pass --force to redo it, or use another output directory")
+    print(f"[prepare] step {name} ...", flush=True)
+    result = fn()
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"config": config, "result": result}, indent=1, ensure_ascii=False), encoding="utf-8")
+    return result
+
+
+# ---------------------------------------------------------------- reading
+
+def read_splits(cfg: PrepareConfig, report: Report) -> Dict[str, List[Document]]:
+    if cfg.fmt == "bible":
+        from reluformer_mt.data.bible import read_bible, split_by_chapter
+
+        splits = split_by_chapter(read_bible(report, cfg.bible_root, cfg.bible_books or None))
+    else:
+        splits = {}
+        for split in SPLITS:
+            docs = []
+            for files in getattr(cfg, split):
+                docs += read_corpus(cfg.fmt, files, report, separator=cfg.input_separator)
+            splits[split] = docs
+    if cfg.valid_from_train:
+        if splits.get("valid"):
+            raise ValueError("--valid-from-train holds out training documents as the valid set, but --valid was given too; use one")
+        k = cfg.valid_from_train
+        if k >= len(splits["train"]):
+            raise ValueError(f"--valid-from-train {k}: the training data has only {len(splits['train'])} documents")
+        splits["train"], splits["valid"] = splits["train"][:-k], splits["train"][-k:]
+        report.counts["documents held out of train as valid"] = k
+    if cfg.limit_docs:
+        for split in splits:
+            splits[split] = splits[split][: cfg.limit_docs]
+    if not splits.get("train"):
+        raise ValueError("no training documents: give --train (or a corpus format that has them)")
+    if not splits.get("valid"):
+        raise ValueError("no valid documents: give --valid, or --valid-from-train K to hold out K training documents")
+    for split, docs in splits.items():
+        seen = set()
+        for d in docs:
+            if d.doc_id in seen:
+                raise ValueError(f"{split}: document id {d.doc_id!r} occurs twice; give the input files distinct names")
+            seen.add(d.doc_id)
+    return {s: d for s, d in splits.items() if d}
+
+
+def _count_in(splits, report):
+    for split, docs in splits.items():
+        report.counts[f"{split}: documents in"] = len(docs)
+        report.counts[f"{split}: sentence pairs in"] = sum(len(d.src) for d in docs)
+        report.counts[f"{split}: source words in"] = sum(len(s.split()) for d in docs for s in d.src)
+        report.counts[f"{split}: target words in"] = sum(len(t.split()) for d in docs for t in d.tgt)
+
+
+def _fingerprint(splits) -> str:
+    h = hashlib.sha256()
+    for split, docs in splits.items():
+        h.update(split.encode())
+        for d in docs:
+            h.update(d.doc_id.encode() + b"\1")
+            for s, t in zip(d.src, d.tgt):
+                h.update(s.encode() + b"\2" + t.encode() + b"\3")
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- SentencePiece
+
+def _spm_step(cfg, out, splits, data_fp):
+    spm_dir = out / "spm"
+    if cfg.spm_models:
+        if len(cfg.spm_models) not in (1, 2):
+            raise ValueError(f"--spm-model takes one joint model or two (source, target), got {len(cfg.spm_models)}")
+        for m in cfg.spm_models:
+            spm_utils.load_spm(m, cfg.separator)  # checks existence and the separator piece
+        config = {"reuse": [_file_sha(m) for m in cfg.spm_models], "separator": cfg.separator}
+    else:
+        config = {"vocab_size": cfg.vocab_size, "per_language": cfg.spm_per_language, "separator": cfg.separator, "data": data_fp}
+
+    def train():
+        spm_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.spm_models:
+            names = [spm_utils.copy_model(m, out, f"spm.{lang}.model" if len(cfg.spm_models) == 2 else "spm.model")
+                     for m, lang in zip(cfg.spm_models, (cfg.src, cfg.tgt))]
+        elif cfg.spm_per_language:
+            names = []
+            for lang, side in ((cfg.src, "src"), (cfg.tgt, "tgt")):
+                sents = (s for d in splits["train"] for s in getattr(d, side))
+                model = spm_utils.train_spm(sents, spm_dir / f"spm.{lang}", cfg.vocab_size, cfg.separator, cfg.workers)
+                names.append(spm_utils.copy_model(model, out, f"spm.{lang}.model"))
+        else:
+            sents = (s for d in splits["train"] for pair in zip(d.src, d.tgt) for s in pair)
+            model = spm_utils.train_spm(sents, spm_dir / "spm", cfg.vocab_size, cfg.separator, cfg.workers)
+            names = [spm_utils.copy_model(model, out, "spm.model")]
+        src_name, tgt_name = (names[0], names[0]) if len(names) == 1 else names
+        return {"spm_model_src": src_name, "spm_model_tgt": tgt_name, "joint": len(names) == 1,
+                "sha": [_file_sha(out / n) for n in names]}
+
+    return run_step(out, "spm", config, train, cfg.force)
+
+
+# ---------------------------------------------------------------- encode + segment
+
+def _encode_step(cfg, out, splits, data_fp, spm_result, report):
+    config = {"spm": spm_result["sha"], "segment_tokens": cfg.segment_tokens, "separator": cfg.separator, "data": data_fp}
+
+    def encode():
+        sp_src = spm_utils.load_spm(out / spm_result["spm_model_src"], cfg.separator)
+        sp_tgt = spm_utils.load_spm(out / spm_result["spm_model_tgt"], cfg.separator)
+        text_dir = out / "text"
+        text_dir.mkdir(parents=True, exist_ok=True)
+        stats = {}
+        for split, docs in splits.items():
+            infos, n_src_tok, n_tgt_tok, longest_src, longest_tgt, overlong = [], 0, 0, 0, 0, []
+            with open(text_dir / f"{split}.{cfg.src}", "w", encoding="utf-8") as fs, \
+                    open(text_dir / f"{split}.{cfg.tgt}", "w", encoding="utf-8") as ft:
+                chunk = 200
+                bar = tqdm(total=len(docs), desc=f"encode+segment {split}", unit="doc", disable=not cfg.progress)
+                for c in range(0, len(docs), chunk):
+                    part = docs[c: c + chunk]
+                    src_tok = spm_utils.encode(sp_src, [s for d in part for s in d.src], cfg.workers)
+                    tgt_tok = spm_utils.encode(sp_tgt, [t for d in part for t in d.tgt], cfg.workers)
+                    k = 0
+                    for d in part:
+                        n = len(d.src)
+                        src_segs, tgt_segs, seg_infos, n_over = segment_document(
+                            d.doc_id, src_tok[k: k + n], tgt_tok[k: k + n], cfg.segment_tokens, cfg.separator)
+                        if n_over:
+                            overlong.append((d.doc_id, n_over))
+                        k += n
+                        for s, t in zip(src_segs, tgt_segs):
+                            ls, lt = len(s.split()), len(t.split())
+                            n_src_tok, n_tgt_tok = n_src_tok + ls, n_tgt_tok + lt
+                            longest_src, longest_tgt = max(longest_src, ls), max(longest_tgt, lt)
+                            fs.write(s + "\n")
+                            ft.write(t + "\n")
+                        infos += seg_infos
+                    bar.update(len(part))
+                bar.close()
+            write_segment_metadata(metadata_path(out, split), infos)
+            stats[split] = {"documents": len(docs), "sentences": sum(len(d.src) for d in docs), "segments": len(infos),
+                            "source_tokens": n_src_tok, "target_tokens": n_tgt_tok,
+                            "longest_source": longest_src, "longest_target": longest_tgt,
+                            "overlong_sentences": sum(n for _, n in overlong),
+                            "overlong_examples": [f"document {d} ({n})" for d, n in overlong[:3]]}
+        return stats
+
+    stats = run_step(out, "encode", config, encode, cfg.force)
+    for split, st in stats.items():
+        if st["overlong_sentences"]:
+            msg = f"sentence longer than N={cfg.segment_tokens} tokens, kept as its own segment"
+            report.warn(msg, None, st["overlong_sentences"])
+            report.examples.setdefault(msg, []).extend(f"{split} {e}" for e in st["overlong_examples"])
+            logger.warning("%s: %d sentences longer than %d tokens kept as their own segments", split, st["overlong_sentences"], cfg.segment_tokens)
+    return stats
+
+
+# ---------------------------------------------------------------- binarise
+
+def _binarize_step(cfg, out, splits, spm_result, encode_stats):
+    joined = cfg.joined_dictionary
+    config = {"encode": _sha(json.dumps(encode_stats, sort_keys=True), *[_file_sha(out / "text" / f"{s}.{lang}") for s in splits for lang in (cfg.src, cfg.tgt)]),
+              "joined_dictionary": joined}
+
+    def binarize():
+        sp_src = spm_utils.load_spm(out / spm_result["spm_model_src"], cfg.separator)
+        sp_tgt = spm_utils.load_spm(out / spm_result["spm_model_tgt"], cfg.separator)
+        dict_dir = out / "spm"
+        dict_dir.mkdir(exist_ok=True)
+        src_vocab, tgt_vocab = spm_utils.spm_vocabulary(sp_src), spm_utils.spm_vocabulary(sp_tgt)
+        if joined:
+            src_vocab = tgt_vocab = src_vocab + tgt_vocab
+        spm_utils.write_fairseq_dict(src_vocab, dict_dir / f"vocab.{cfg.src}.txt")
+        spm_utils.write_fairseq_dict(tgt_vocab, dict_dir / f"vocab.{cfg.tgt}.txt")
+        for lang in (cfg.src, cfg.tgt):
+            (out / f"dict.{lang}.txt").unlink(missing_ok=True)
+        argv = preprocess_argv(cfg.src, cfg.tgt, out / "text", out, list(splits), dict_dir / f"vocab.{cfg.src}.txt",
+                               dict_dir / f"vocab.{cfg.tgt}.txt", joined_dictionary=joined, workers=cfg.workers)
+        print("[prepare] fairseq-preprocess " + " ".join(argv), flush=True)
+        run_preprocess(argv)
+        return {"argv": argv}
+
+    return run_step(out, "binarize", config, binarize, cfg.force)
+
+
+# ---------------------------------------------------------------- the run
+
+def prepare(cfg: PrepareConfig) -> Report:
+    """Prepare ``cfg.out`` from the configured corpus; prints and returns the summary report."""
+    cfg.segment_tokens = parse_segment_tokens(cfg.segment_tokens)
+    if cfg.src == cfg.tgt:
+        raise ValueError(f"source and target language are both {cfg.src!r}; fairseq needs two language codes")
+    for lang in (cfg.src, cfg.tgt):
+        if not lang or any(c in lang for c in ".-/ "):
+            raise ValueError(f"language code {lang!r} must be non-empty without '.', '-', '/' or spaces (fairseq file names use them)")
+    out = Path(cfg.out)
+    if cfg.force and (out / STEP_DIR).is_dir():
+        shutil.rmtree(out / STEP_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    splits = read_splits(cfg, report)
+    _count_in(splits, report)
+    data_fp = _fingerprint(splits)
+
+    spm_result = _spm_step(cfg, out, splits, data_fp)
+    stats = _encode_step(cfg, out, splits, data_fp, spm_result, report)
+    _binarize_step(cfg, out, splits, spm_result, stats)
+
+    extras = []
+    if cfg.fmt == "bible":
+        from reluformer_mt.data.bible import write_gold
+
+        for split, docs in splits.items():
+            n = write_gold(docs, out, split, cfg.src, cfg.tgt)
+            report.counts[f"{split}: bible gold links written"] = n
+            extras += [f"{split}.gold.align", f"{split}.words.{cfg.src}", f"{split}.words.{cfg.tgt}", f"{split}.verses.tsv"]
+
+    for split, st in stats.items():
+        report.counts[f"{split}: documents out"] = st["documents"]
+        report.counts[f"{split}: sentences out"] = st["sentences"]
+        report.counts[f"{split}: segments (examples)"] = st["segments"]
+        report.counts[f"{split}: source subword tokens out (with separators)"] = st["source_tokens"]
+        report.counts[f"{split}: target subword tokens out (with separators)"] = st["target_tokens"]
+    longest_src = max(st["longest_source"] for st in stats.values())
+    longest_tgt = max(st["longest_target"] for st in stats.values())
+    # fairseq appends </s>: the model needs one position more than the longest segment
+    report.counts["needed --max-source-positions"] = longest_src + 1
+    report.counts["needed --max-target-positions"] = longest_tgt + 1
+
+    manifest = {
+        "created_by": "reluformer-prepare",
+        "format": cfg.fmt,
+        "src_lang": cfg.src,
+        "tgt_lang": cfg.tgt,
+        "segment_tokens": cfg.segment_tokens,
+        "level": "sentence" if cfg.segment_tokens == 0 else "document",
+        "separator": cfg.separator,
+        "spm_model": spm_result["spm_model_src"] if spm_result["joint"] else None,
+        "spm_model_src": spm_result["spm_model_src"],
+        "spm_model_tgt": spm_result["spm_model_tgt"],
+        "joined_dictionary": cfg.joined_dictionary,
+        "max_source_positions": longest_src + 1,
+        "max_target_positions": longest_tgt + 1,
+        "splits": stats,
+        "extras": extras,
+        "counts": dict(report.counts),
+        "repaired": dict(report.repaired),
+        "skipped": dict(report.skipped),
+        "warnings": dict(report.warnings),
+        "options": {k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers")},
+    }
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+    summary = report.summary()
+    (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
+    print(summary, flush=True)
+    task = "translation" if cfg.segment_tokens == 0 else "document_translation"
+    print(f"[prepare] done: fairseq-train {out} --user-dir reluformer_mt --task {task} "
+          f"--max-source-positions {longest_src + 1} --max-target-positions {longest_tgt + 1} ...", flush=True)
+    return report
+
+
+def load_manifest(data_dir) -> dict:
+    path = Path(data_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; prepare the directory with reluformer-prepare")
+    return json.loads(path.read_text(encoding="utf-8"))

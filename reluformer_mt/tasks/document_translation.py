@@ -1,0 +1,248 @@
+"""Document-level translation on segments of whole sentences (doc-to-doc, as in G-Transformer,
+Bao et al. ACL 2021; in the spirit of contextual-mt's ``document_translation``).
+
+Reads a directory prepared by ``reluformer-prepare``: the binarised segments, and beside them
+``{split}.segments.tsv`` (document id, sentence count, first sentence index per example) and
+``prepared.json``. Differences from ``--task translation``:
+
+- a segment longer than the model's positions is an error naming the split, the example, its
+  document and its lengths -- never skipped (``--skip-invalid-size-inputs-valid-test``) or cut
+  (``--truncate-source``), since a lost segment silently removes sentences from a document;
+- every example's source must hold ``n_sentences - 1`` separator tokens, as its metadata says;
+- with ``--eval-bleu`` validation reports ``s_bleu`` (hypothesis segments split back into
+  sentences at the separator) and ``d_bleu`` (BLEU over whole documents, Liu et al. 2020),
+  plus ``sep_mismatch``, the number of hypothesis segments whose sentence count is wrong.
+"""
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+from fairseq import metrics, utils
+from fairseq.tasks import register_task
+from fairseq.tasks.fairseq_task import FairseqTask
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR, metadata_path, read_segment_metadata, split_segment
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DocumentTranslationConfig(TranslationConfig):
+    separator: str = field(default=SEPARATOR, metadata={"help": "separator token between the sentences of a segment"})
+    eval_bleu_spm: str = field(
+        default="auto",
+        metadata={"help": "SentencePiece model for decoding hypotheses and references before s-/d-BLEU; "
+                          "'auto' = the target model named in prepared.json, 'none' = score pieces"},
+    )
+
+
+def _fit_count(parts: List[str], n: int) -> List[str]:
+    """Make a hypothesis split into exactly n sentences: extra parts merge into the last one,
+    missing ones are empty (the usual convention for s-BLEU of doc-to-doc output)."""
+    if len(parts) > n:
+        parts = parts[: n - 1] + [" ".join(parts[n - 1:])]
+    return parts + [""] * (n - len(parts))
+
+
+def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[int, str], infos, separator=SEPARATOR):
+    """s-BLEU and d-BLEU (sacrebleu) of detokenised segments keyed by example index.
+
+    Returns (s_bleu, d_bleu, n_mismatched_segments). Documents are rebuilt from the segments
+    present, in sentence order; a small stand-alone function so the evaluation package's
+    ``sentence_bleu_report``/``document_bleu`` can replace it one-for-one.
+    """
+    import sacrebleu
+
+    hyp_sents, ref_sents, mismatch = [], [], 0
+    docs: Dict[str, list] = {}
+    for idx in sorted(hyp_segments):
+        info = infos[idx]
+        hyp_parts = split_segment(hyp_segments[idx], separator)
+        ref_parts = split_segment(ref_segments[idx], separator)
+        if len(hyp_parts) != info.n_sentences:
+            mismatch += 1
+        hyp_parts = _fit_count(hyp_parts, info.n_sentences)
+        hyp_sents += hyp_parts
+        ref_sents += ref_parts
+        docs.setdefault(info.doc_id, []).append((info.first_sentence, hyp_parts, ref_parts))
+    if not hyp_sents:
+        return 0.0, 0.0, 0
+    doc_hyps, doc_refs = [], []
+    for parts in docs.values():
+        parts.sort(key=lambda p: p[0])
+        doc_hyps.append(" ".join(s for _, h, _ in parts for s in h if s))
+        doc_refs.append(" ".join(s for _, _, r in parts for s in r if s))
+    s_bleu = sacrebleu.corpus_bleu(hyp_sents, [ref_sents]).score
+    d_bleu = sacrebleu.corpus_bleu(doc_hyps, [doc_refs]).score
+    return s_bleu, d_bleu, mismatch
+
+
+@register_task("document_translation", dataclass=DocumentTranslationConfig)
+class DocumentTranslationTask(TranslationTask):
+    cfg: DocumentTranslationConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.segment_infos = {}       # split -> List[SegmentInfo]
+        self._split_of_dataset = {}   # id(dataset) -> split
+        self._valid_split = None
+        self._valid_outputs = {}      # split -> {example index: (hyp, ref)}
+        self.manifest = {}
+        self.spm = None
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        if cfg.truncate_source:
+            raise ValueError("--task document_translation refuses --truncate-source: a cut segment loses sentences of its "
+                             "document; re-prepare with a smaller --segment-tokens instead")
+        task = super().setup_task(cfg, **kwargs)
+        data_dir = utils.split_paths(cfg.data)[0]
+        manifest = Path(data_dir) / MANIFEST_NAME
+        if manifest.is_file():
+            task.manifest = json.loads(manifest.read_text(encoding="utf-8"))
+            if task.manifest.get("separator", cfg.separator) != cfg.separator:
+                raise ValueError(f"{manifest}: prepared with separator {task.manifest['separator']!r} but --separator is {cfg.separator!r}")
+        for name, d in (("source", task.src_dict), ("target", task.tgt_dict)):
+            if d.index(cfg.separator) == d.unk():
+                raise ValueError(f"{data_dir}: the {name} dictionary has no {cfg.separator!r} entry, so segments cannot "
+                                 "be split back into sentences; prepare the data with reluformer-prepare")
+        return task
+
+    # ------------------------------------------------------------ data
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        dataset = self.datasets[split]
+        data_dir = utils.split_paths(self.cfg.data)[0]
+        path = metadata_path(data_dir, split)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing; --task document_translation needs the segment metadata written by "
+                                    "reluformer-prepare (use --task translation for plain sentence-level data)")
+        infos = read_segment_metadata(path)
+        if len(infos) != len(dataset):
+            raise ValueError(f"{path}: {len(infos)} segments but the binarised {split} set has {len(dataset)} examples")
+        self._check_separators(split, dataset, infos)
+        self._check_lengths(split, dataset, infos, (self.cfg.max_source_positions, self.cfg.max_target_positions))
+        self.segment_infos[split] = infos
+        self._split_of_dataset[id(dataset)] = split
+
+    def _check_separators(self, split, dataset, infos):
+        sep = self.src_dict.index(self.cfg.separator)
+        for i, info in enumerate(infos):
+            n = int((dataset.src[i] == sep).sum())
+            if n != info.n_sentences - 1:
+                raise ValueError(f"{split}: example {i} (document {info.doc_id}) has {n} separators in its source but its "
+                                 f"metadata says {info.n_sentences} sentences")
+
+    def _check_lengths(self, split, dataset, infos, max_positions):
+        max_src, max_tgt = max_positions
+        src_sizes = dataset.src_sizes
+        tgt_sizes = dataset.tgt_sizes if dataset.tgt_sizes is not None else np.zeros_like(src_sizes)
+        bad = np.nonzero((src_sizes > max_src) | (tgt_sizes > max_tgt))[0]
+        if len(bad):
+            i = int(bad[0])
+            info = infos[i]
+            raise ValueError(
+                f"{split}: example {i} (document {info.doc_id}, sentences {info.first_sentence}-{info.first_sentence + info.n_sentences - 1}) "
+                f"has {src_sizes[i]} source / {tgt_sizes[i]} target tokens with </s>, more than the model's positions "
+                f"{max_src} / {max_tgt} ({len(bad)} such examples; longest {int(src_sizes.max())} / {int(tgt_sizes.max())}). "
+                f"Raise --max-source-positions/--max-target-positions to at least {int(src_sizes.max())} / {int(tgt_sizes.max())} "
+                f"(prepared.json gives them), or re-prepare with a smaller --segment-tokens; segments are never skipped or truncated")
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        """Refuse, never skip: ``max_positions`` here is the smaller of task and model positions
+        (and --max-tokens), which load_dataset could not know."""
+        kept, ignored = dataset.filter_indices_by_size(indices, max_positions)
+        if len(ignored):
+            split = self._split_of_dataset.get(id(dataset), "?")
+            infos = self.segment_infos.get(split)
+            i = int(ignored[0])
+            where = f"document {infos[i].doc_id}, " if infos else ""
+            src_len = int(dataset.src_sizes[i])
+            tgt_len = int(dataset.tgt_sizes[i]) if dataset.tgt_sizes is not None else 0
+            raise ValueError(
+                f"{split}: example {i} ({where}{src_len} source / {tgt_len} target tokens with </s>) does not fit "
+                f"max_positions={max_positions} (the smallest of the task's and model's positions and --max-tokens; "
+                f"{len(ignored)} such examples). Raise --max-source-positions/--max-target-positions (and the model's) "
+                f"or --max-tokens, or re-prepare with a smaller --segment-tokens; document_translation never skips segments")
+        return kept
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        split = self._split_of_dataset.get(id(dataset))
+        if split is not None and split != self.cfg.train_subset:
+            # the trainer asks for a valid iterator at the start of each subset's validation
+            self._valid_split = split
+            self._valid_outputs[split] = {}
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
+    # ------------------------------------------------------------ validation BLEU
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.eval_bleu and self.cfg.eval_bleu_spm != "none":
+            self.spm = self._load_spm()
+        return model
+
+    def _load_spm(self):
+        import sentencepiece as spm
+
+        path = self.cfg.eval_bleu_spm
+        if path == "auto":
+            name = self.manifest.get("spm_model_tgt") or self.manifest.get("spm_model")
+            if not name:
+                return None
+            path = os.path.join(utils.split_paths(self.cfg.data)[0], name)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--eval-bleu-spm: {path} not found")
+        return spm.SentencePieceProcessor(model_file=path)
+
+    def _detok_segment(self, tokens, escape_unk):
+        pieces = self.tgt_dict.string(tokens.int().cpu(), unk_string=("UNKNOWNTOKENINREF" if escape_unk else "UNKNOWNTOKENINHYP"))
+        sentences = split_segment(pieces, self.cfg.separator)
+        if self.spm is not None:
+            sentences = [self.spm.decode_pieces(s.split()) for s in sentences]
+        elif self.cfg.eval_bleu_remove_bpe:
+            sentences = [utils.post_process(s, self.cfg.eval_bleu_remove_bpe) for s in sentences]
+        return f" {self.cfg.separator} ".join(sentences)
+
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, logging_output = FairseqTask.valid_step(self, sample, model, criterion)
+        if self.cfg.eval_bleu and self._valid_split is not None:
+            gen_out = self.inference_step(self.sequence_generator, [model], sample, prefix_tokens=None)
+            store = self._valid_outputs.setdefault(self._valid_split, {})
+            for i, idx in enumerate(sample["id"].tolist()):
+                hyp = self._detok_segment(gen_out[i][0]["tokens"], escape_unk=False)
+                ref = self._detok_segment(utils.strip_pad(sample["target"][i], self.tgt_dict.pad()), escape_unk=True)
+                store[idx] = (hyp, ref)
+            if self.cfg.eval_bleu_print_samples and len(gen_out):
+                logger.info("example hypothesis: %s", store[sample["id"][0].item()][0])
+                logger.info("example reference: %s", store[sample["id"][0].item()][1])
+            logging_output["_doc_bleu_segments"] = len(gen_out)
+        return loss, sample_size, logging_output
+
+    def _bleu_of_current_split(self):
+        split = self._valid_split
+        store = self._valid_outputs.get(split) or {}
+        if not store:
+            return 0.0, 0.0, 0
+        key = (split, id(store), len(store))
+        if getattr(self, "_bleu_cache", (None,))[0] != key:  # three meters read the same scores
+            scores = sentence_and_document_bleu({k: v[0] for k, v in store.items()}, {k: v[1] for k, v in store.items()},
+                                                self.segment_infos[split], self.cfg.separator)
+            self._bleu_cache = (key, scores)
+        return self._bleu_cache[1]
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        FairseqTask.reduce_metrics(self, logging_outputs, criterion)
+        if self.cfg.eval_bleu and any("_doc_bleu_segments" in log for log in logging_outputs):
+            metrics.log_scalar("_doc_bleu_segments", sum(log.get("_doc_bleu_segments", 0) for log in logging_outputs))
+            # documents span batches: the scores come from the segments stored during this
+            # subset's validation (on this worker), computed once when the meters are read
+            metrics.log_derived("s_bleu", lambda meters: round(self._bleu_of_current_split()[0], 2))
+            metrics.log_derived("d_bleu", lambda meters: round(self._bleu_of_current_split()[1], 2))
+            metrics.log_derived("sep_mismatch", lambda meters: self._bleu_of_current_split()[2])

@@ -1,0 +1,186 @@
+"""Readers, segmentation round trips and the bad-input list of the data-preparation issue."""
+import os
+from pathlib import Path
+
+import pytest
+
+from reluformer_mt.data.readers import (Report, normalise_space, read_corpus, read_docids, read_doclines, read_docmt,
+                                        read_lines, read_mteval_xml, read_plain)
+from reluformer_mt.data.segmentation import greedy_segments, parse_segment_tokens, segment_document, unsegment
+from reluformer_mt.data.segments import join_sentences, split_segment
+
+SHARED = Path(os.environ.get("RELUFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DOCMT = SHARED / "docmt_ende"
+needs_shared = pytest.mark.skipif(not DOCMT.is_dir(), reason=f"shared data not found at {SHARED} (set RELUFORMER_SHARED_DATA)")
+DOCMT_FILES = [(c, s) for c in ("IWSLT2017", "NC-2016", "Europarl7") for s in ("dev", "test")]
+
+
+def docmt_pair(corpus, split):
+    return DOCMT / corpus / f"concatenated_en2de_{split}_en.txt", DOCMT / corpus / f"concatenated_en2de_{split}_de.txt"
+
+
+def write(path, text, encoding="utf-8"):
+    path = Path(path)
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return path
+
+
+# ---------------------------------------------------------------- real data
+
+@needs_shared
+@pytest.mark.parametrize("corpus,split", DOCMT_FILES)
+def test_segment_round_trip_all_docmt_files(corpus, split):
+    docs = read_docmt(*docmt_pair(corpus, split), Report())
+    assert docs
+    for n in (128, 512, 2048):
+        for d in docs:
+            src_len = [len(s.split()) for s in d.src]
+            tgt_len = [len(t.split()) for t in d.tgt]
+            ranges = greedy_segments(src_len, tgt_len, n)
+            back_src, back_tgt = [], []
+            for a, b in ranges:
+                if b - a > 1:  # only a single over-long sentence may exceed N
+                    assert max(sum(src_len[a:b]), sum(tgt_len[a:b])) + (b - a - 1) <= n
+                back_src += split_segment(join_sentences(d.src[a:b]), expected=b - a)
+                back_tgt += split_segment(join_sentences(d.tgt[a:b]), expected=b - a)
+            assert back_src == d.src and back_tgt == d.tgt, (corpus, split, n, d.doc_id)
+
+
+@needs_shared
+def test_docmt_iwslt_test_equals_mteval_xml():
+    report = Report()
+    docmt = read_docmt(*docmt_pair("IWSLT2017", "test"), report)
+    x = SHARED / "iwslt17_ted_test"
+    xml = read_mteval_xml([x / "en-de/IWSLT17.TED.tst2016.en-de.en.xml", x / "en-de/IWSLT17.TED.tst2017.en-de.en.xml"],
+                          [x / "de-en/IWSLT17.TED.tst2016.de-en.de.xml", x / "de-en/IWSLT17.TED.tst2017.de-en.de.xml"], report)
+    assert len(docmt) == len(xml) == 23
+    assert [len(d.src) for d in docmt] == [len(d.src) for d in xml]
+    assert sum(len(d.src) for d in xml) == 2271
+    for a, b in zip(docmt, xml):
+        assert [normalise_space(s) for s in a.src] == [normalise_space(s) for s in b.src]
+        assert [normalise_space(t) for t in a.tgt] == [normalise_space(t) for t in b.tgt]
+    assert report.repaired["CRLF line end normalised to LF"] == 2 * 2294
+    assert not report.skipped
+
+
+# ---------------------------------------------------------------- segmentation
+
+def test_greedy_segments_and_sentence_level():
+    assert greedy_segments([3, 3, 3], [2, 2, 2], 7) == [(0, 2), (2, 3)]  # 3+1+3 = 7 fits, +1+3 does not
+    assert greedy_segments([3, 3, 3], [2, 2, 2], 0) == [(0, 1), (1, 2), (2, 3)]
+    # the longer side decides
+    assert greedy_segments([1, 1], [5, 5], 10) == [(0, 1), (1, 2)]
+    assert parse_segment_tokens("sentence") == 0 and parse_segment_tokens("512") == 512
+    with pytest.raises(ValueError, match="segment length"):
+        parse_segment_tokens("big")
+
+
+def test_overlong_sentence_is_its_own_segment_and_counted():
+    src = [["a"] * 2, ["b"] * 9, ["c"] * 2]
+    tgt = [["x"] * 2, ["y"] * 3, ["z"] * 2]
+    s, t, infos, over = segment_document("d", src, tgt, 5)
+    assert over == 1
+    assert [i.n_sentences for i in infos] == [1, 1, 1]
+    assert unsegment(s, infos)["d"] == [" ".join(x) for x in src]
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_line_count_mismatch_names_both_files(tmp_path):
+    a = write(tmp_path / "a.en", "<d>\none\ntwo\n")
+    b = write(tmp_path / "a.de", "<d>\neins\n")
+    with pytest.raises(ValueError, match=r"a\.en has 3 lines but .*a\.de has 2"):
+        read_docmt(a, b, Report())
+
+
+def test_doc_markers_on_different_lines(tmp_path):
+    a = write(tmp_path / "a.en", "<d>\none\n<d>\ntwo\n")
+    b = write(tmp_path / "a.de", "<d>\neins\nzwei\n<d>\n")
+    with pytest.raises(ValueError, match=r"<d> on line 3 of .*a\.en but not of .*a\.de"):
+        read_docmt(a, b, Report())
+
+
+def test_empty_sentence_on_one_side_is_skipped_and_counted(tmp_path):
+    a = write(tmp_path / "a.en", "<d>\none\n\nthree\n")
+    b = write(tmp_path / "a.de", "<d>\neins\nzwei\ndrei\n")
+    report = Report()
+    docs = read_docmt(a, b, report)
+    assert docs[0].src == ["one", "three"] and docs[0].tgt == ["eins", "drei"]
+    assert report.skipped["sentence empty on one side (pair dropped)"] == 1
+    assert "a.en:3" in report.summary()
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    a = write(tmp_path / "a.en", b"<d>\nfine\nbad \xff byte\n")
+    b = write(tmp_path / "a.de", "<d>\ngut\nschlecht\n")
+    with pytest.raises(ValueError, match=r"a\.en:3: invalid UTF-8"):
+        read_docmt(a, b, Report())
+
+
+def test_bom_and_crlf_are_normalised_and_counted(tmp_path):
+    a = write(tmp_path / "a.en", "\ufeff<d>\r\none\r\ntwo\r\n")
+    b = write(tmp_path / "a.de", "<d>\neins\nzwei\n")
+    report = Report()
+    docs = read_docmt(a, b, report)
+    assert docs[0].src == ["one", "two"]
+    assert report.repaired["byte-order mark removed"] == 1
+    assert report.repaired["CRLF line end normalised to LF"] == 3
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.en: file not found"):
+        read_lines(tmp_path / "nope.en", Report())
+    with pytest.raises(FileNotFoundError, match="missing.xml"):
+        read_mteval_xml([tmp_path / "missing.xml"], [tmp_path / "missing.xml"], Report())
+
+
+def _xml(docs):
+    body = "".join(f'<doc docid="{d}">' + "".join(f'<seg id="{i}"> {t} </seg>' for i, t in segs) + "</doc>" for d, segs in docs)
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n<mteval><srcset>{body}</srcset></mteval>\n'
+
+
+def test_xml_talk_on_one_side_only_is_skipped_and_counted(tmp_path):
+    src = write(tmp_path / "s.xml", _xml([("1", [(1, "a"), (2, "b &amp; c")]), ("2", [(1, "only here")])]))
+    tgt = write(tmp_path / "t.xml", _xml([("1", [(1, "x"), (2, "y")]), ("3", [(1, "z")])]))
+    report = Report()
+    docs = read_mteval_xml([src], [tgt], report)
+    assert [d.doc_id for d in docs] == ["1"] and docs[0].src == ["a", "b & c"]
+    assert report.skipped["talk present on the source side only"] == 1
+    assert report.skipped["talk present on the target side only"] == 1
+
+
+def test_xml_segment_on_one_side_only_is_skipped_and_counted(tmp_path):
+    src = write(tmp_path / "s.xml", _xml([("1", [(1, "a"), (2, "b")])]))
+    tgt = write(tmp_path / "t.xml", _xml([("1", [(1, "x")])]))
+    report = Report()
+    docs = read_mteval_xml([src], [tgt], report)
+    assert docs[0].src == ["a"] and report.skipped["segment present on the source side only"] == 1
+
+
+def test_doclines_sentence_count_mismatch(tmp_path):
+    a = write(tmp_path / "a.en", "one <sep> two\nthree\n")
+    b = write(tmp_path / "a.de", "eins <sep> zwei\ndrei <sep> vier\n")
+    with pytest.raises(ValueError, match=r"line 2: .*a\.en has 1 sentences but .*a\.de has 2"):
+        read_doclines(a, b, Report())
+
+
+def test_docids_and_plain_formats(tmp_path):
+    a = write(tmp_path / "c.en", "a\nb\nc\n")
+    b = write(tmp_path / "c.de", "x\ny\nz\n")
+    ids = write(tmp_path / "c.ids", "t1\nt1\nt2\n")
+    docs = read_docids(a, b, ids, Report())
+    assert [(d.doc_id, d.src) for d in docs] == [("t1", ["a", "b"]), ("t2", ["c"])]
+    write(tmp_path / "bad.ids", "t1\nt2\nt1\n")
+    with pytest.raises(ValueError, match="contiguous"):
+        read_docids(a, b, tmp_path / "bad.ids", Report())
+    assert len(read_plain(a, b, Report())) == 3
+    assert len(read_corpus("plain-onedoc", [str(a), str(b)], Report())[0].src) == 3
+    with pytest.raises(ValueError, match="takes 3 files"):
+        read_corpus("docids", [str(a), str(b)], Report())
+
+
+def test_separator_inside_a_sentence_is_refused(tmp_path):
+    a = write(tmp_path / "a.en", "<d>\nuses <sep> literally\n")
+    b = write(tmp_path / "a.de", "<d>\nok\n")
+    with pytest.raises(ValueError, match=r"a\.en:2: sentence contains the separator"):
+        read_docmt(a, b, Report())
