@@ -50,13 +50,15 @@ def _fit_count(parts: List[str], n: int) -> List[str]:
 
 
 def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[int, str], infos, separator=SEPARATOR):
-    """s-BLEU and d-BLEU (sacrebleu) of detokenised segments keyed by example index.
+    """s-BLEU and d-BLEU (sacreBLEU, via :mod:`reluformer_mt.evaluation.bleu`) of detokenised
+    segments keyed by example index.
 
-    Returns (s_bleu, d_bleu, n_mismatched_segments). Documents are rebuilt from the segments
-    present, in sentence order; a small stand-alone function so the evaluation package's
-    ``sentence_bleu_report``/``document_bleu`` can replace it one-for-one.
+    Returns (s_bleu, d_bleu, n_mismatched_segments). A hypothesis segment that splits into the
+    wrong number of sentences is counted (``sep_mismatch``) and fitted for s-BLEU only: extra
+    parts merge into its last sentence, missing ones are empty. Documents are rebuilt from the
+    segments present, in sentence order.
     """
-    import sacrebleu
+    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
 
     hyp_sents, ref_sents, mismatch = [], [], 0
     docs: Dict[str, list] = {}
@@ -75,11 +77,9 @@ def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[
     doc_hyps, doc_refs = [], []
     for parts in docs.values():
         parts.sort(key=lambda p: p[0])
-        doc_hyps.append(" ".join(s for _, h, _ in parts for s in h if s))
-        doc_refs.append(" ".join(s for _, _, r in parts for s in r if s))
-    s_bleu = sacrebleu.corpus_bleu(hyp_sents, [ref_sents]).score
-    d_bleu = sacrebleu.corpus_bleu(doc_hyps, [doc_refs]).score
-    return s_bleu, d_bleu, mismatch
+        doc_hyps.append([s for _, h, _ in parts for s in h if s])
+        doc_refs.append([s for _, _, r in parts for s in r if s])
+    return corpus_sbleu(hyp_sents, ref_sents).score, corpus_dbleu(doc_hyps, doc_refs).score, mismatch
 
 
 @register_task("document_translation", dataclass=DocumentTranslationConfig)
