@@ -2,12 +2,16 @@
 
     reluformer-eval bleu --hyp gen.out --segments data-bin/test.segments.tsv --ref test.de ...
     reluformer-eval aer  --gold enfr.gold --gold-base 1 --pred pred.txt --lengths enfr.src-tgt
+    reluformer-eval align --checkpoint ckpt.pt --src test.words.grc --tgt test.words.en --output pred.align \
+        --gold test.gold.align --gold-base 0 --plot aer.png
+    reluformer-eval attn-stats --checkpoint a/ckpt.pt b/ckpt.pt --split test --plot sparsity.png
 
 Every subcommand prints a readable table and, with ``--json PATH``, writes a JSON report. A new
-subcommand is a pair (add_arguments, run) registered in ``SUBCOMMANDS``; ``run(args)`` returns
+subcommand is a triple (help, add_arguments, run) registered in ``SUBCOMMANDS``; ``run(args)`` returns
 the report dict (so it is callable from Python) and prints its table.
 """
 import argparse
+import logging
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -88,6 +92,8 @@ def add_aer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unchecked-gold", action="store_true",
                    help="range-check only the predictions, not the gold (Biçici's de-en.wa line 63 has the link 12-16 "
                         "in a 13-token sentence pair)")
+    p.add_argument("--gold-swap", action="store_true",
+                   help="gold links list the target index first (Biçici's de-en.wa scored in the en->de direction)")
     p.add_argument("--write-pred", help="write the scored predictions (e.g. the baseline), 0-based")
 
 
@@ -111,10 +117,13 @@ def run_aer(args) -> dict:
     if len(gold) != len(pred):
         raise ValueError(f"{args.gold} has {len(gold)} sentences but {args.pred or 'the baseline'} has {len(pred)}")
     if lengths is not None:
-        if not args.unchecked_gold:
-            aer_lib.check_ranges([p for _, p in gold], lengths, args.gold, args.gold_base)
+        if not args.unchecked_gold:  # in the file's own orientation, so the error names its indices
+            gold_lengths = [(nt, ns) for ns, nt in lengths] if args.gold_swap else lengths
+            aer_lib.check_ranges([p for _, p in gold], gold_lengths, args.gold, args.gold_base)
         if args.pred:
             aer_lib.check_ranges(pred, lengths, args.pred, args.pred_base)
+    if args.gold_swap:
+        gold = [({(j, i) for i, j in s}, {(j, i) for i, j in p}) for s, p in gold]
     if args.write_pred:
         with open(args.write_pred, "w", encoding="utf-8") as f:
             f.writelines(aer_lib.format_links(links) + "\n" for links in pred)
@@ -127,12 +136,123 @@ def run_aer(args) -> dict:
     return {"gold": args.gold, "gold_base": args.gold_base, "predictions": args.pred or f"{args.baseline} baseline",
             "range_checked": ("predictions" if args.unchecked_gold else "gold and predictions") if lengths else "no", "result": result}
 
+# ---------------------------------------------------------------------------------------------- models
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Checkpoint and tokenisation options shared by align and attn-stats."""
+    p.add_argument("--checkpoint", required=True, nargs="+", help="fairseq checkpoint(s) of reluformer models")
+    p.add_argument("--names", nargs="+", help="display names of the checkpoints (default: their folder names)")
+    p.add_argument("--data", help="data directory with the dictionaries (default: the one the checkpoint was trained on)")
+    p.add_argument("--spm-model", nargs="+", help="SentencePiece model (joint, or source and target); default: the "
+                                                  "ones named in the data directory's prepared.json, else one token per word")
+    p.add_argument("--max-tokens", type=int, default=4000, help="force-decoding batch size in tokens")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+
+
+def add_text_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", help="source file, one tokenised sentence a line (words split on spaces)")
+    p.add_argument("--tgt", help="target (reference) file, one tokenised sentence a line")
+    p.add_argument("--pairs", help="'source ||| target' file (e.g. awesome-align's *.src-tgt), instead of --src/--tgt")
+
+
+def add_align_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_text_args(p)
+    p.add_argument("--layer", default="all", help="decoder layer, 1-based, or 'all' (one output file per layer)")
+    p.add_argument("--head", default="average", help="cross-attention head, 1-based, or 'average' (mean over heads)")
+    p.add_argument("--shifted", action="store_true",
+                   help="shifted attention: the row of the step where the target word is the decoder input")
+    p.add_argument("--output", help="predicted links, one 0-based 'i-j' line per pair, source first "
+                                    "(pred.align -> pred.layerN.align with --layer all)")
+    p.add_argument("--gold", help="gold links: prints AER of the selection and the per-layer AER table")
+    p.add_argument("--gold-base", type=int, choices=[0, 1],
+                   help="index base of --gold, required with it (awesome-align sets: 1; Biçici de-en.wa, bible: 0)")
+    p.add_argument("--possible-mark", default="p", help="mark of possible links in the gold file (3p4)")
+    p.add_argument("--gold-swap", action="store_true",
+                   help="gold links list the target index first (e.g. Biçici's de-en.wa with an en->de model)")
+    p.add_argument("--unchecked-gold", action="store_true", help="do not range-check the gold links")
+    p.add_argument("--plot", help="PNG of AER per layer (best head, head average; normal, shifted); needs --gold")
+
+
+def _print_model(name: str, model: dict) -> None:
+    fns = ", ".join(f"{k} {v}" for k, v in model["attention_functions"].items())
+    print(f"{name}: {model['checkpoint']} ({model['arch']}; {fns}; {model['tokens']})")
+
+
+def run_align(args) -> dict:
+    from reluformer_mt.evaluation import align as align_lib
+
+    report = align_lib.run_align(
+        args.checkpoint, src=args.src, tgt=args.tgt, pairs=args.pairs, data=args.data, spm_models=args.spm_model,
+        layer=args.layer, head=args.head, shifted=args.shifted, output=args.output, gold=args.gold,
+        gold_base=args.gold_base, possible_mark=args.possible_mark, gold_swap=args.gold_swap,
+        unchecked_gold=args.unchecked_gold, plot=args.plot, names=args.names, max_tokens=args.max_tokens,
+        device=args.device)
+    print(f"alignments from cross-attention: {report['sentences']} sentence pairs from {report['input']}, "
+          f"{report['mode']} attention, layer {report['layer']}, head {report['head']}")
+    for name, entry in report["models"].items():
+        _print_model(name, entry["model"])
+        rows = []
+        for sel in entry["selected"]:
+            a = sel.get("aer")
+            rows.append([sel["layer"], sel["head"], sel["mode"], sel["links"]] +
+                        ([a["precision"], a["recall"], a["aer"]] if a else []) + [sel.get("output", "-")])
+        headers = ["layer", "head", "mode", "links"] + (["precision", "recall", "AER"] if args.gold else []) + ["output"]
+        print(format_table(headers, rows, digits=4))
+        if "aer_per_layer" in entry:
+            print(f"\nAER per layer, {name} (best head = lowest AER on these gold links):")
+            print(format_table(align_lib.AER_HEADERS, align_lib.aer_rows(entry["aer_per_layer"]), digits=4))
+    if "plot" in report:
+        print(f"plot written to {report['plot']}")
+    return report
+
+
+def add_attn_stats_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--split", default="test", help="binarised split of the data directory (unless --src/--tgt or --pairs)")
+    add_text_args(p)
+    p.add_argument("--limit", type=int, help="use only the first N examples")
+    p.add_argument("--kinds", default="enc-self,dec-self,cross", help="comma list of enc-self, dec-self, cross")
+    p.add_argument("--top-percent", type=float, default=10.0, help="top-score ratio: share of mass in the top P%% keys")
+    p.add_argument("--per-head", action="store_true", help="also print a row per layer and head")
+    p.add_argument("--plot", help="PNG of the sparsity rate per layer (a line per model and attention)")
+
+
+def run_attn_stats(args) -> dict:
+    from reluformer_mt.evaluation import attn_stats as stats_lib
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, got {args.limit}")
+    report = stats_lib.run_attn_stats(
+        args.checkpoint, data=args.data, split=args.split, src=args.src, tgt=args.tgt, pairs=args.pairs,
+        spm_models=args.spm_model, kinds=stats_lib.parse_kinds(args.kinds), top_percent=args.top_percent,
+        limit=args.limit, names=args.names, plot=args.plot, max_tokens=args.max_tokens, device=args.device)
+    print(f"attention statistics on {report['data']}; {report['definitions']}")
+    for name, entry in report["models"].items():
+        _print_model(name, entry["model"])
+        print(f"  {entry['examples']} examples")
+    for kind in report["kinds"]:
+        if not any(kind in e["stats"] for e in report["models"].values()):
+            continue
+        print(f"\n{stats_lib.KIND_LABELS[kind]} attention, per layer (heads pooled):")
+        print(format_table(*stats_lib.layer_table(report, kind), digits=3))
+        if args.per_head:
+            print(f"\n{stats_lib.KIND_LABELS[kind]} attention, per head:")
+            print(format_table(*stats_lib.head_table(report, kind), digits=3))
+    if "plot" in report:
+        print(f"plot written to {report['plot']}")
+    return report
+
 
 # ---------------------------------------------------------------------------------------------- main
 
 SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "bleu": ("s-BLEU and d-BLEU with sacreBLEU", add_bleu_args, run_bleu),
     "aer": ("precision, recall and AER of word alignments against gold links", add_aer_args, run_aer),
+    "align": ("word alignments from a model's cross-attention (force-decoded references), AER per layer",
+              add_align_args, run_align),
+    "attn-stats": ("sparsity, null rate, head diversity, entropy, top-score ratio per layer and head",
+                   add_attn_stats_args, run_attn_stats),
 }
 
 
@@ -148,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:  # a real command line: importing fairseq set the root logger to DEBUG (matplotlib floods it)
+        logging.getLogger().setLevel(logging.WARNING)
     run = SUBCOMMANDS[args.command][2]
     try:
         report = run(args)
