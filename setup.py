@@ -31,6 +31,8 @@ setup(
         "console_scripts": [
             "reluformer-prepare=reluformer_mt.cli.prepare:main",
             "reluformer-eval=reluformer_mt.cli.eval:main",
+            "reluformer-demo=reluformer_mt.cli.demo:main",
+            "reluformer-translate=reluformer_mt.cli.translate:main",
         ],
     },
 )

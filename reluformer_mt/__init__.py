@@ -4,7 +4,12 @@
 architectures, criteria and tasks, and first neutralises two traps of the Python-3.11 fairseq
 builds (see :mod:`reluformer_mt.fairseq_compat`).
 """
+import logging
+
 __version__ = "0.1.0"
+
+# fairseq's speech task logs an install hint for tensorboardX at import; it is noise for MT
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 
 from reluformer_mt import fairseq_compat as _fairseq_compat
 

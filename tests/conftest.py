@@ -56,3 +56,73 @@ def trained_checkpoint(sentence_data, tmp_path_factory):
         "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar", "--disable-validation",
     ])
     return save / "checkpoint_last.pt"
+
+
+# ------------------------------------------------------------------------------------------------
+# Document-level fixtures (reluformer-prepare on real data, a tiny trained model). Shared by the
+# translation tests and demos: keep them general.
+
+IWSLT = DOCMT / "IWSLT2017"
+
+
+def iwslt_files(split: str):
+    """(en, de) paths of a real IWSLT2017 docmt file pair ('dev' or 'test'; '<d>' starts each talk)."""
+    return IWSLT / f"concatenated_en2de_{split}_en.txt", IWSLT / f"concatenated_en2de_{split}_de.txt"
+
+
+@pytest.fixture(scope="session")
+def prepared_doc_data(tmp_path_factory):
+    """SentencePiece en->de directories prepared by ``reluformer_mt.data.prepare`` from real
+    IWSLT2017 talks (TED, docmt format).
+
+    Keys: ``doc`` (segments of <= 128 tokens, ``--task document_translation``), ``sent`` (its
+    sentence-level twin, ``--task translation``, same SentencePiece model and dictionaries),
+    ``segment_tokens`` (128), ``test_files`` ((en, de) paths of the real IWSLT2017 test set).
+    train: 6 dev talks, valid: the last dev talk, test: 6 test talks; a joint 800-piece model
+    and a joined dictionary (so ``--share-all-embeddings`` works). ``prepared.json`` gives the
+    needed ``max_source_positions``/``max_target_positions`` (<= 256 for both).
+    """
+    if not IWSLT.is_dir():
+        pytest.skip(f"real data not found at {IWSLT}")
+    from reluformer_mt.data.prepare import PrepareConfig, prepare
+
+    root = tmp_path_factory.mktemp("prepared_doc_data")
+    base = dict(fmt="docmt", src="en", tgt="de", train=[[str(p) for p in iwslt_files("dev")]],
+                test=[[str(p) for p in iwslt_files("test")]], valid_from_train=1, limit_docs=6,
+                vocab_size=800, joined_dictionary=True, progress=False)
+    doc, sent = root / "doc128", root / "sent"
+    prepare(PrepareConfig(out=str(doc), segment_tokens=128, **base))
+    prepare(PrepareConfig(out=str(sent), segment_tokens=0, spm_models=[str(doc / "spm.model")], **base))
+    return {"doc": doc, "sent": sent, "segment_tokens": 128, "test_files": iwslt_files("test")}
+
+
+TRAIN_FAST = ["--arch", "reluformer_tiny", *TINY_ARGS, "--share-all-embeddings",
+              "--max-source-positions", "256", "--max-target-positions", "256",
+              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+              "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
+              "--max-tokens", "1000", "--num-workers", "0", "--seed", "1", "--cpu",
+              "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple"]
+
+
+@pytest.fixture(scope="session")
+def doc_checkpoint(prepared_doc_data, tmp_path_factory):
+    """A tiny reluformer (reluformer_tiny, 1+1 layers of 32) trained 20 updates on
+    ``prepared_doc_data['doc']`` with ``--task document_translation --eval-bleu`` and
+    ``--best-checkpoint-metric s_bleu --maximize-best-checkpoint-metric``: path of
+    checkpoint_best.pt (loading it with torch's default ``weights_only=True`` exercises the
+    plugin's checkpoint allowlist). Validation runs once, at the end. The model is untrained for
+    quality: outputs are junk and run to the length limit, so give generation a small
+    ``max_len_b`` (e.g. ``--max-len-a 0 --max-len-b 6``) to keep tests fast. Its stored
+    ``task.data`` points at the prepared directory, so translation finds the resources there.
+    """
+    from helpers import USER_DIR
+
+    save = tmp_path_factory.mktemp("doc_checkpoint")
+    run_fairseq("train", [
+        prepared_doc_data["doc"], "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_FAST,
+        "--max-update", "20", "--save-dir", save, "--validate-interval", "1000",
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 0, "max_len_b": 8}',
+        "--best-checkpoint-metric", "s_bleu", "--maximize-best-checkpoint-metric",
+    ])
+    return save / "checkpoint_best.pt"
+

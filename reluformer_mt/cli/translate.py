@@ -1,0 +1,144 @@
+"""``reluformer-translate``: translate whole documents with a trained checkpoint.
+
+    reluformer-translate --checkpoint ckpt/checkpoint_best.pt < document.txt > out.txt
+    reluformer-translate --checkpoint ckpt/checkpoint_best.pt -i talks.en --format docmt -o talks.de \\
+        --beam 5 --scores talks.scores --alignments talks.align
+
+The output keeps the input's layout with exactly one translated sentence per input sentence
+(see :mod:`reluformer_mt.inference.inputs` for the formats); a summary (documents, sentences,
+segments, fallbacks, time) goes to standard error.
+"""
+import argparse
+import logging
+import sys
+import time
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from reluformer_mt.inference.inputs import FORMATS
+
+    p = argparse.ArgumentParser(
+        prog="reluformer-translate",
+        description="Translate documents with a reluformer checkpoint: documents are cut into segments of the "
+                    "trained length, translated with beam search and split back into exactly one sentence per "
+                    "input sentence.")
+    p.add_argument("--checkpoint", "-c", required=True, help="fairseq checkpoint (.pt)")
+    p.add_argument("--input", "-i", default="-", help="input file, '-' = standard input (default)")
+    p.add_argument("--output", "-o", default="-", help="output file, '-' = standard output (default)")
+    p.add_argument("--format", "-f", choices=FORMATS, default="auto",
+                   help="lines: a sentence per line, blank line between documents; docmt: '<d>' starts each document; "
+                        "docids: a sentence per line plus --doc-ids; raw: paragraphs split into sentences (pysbd); "
+                        "auto (default): docmt if the input starts with <d>, raw if most lines hold three or more "
+                        "sentences, lines otherwise")
+    p.add_argument("--doc-ids", help="docids format: file with one document id per input line")
+    p.add_argument("--language", help="language of the sentence splitter for raw input (default: the checkpoint's source language)")
+    res = p.add_argument_group("resources (default: beside the checkpoint, then the data directory it was trained on)")
+    res.add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, prepared.json, SentencePiece model)")
+    res.add_argument("--spm-model", help="SentencePiece model, joint or 'SRC,TGT' (default: from prepared.json)")
+    res.add_argument("--segment-tokens", help="segment length in source tokens, or 'sentence' "
+                                              "(default: the trained length from prepared.json)")
+    gen = p.add_argument_group("search")
+    gen.add_argument("--beam", type=int, default=5)
+    gen.add_argument("--lenpen", type=float, default=1.0, help="length penalty")
+    gen.add_argument("--batch-size", type=int, default=32, help="most segments per batch")
+    gen.add_argument("--max-tokens", type=int, default=4000, help="most source tokens per batch (padded)")
+    gen.add_argument("--max-len-a", type=float, default=1.2, help="output length limit a * source + b")
+    gen.add_argument("--max-len-b", type=int, default=10)
+    gen.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
+    gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
+                                                 "machine --threads 1 avoids threads spinning against each other")
+    out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
+    out.add_argument("--scores", help="write each sentence's mean token log-probability here")
+    out.add_argument("--alignments", help="write each sentence's attention alignment here: 'i-j' pairs, 0-based "
+                                          "source word i, target word j (words = SentencePiece words)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
+    p.add_argument("--quiet", "-q", action="store_true", help="no summary and warnings on standard error")
+    return p
+
+
+def _segment_tokens(value):
+    if value is None:
+        return None
+    from reluformer_mt.data.segmentation import parse_segment_tokens
+
+    try:
+        return parse_segment_tokens(value)
+    except ValueError as e:
+        raise ValueError(f"--segment-tokens: {e}") from None
+
+
+def _side_file(path, option):
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{option} {path}: cannot write ({e.strerror})") from None
+
+
+def run(args) -> str:
+    """Translate as ``args`` say; returns the summary."""
+    from reluformer_mt.inference import DocumentTranslator, parse_input, read_text, write_output
+    from reluformer_mt.inference.inputs import input_name, open_output
+
+    start = time.time()
+    for option, path in (("--scores", args.scores), ("--alignments", args.alignments)):
+        if path == "-":
+            raise ValueError(f"{option}: give a file; standard output holds the translation")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads: expected a positive number, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    lines = read_text(args.input)  # first: bad input fails before the model loads
+    translator = DocumentTranslator(
+        args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
+        batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+        segment_tokens=_segment_tokens(args.segment_tokens), spm_model=args.spm_model)
+    if not args.quiet:
+        print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
+    parsed = parse_input(lines, input_name(args.input), args.format, args.doc_ids,
+                         args.language or translator.resources.src_lang)
+    results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
+                                   alignments=bool(args.alignments), progress=False if args.no_progress else None)
+    stream = open_output(args.output)
+    try:
+        write_output(parsed, [[r.text for r in doc] for doc in results], stream)
+    finally:
+        if stream is not sys.stdout:
+            stream.close()
+    if args.scores:
+        with _side_file(args.scores, "--scores") as f:
+            write_output(parsed, [["" if r.score is None else f"{r.score:.4f}" for r in doc] for doc in results], f, one_per_line=True)
+    if args.alignments:
+        with _side_file(args.alignments, "--alignments") as f:
+            write_output(parsed, [[" ".join(f"{i}-{j}" for i, j in (r.alignment or [])) for r in doc] for doc in results],
+                         f, one_per_line=True)
+    summary = translator.summary()
+    fmt = parsed.fmt + (" (detected; --format chooses)" if args.format == "auto" else "")
+    return f"{summary}\n  input format: {fmt}; total time with loading: {time.time() - start:.1f} s"
+
+
+def main(argv=None) -> int:
+    # force: importing fairseq (text_to_speech) already configured the root logger at INFO
+    logging.basicConfig(format="reluformer-translate: %(levelname)s: %(message)s", level=logging.WARNING,
+                        stream=sys.stderr, force=True)
+    args = build_parser().parse_args(argv)
+    if args.quiet:
+        logging.getLogger().setLevel(logging.ERROR)
+    from reluformer_mt.inference.translator import TranslationError
+
+    try:
+        summary = run(args)
+    except (TranslationError, ValueError, FileNotFoundError) as e:
+        print(f"reluformer-translate: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("reluformer-translate: interrupted", file=sys.stderr)
+        return 130
+    if not args.quiet:
+        print(f"reluformer-translate: {summary}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

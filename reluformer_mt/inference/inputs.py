@@ -1,0 +1,295 @@
+"""Input formats of ``reluformer-translate`` and writers that keep the input's layout.
+
+Formats (``--format``):
+
+- ``lines``: one sentence per line, a blank line between documents. Every further blank line
+  is an empty document, so the output has exactly the input's lines: one translation per
+  sentence line, a blank line per blank line.
+- ``docmt``: a line ``<d>`` starts each document, then one sentence per line (the format of
+  Maruf et al. 2019 / G-Transformer data); an empty line inside a document is an empty sentence
+  (written back empty), ``<d><d>`` an empty document.
+- ``docids``: one sentence per line plus a second file (``--doc-ids``) with one document id per
+  line; a document's lines are contiguous. The output has one line per input line.
+- ``raw``: running text; paragraphs (blocks of non-blank lines) are split into sentences with
+  pysbd (Sadvilkar & Neumann, NLP-OSS 2020). The whole input is one document unless ``<d>``
+  lines start documents. The output writes each translated paragraph on one line, paragraphs
+  separated by a blank line.
+- ``auto`` (default): ``docmt`` when the first non-blank line is ``<d>``; ``raw`` when pysbd
+  finds three or more sentences in most of the first 100 non-blank lines (paragraphs);
+  ``lines`` otherwise. Hard-wrapped running text is not detected: give ``--format raw``.
+
+``-`` reads standard input / writes standard output. Text must be UTF-8 (a BOM is removed, CRLF
+becomes LF); invalid UTF-8 is an error naming the line.
+"""
+import sys
+from dataclasses import dataclass, field
+from typing import List, Sequence, TextIO
+
+DOC_MARKER = "<d>"
+FORMATS = ("auto", "lines", "docmt", "docids", "raw")
+STDIN = "-"
+
+
+@dataclass
+class InputDocument:
+    doc_id: str
+    sentences: List[str]
+    paragraphs: List[int] = field(default_factory=list)  # raw only: number of sentences of each paragraph
+
+
+@dataclass
+class ParsedInput:
+    fmt: str
+    documents: List[InputDocument]
+    markers: bool = False      # raw: documents were started by <d> lines
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def n_sentences(self) -> int:
+        return sum(len(d.sentences) for d in self.documents)
+
+
+# ---------------------------------------------------------------- bytes -> lines
+
+def read_bytes(path) -> bytes:
+    if str(path) == STDIN:
+        return sys.stdin.buffer.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: input file not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, expected a text file") from None
+
+
+def decode_lines(data: bytes, name: str) -> List[str]:
+    """UTF-8 bytes -> lines without line ends; invalid UTF-8 is an error naming the line.
+
+    Lines are split on ``\\n`` only (``str.splitlines`` also splits on form feeds and U+2028).
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
+                         "expected UTF-8 text") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _blank(line: str) -> bool:
+    return not line.strip()
+
+
+# ---------------------------------------------------------------- parsers
+
+def parse_lines(lines: Sequence[str], name: str) -> ParsedInput:
+    docs, current = [], []
+    for line in lines:
+        if _blank(line):
+            docs.append(current)
+            current = []
+        else:
+            current.append(line.strip())
+    if lines:
+        docs.append(current)
+    return ParsedInput("lines", [InputDocument(f"{name}.{i}", s) for i, s in enumerate(docs)])
+
+
+def parse_docmt(lines: Sequence[str], name: str) -> ParsedInput:
+    docs, current, notes = [], None, []
+    for i, line in enumerate(lines, 1):
+        if line.strip() == DOC_MARKER:
+            if current is not None:
+                docs.append(current)
+            current = []
+        elif current is None:
+            if not _blank(line):
+                raise ValueError(f"{name}:{i}: expected a {DOC_MARKER} line to start the first document, got {line[:40]!r}")
+            notes.append(f"blank line {i} before the first {DOC_MARKER} dropped")
+        else:
+            current.append(line.strip())
+    if current is not None:
+        docs.append(current)
+    return ParsedInput("docmt", [InputDocument(f"{name}.{i}", s) for i, s in enumerate(docs)], notes=notes)
+
+
+def parse_docids(lines: Sequence[str], ids: Sequence[str], name: str, ids_name: str) -> ParsedInput:
+    if len(lines) != len(ids):
+        raise ValueError(f"{name} has {len(lines):,} lines but {ids_name} has {len(ids):,}; "
+                         "expected one document id per sentence line")
+    docs: List[InputDocument] = []
+    seen = set()
+    for i, (line, doc_id) in enumerate(zip(lines, ids), 1):
+        doc_id = doc_id.strip()
+        if not doc_id:
+            raise ValueError(f"{ids_name}:{i}: empty document id")
+        if not docs or docs[-1].doc_id != doc_id:
+            if doc_id in seen:
+                raise ValueError(f"{ids_name}:{i}: document {doc_id!r} continues after another document started; "
+                                 "a document's lines must be contiguous")
+            seen.add(doc_id)
+            docs.append(InputDocument(doc_id, []))
+        docs[-1].sentences.append(line.strip())
+    return ParsedInput("docids", docs)
+
+
+def sentence_splitter(language: str):
+    """A pysbd segmenter for ``language`` (English when pysbd does not know it)."""
+    import pysbd
+
+    try:
+        segmenter = pysbd.Segmenter(language=language, clean=False)
+    except ValueError:
+        segmenter = pysbd.Segmenter(language="en", clean=False)
+    return lambda text: [s.strip() for s in segmenter.segment(text) if s.strip()]
+
+
+def parse_raw(lines: Sequence[str], name: str, language: str = "en") -> ParsedInput:
+    split = sentence_splitter(language)
+    markers = any(line.strip() == DOC_MARKER for line in lines)
+    docs: List[InputDocument] = []
+    current = None if markers else InputDocument(f"{name}.0", [])
+    paragraph: List[str] = []
+
+    def end_paragraph():
+        if paragraph:
+            sentences = split(" ".join(p.strip() for p in paragraph))
+            current.sentences.extend(sentences)
+            current.paragraphs.append(len(sentences))
+            paragraph.clear()
+
+    for i, line in enumerate(lines, 1):
+        if line.strip() == DOC_MARKER:
+            if current is not None:
+                end_paragraph()
+                docs.append(current)
+            current = InputDocument(f"{name}.{len(docs)}", [])
+        elif _blank(line):
+            if current is not None:
+                end_paragraph()
+        elif current is None:
+            raise ValueError(f"{name}:{i}: text before the first {DOC_MARKER} line; start every document with {DOC_MARKER} or use none")
+        else:
+            paragraph.append(line)
+    if current is not None:
+        end_paragraph()
+        if markers or current.sentences:
+            docs.append(current)
+    return ParsedInput("raw", docs, markers=markers)
+
+
+def detect_format(lines: Sequence[str], language: str = "en", sample: int = 100) -> str:
+    text_lines = [line for line in lines if not _blank(line)]
+    if not text_lines:
+        return "lines"
+    if text_lines[0].strip() == DOC_MARKER:
+        return "docmt"
+    # raw only on strong evidence: reading running text as lines keeps the layout (each line is
+    # translated as one long sentence), reading lines as raw would merge them
+    split = sentence_splitter(language)
+    probe = text_lines[:sample]
+    paragraphs = sum(1 for line in probe if len(split(line)) >= 3)
+    return "raw" if paragraphs * 2 > len(probe) else "lines"
+
+
+def input_name(path) -> str:
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
+def read_text(path) -> List[str]:
+    """Lines of a UTF-8 file or of stdin (``-``)."""
+    return decode_lines(read_bytes(path), input_name(path))
+
+
+def parse_input(lines: Sequence[str], name: str, fmt: str = "auto", doc_ids=None, language: str = "en") -> ParsedInput:
+    """Parse decoded lines in format ``fmt``; ``doc_ids`` is the path of the id file (docids)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format: unknown input format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if doc_ids is not None and fmt == "auto":
+        fmt = "docids"
+    if fmt == "docids":
+        if doc_ids is None:
+            raise ValueError("--format docids needs --doc-ids FILE (one document id per input line)")
+        if str(doc_ids) == STDIN:
+            raise ValueError("--doc-ids: give the document ids as a file, not standard input")
+        return parse_docids(lines, read_text(doc_ids), name, input_name(doc_ids))
+    if doc_ids is not None:
+        raise ValueError(f"--doc-ids goes with --format docids, not {fmt}")
+    if fmt == "auto":
+        fmt = detect_format(lines, language)
+    if fmt == "lines":
+        return parse_lines(lines, name)
+    if fmt == "docmt":
+        return parse_docmt(lines, name)
+    return parse_raw(lines, name, language)
+
+
+def read_input(path=STDIN, fmt: str = "auto", doc_ids=None, language: str = "en") -> ParsedInput:
+    """Read and parse one input (``-`` = stdin) in format ``fmt``."""
+    return parse_input(read_text(path), input_name(path), fmt, doc_ids, language)
+
+
+# ---------------------------------------------------------------- writers
+
+def render(parsed: ParsedInput, per_sentence: Sequence[Sequence[str]], one_per_line: bool = False) -> List[str]:
+    """Output lines in the input's layout; ``per_sentence[d][k]`` is the text for sentence k of
+    document d. ``one_per_line`` writes raw input one sentence per line (for side outputs such
+    as scores), keeping the paragraph breaks."""
+    if len(per_sentence) != len(parsed.documents):
+        raise ValueError(f"{len(per_sentence)} translated documents for {len(parsed.documents)} input documents")
+    out: List[str] = []
+    for d, (doc, texts) in enumerate(zip(parsed.documents, per_sentence)):
+        if len(texts) != len(doc.sentences):
+            raise ValueError(f"document {doc.doc_id}: {len(texts)} outputs for {len(doc.sentences)} sentences")
+        texts = [t.replace("\n", " ") for t in texts]
+        if parsed.fmt == "lines":
+            if d:
+                out.append("")
+            out.extend(texts)
+        elif parsed.fmt == "docmt":
+            out.append(DOC_MARKER)
+            out.extend(texts)
+        elif parsed.fmt == "docids":
+            out.extend(texts)
+        else:  # raw
+            if parsed.markers:
+                out.append(DOC_MARKER)
+            start = 0
+            for p, n in enumerate(doc.paragraphs):
+                if p:
+                    out.append("")
+                part = texts[start: start + n]
+                if one_per_line:
+                    out.extend(part)
+                else:
+                    out.append(" ".join(t for t in part if t))
+                start += n
+    return out
+
+
+def write_output(parsed: ParsedInput, per_sentence: Sequence[Sequence[str]], out: TextIO, one_per_line: bool = False) -> int:
+    """Write :func:`render`'s lines to ``out``; returns the number of lines."""
+    lines = render(parsed, per_sentence, one_per_line)
+    for line in lines:
+        out.write(line + "\n")
+    out.flush()
+    return len(lines)
+
+
+def open_output(path) -> TextIO:
+    """A UTF-8 text stream for a file or standard output (``-``)."""
+    if path is None or str(path) == STDIN:
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(encoding="utf-8")  # a C/POSIX locale would refuse non-ASCII output
+        return sys.stdout
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot write the output ({e.strerror})") from None

@@ -1,0 +1,490 @@
+"""Translate whole documents with a trained checkpoint, one output sentence per input sentence.
+
+Context as in training (doc-to-doc, G-Transformer, Bao et al. ACL 2021): each document is cut
+into segments of whole sentences with the segment length N the model was trained with
+(:func:`reluformer_mt.data.segmentation.greedy_segments`, here on source lengths), the sentences
+of a segment joined by the separator token; segments are translated in batches by fairseq's
+``SequenceGenerator`` (beam search) and the hypotheses split back at the separator.
+
+A hypothesis that does not split into the segment's number of non-empty sentences is
+translated again as two halves, and a half that fails again sentence by sentence; a single
+sentence always gives one output (stray separators dropped). So the output has exactly one
+sentence per input sentence, always; the fallbacks are counted in :attr:`DocumentTranslator.stats`.
+
+Resources are found beside the checkpoint, in ``data`` (``--data``) or in the data directory the
+checkpoint was trained on: the fairseq dictionaries, ``prepared.json`` (languages, segment length,
+separator) and the SentencePiece model(s) it names.
+"""
+import argparse
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from reluformer_mt.data.segmentation import greedy_segments
+from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR
+
+logger = logging.getLogger(__name__)
+
+
+class TranslationError(ValueError):
+    """A one-line, user-facing problem (bad checkpoint, missing resources, bad option)."""
+
+
+@dataclass
+class SentenceResult:
+    text: str
+    score: Optional[float] = None        # mean log-probability (natural log) of the sentence's target tokens
+    alignment: Optional[List[Tuple[int, int]]] = None  # 0-based (source word, target word) pairs
+    context: int = 0                      # sentences in the segment it was translated in (0 = empty, not translated)
+
+
+@dataclass
+class Resources:
+    data_dir: Path
+    src_lang: str
+    tgt_lang: str
+    segment_tokens: int
+    separator: str
+    spm_src: Path
+    spm_tgt: Path
+    looked_in: List[str] = field(default_factory=list)
+
+
+@dataclass
+class _Segment:
+    doc: int
+    sentences: List[int]   # indices into the document's sentences
+    level: str             # "segment", "half" or "sentence"
+
+
+# ---------------------------------------------------------------- checkpoint and resources
+
+def _load_state(path: Path) -> dict:
+    import reluformer_mt  # noqa: F401  registers models, tasks and the checkpoint allowlist
+    from fairseq import checkpoint_utils
+
+    if not path.exists():
+        raise TranslationError(f"{path}: checkpoint not found")
+    if path.is_dir():
+        raise TranslationError(f"{path}: is a directory; give the checkpoint file (e.g. {path}/checkpoint_best.pt)")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    except Exception as e:  # torch.load raises many types (pickle, zip, weights_only refusals)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TranslationError(f"{path}: cannot load the checkpoint ({first})") from None
+    if not isinstance(state, dict) or state.get("cfg") is None or "model" not in state:
+        raise TranslationError(f"{path}: not a fairseq checkpoint (no 'cfg' and 'model' entries)")
+    return state
+
+
+def _get(obj, key, default=None):
+    """A config value from a DictConfig or an argparse Namespace (fairseq stores either)."""
+    if obj is None:
+        return default
+    value = getattr(obj, key, None)
+    return default if value is None else value
+
+
+def _check_known(path: Path, cfg) -> None:
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    arch = _get(cfg.model, "arch") or _get(cfg.model, "_name")
+    if arch not in ARCH_MODEL_REGISTRY and arch not in MODEL_REGISTRY:
+        ours = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if a.startswith("reluformer"))
+        raise TranslationError(f"{path}: architecture {arch!r} is not known to fairseq or reluformer_mt "
+                               f"(reluformer architectures: {', '.join(ours[:6])}, ...); was it trained with another plugin?")
+    task = _get(cfg.task, "_name")
+    if task not in TASK_REGISTRY:
+        raise TranslationError(f"{path}: task {task!r} is not known to fairseq or reluformer_mt")
+
+
+def _read_manifest(directory: Path) -> Optional[dict]:
+    import json
+
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise TranslationError(f"{path}: not valid JSON ({e})") from None
+
+
+def find_resources(checkpoint: Path, cfg, data=None, spm_model=None, segment_tokens=None) -> Resources:
+    """Dictionaries, SentencePiece model(s), segment length and separator of a checkpoint.
+
+    Looks in ``data`` if given, else beside the checkpoint, then in the checkpoint's stored
+    ``task.data``; the first directory with both dictionaries is used. ``spm_model`` (one joint
+    model or ``src,tgt``) and ``segment_tokens`` override what ``prepared.json`` says.
+    """
+    if data is not None:
+        if not Path(data).is_dir():
+            raise TranslationError(f"--data {data}: directory not found")
+        candidates = [Path(data)]
+    else:
+        stored = str(_get(cfg.task, "data", "") or "").split(":")[0]
+        candidates = [checkpoint.parent] + ([Path(stored)] if stored else [])
+    looked = [str(c) for c in candidates]
+    src = _get(cfg.task, "source_lang")
+    tgt = _get(cfg.task, "target_lang")
+    for directory in candidates:
+        manifest = _read_manifest(directory) or {}
+        s, t = src or manifest.get("src_lang"), tgt or manifest.get("tgt_lang")
+        if not (s and t) and directory.is_dir():
+            from fairseq.data.data_utils import infer_language_pair
+
+            s, t = infer_language_pair(str(directory))  # from fairseq's train.SRC-TGT.* file names
+        if s and t and (directory / f"dict.{s}.txt").is_file() and (directory / f"dict.{t}.txt").is_file():
+            break
+    else:
+        langs = (f"dict.{src}.txt and dict.{tgt}.txt" if src and tgt else
+                 f"the dictionaries and {MANIFEST_NAME} (which names the languages)")
+        raise TranslationError(f"{checkpoint}: cannot find its resources: missing {langs} (looked in {', '.join(looked)}); "
+                               "give --data DIR, the directory prepared by reluformer-prepare")
+    missing = []
+    separator = manifest.get("separator", _get(cfg.task, "separator", SEPARATOR))
+    if segment_tokens is None:
+        if "segment_tokens" in manifest:
+            segment_tokens = int(manifest["segment_tokens"])
+        elif _get(cfg.task, "_name") == "translation":
+            segment_tokens = 0  # a sentence-level task without a manifest: one sentence per segment
+        else:
+            missing.append(f"the segment length ({MANIFEST_NAME} 'segment_tokens', or --segment-tokens)")
+    if spm_model:
+        paths = [Path(p) for p in str(spm_model).split(",")]
+    else:
+        names = [manifest.get("spm_model_src") or manifest.get("spm_model"), manifest.get("spm_model_tgt") or manifest.get("spm_model")]
+        paths = [directory / n for n in names if n]
+        if len(paths) != 2:
+            missing.append(f"the SentencePiece model ({MANIFEST_NAME} 'spm_model', or --spm-model)")
+    for p in paths:
+        if not p.is_file():
+            missing.append(f"the SentencePiece model {p}")
+    if missing:
+        raise TranslationError(f"{checkpoint}: resources found in {directory} but missing {'; '.join(missing)}")
+    if len(paths) == 1:
+        paths = paths * 2
+    if len(paths) != 2:
+        raise TranslationError(f"--spm-model takes one joint model or 'SRC,TGT', got {len(paths)} paths")
+    return Resources(directory, s, t, int(segment_tokens), separator, paths[0], paths[1], looked)
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TranslationError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise TranslationError(f"--device: expected cpu, cuda, cuda:N or auto, got {device!r}")
+    return device
+
+
+# ---------------------------------------------------------------- the translator
+
+class DocumentTranslator:
+    """A loaded checkpoint with its resources; :meth:`translate` maps documents (lists of
+    sentences) to lists of :class:`SentenceResult`, one per sentence."""
+
+    def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 5, lenpen: float = 1.0,
+                 batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
+                 segment_tokens=None, spm_model=None, quiet: bool = True):
+        from fairseq import checkpoint_utils
+        from omegaconf import open_dict
+
+        from reluformer_mt.data.spm import load_spm
+
+        if beam < 1 or batch_size < 1 or max_tokens < 1:
+            raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
+        self.checkpoint = Path(checkpoint)
+        self.device = pick_device(device)
+        state = _load_state(self.checkpoint)
+        cfg = state["cfg"]
+        _check_known(self.checkpoint, cfg)
+        self.resources = find_resources(self.checkpoint, cfg, data, spm_model, segment_tokens)
+        with open_dict(cfg):
+            cfg.task.data = str(self.resources.data_dir)
+            # fairseq infers the pair from binarised train files, which a resource directory may lack
+            cfg.task.source_lang, cfg.task.target_lang = self.resources.src_lang, self.resources.tgt_lang
+            if "eval_bleu" in cfg.task:
+                cfg.task.eval_bleu = False  # validation-only machinery (tokenizers, its own generator)
+        level = logging.getLogger("fairseq").level
+        if quiet:
+            logging.getLogger("fairseq").setLevel(logging.WARNING)
+        try:
+            models, self.cfg, self.task = checkpoint_utils.load_model_ensemble_and_task([str(self.checkpoint)], state=state)
+        except Exception as e:  # fairseq raises bare Exceptions too; any of them means "cannot build"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TranslationError(f"{self.checkpoint}: cannot build the model ({first})") from None
+        finally:
+            logging.getLogger("fairseq").setLevel(level)
+        self.model = models[0].to(self.device).eval()
+        self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
+        res = self.resources
+        try:
+            self.sp_src = load_spm(res.spm_src, res.separator)
+            self.sp_tgt = self.sp_src if res.spm_tgt == res.spm_src else load_spm(res.spm_tgt, res.separator)
+        except (ValueError, FileNotFoundError) as e:
+            raise TranslationError(str(e)) from None
+        self.max_src = int(self.model.max_positions()[0])
+        self.segment_tokens = res.segment_tokens
+        if self.segment_tokens and self.segment_tokens > self.max_src - 1:
+            logger.warning("segment length %d does not fit the model's %d source positions; using %d",
+                           self.segment_tokens, self.max_src, self.max_src - 1)
+            self.segment_tokens = self.max_src - 1
+        self.sep_src = self.src_dict.index(res.separator)
+        self.sep_tgt = self.tgt_dict.index(res.separator)
+        if self.segment_tokens and (self.sep_src == self.src_dict.unk() or self.sep_tgt == self.tgt_dict.unk()):
+            raise TranslationError(f"{res.data_dir}: the dictionaries have no {res.separator!r} entry, so segments "
+                                   "cannot be split into sentences; use --segment-tokens 0 (sentence by sentence)")
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        gen_args = argparse.Namespace(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=1,
+                                      unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
+        self.generator = self.task.build_generator([self.model], gen_args)
+        self.stats: Counter = Counter()
+
+    def describe(self) -> str:
+        r = self.resources
+        arch = _get(self.cfg.model, "arch") or _get(self.cfg.model, "_name", "?")
+        level = f"segments of <= {self.segment_tokens} tokens" if self.segment_tokens else "sentence by sentence"
+        return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
+                f"{level}, device {self.device}")
+
+    # ------------------------------------------------------------ encoding
+
+    def _encode(self, documents: Sequence[Sequence[str]]) -> List[List[Optional[List[str]]]]:
+        """Pieces of every sentence (None for an empty sentence), separator tokens removed and
+        sentences longer than the model's positions truncated, both counted."""
+        sep = self.resources.separator
+        flat = []
+        for doc in documents:
+            for s in doc:
+                if sep in s:
+                    self.stats["separator tokens removed from the input"] += s.count(sep)
+                    s = s.replace(sep, " ")
+                flat.append(" ".join(s.split()))
+        pieces = self.sp_src.encode([s for s in flat if s], out_type=str) if any(flat) else []
+        out, it, k = [], iter(pieces), 0
+        limit = self.max_src - 1  # fairseq appends </s>
+        for doc in documents:
+            enc = []
+            for _ in doc:
+                p = next(it) if flat[k] else None
+                k += 1
+                if p is not None and len(p) > limit:
+                    self.stats["sentences truncated to the model's positions"] += 1
+                    p = p[:limit]
+                enc.append(p if p else None)  # a sentence SentencePiece normalises away counts as empty
+            out.append(enc)
+        return out
+
+    def _segments(self, encoded) -> List[_Segment]:
+        segments = []
+        for d, doc in enumerate(encoded):
+            real = [i for i, p in enumerate(doc) if p is not None]
+            lengths = [len(doc[i]) for i in real]
+            if self.segment_tokens:
+                self.stats["sentences longer than the segment length"] += sum(1 for n in lengths if n > self.segment_tokens)
+            for start, end in greedy_segments(lengths, lengths, self.segment_tokens):
+                segments.append(_Segment(d, real[start:end], "segment"))
+        return segments
+
+    def _source_ids(self, encoded, seg: _Segment) -> Tuple[torch.Tensor, List[str]]:
+        pieces: List[str] = []
+        for k, i in enumerate(seg.sentences):
+            if k:
+                pieces.append(self.resources.separator)
+            pieces.extend(encoded[seg.doc][i])
+        ids = [self.src_dict.index(p) for p in pieces] + [self.src_dict.eos()]
+        return torch.tensor(ids, dtype=torch.long), pieces
+
+    # ------------------------------------------------------------ generation
+
+    def _batches(self, lengths: Sequence[int]) -> List[List[int]]:
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        batches, batch, longest = [], [], 0
+        for i in order:
+            if batch and (max(longest, lengths[i]) * (len(batch) + 1) > self.max_tokens or len(batch) == self.batch_size):
+                batches.append(batch)
+                batch, longest = [], 0
+            batch.append(i)
+            longest = max(longest, lengths[i])
+        if batch:
+            batches.append(batch)
+        return batches
+
+    @torch.no_grad()
+    def generate(self, sources: Sequence[torch.Tensor], progress=None) -> List[dict]:
+        """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
+        (target ids without the final </s>), ``positional_scores`` (one per token and the
+        final </s>) and ``attention`` ((target tokens + 1) x source tokens, or None)."""
+        from fairseq import utils
+
+        dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
+        results: List[Optional[dict]] = [None] * len(sources)
+        for batch in self._batches([len(s) for s in sources]):
+            sample = dataset.collater([dataset[i] for i in batch])
+            if self.device != "cpu":
+                sample = utils.move_to_cuda(sample, device=torch.device(self.device))
+            hypos = self.task.inference_step(self.generator, [self.model], sample)
+            src_tokens = sample["net_input"]["src_tokens"]
+            for b, idx in enumerate(sample["id"].tolist()):
+                best = hypos[b][0]
+                tokens = best["tokens"].cpu()
+                scores = best["positional_scores"].float().cpu()
+                if len(tokens) and tokens[-1] == self.tgt_dict.eos():
+                    tokens = tokens[:-1]
+                attn = best.get("attention")
+                if attn is not None:
+                    real = (src_tokens[b] != self.src_dict.pad()).cpu()
+                    attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
+                results[idx] = {"tokens": tokens, "positional_scores": scores, "attention": attn}
+            if progress is not None:
+                progress.update(len(batch))
+        return results
+
+    # ------------------------------------------------------------ splitting back
+
+    def _split_hypothesis(self, tokens: torch.Tensor) -> List[List[int]]:
+        """Token positions of each sentence of a hypothesis (the separator belongs to none)."""
+        parts: List[List[int]] = [[]]
+        for pos, t in enumerate(tokens.tolist()):
+            if t == self.sep_tgt:
+                parts.append([])
+            else:
+                parts[-1].append(pos)
+        return parts
+
+    def _sentence_result(self, hyp: dict, positions: List[int], end: int, src_pieces: List[str], src_span: Tuple[int, int],
+                         n_context: int, scores: bool, alignments: bool) -> SentenceResult:
+        """One sentence from the hypothesis tokens at ``positions``; ``end`` is the position of
+        the token closing it (a separator or the final </s>), scored with it."""
+        tokens = hyp["tokens"].tolist()
+        pieces = [self.tgt_dict[tokens[p]] for p in positions]
+        text = self.sp_tgt.decode_pieces(pieces).strip() if pieces else ""
+        result = SentenceResult(text, context=n_context)
+        if scores:
+            pos = positions + [end]
+            result.score = float(hyp["positional_scores"][pos].mean())
+        if alignments:
+            result.alignment = self._alignment(hyp, positions, src_pieces, src_span)
+        return result
+
+    def _alignment(self, hyp, positions, src_pieces, src_span) -> List[Tuple[int, int]]:
+        from reluformer_mt.evaluation.stats import alignment_from_attention, sentencepiece_word_map
+
+        attn = hyp["attention"]
+        if attn is None or not positions:
+            return []
+        s0, s1 = src_span
+        sub = attn[positions][:, s0:s1]
+        tgt_pieces = [self.tgt_dict[t] for t in hyp["tokens"][positions].tolist()]
+        return alignment_from_attention(sub, sentencepiece_word_map(src_pieces[s0:s1]), sentencepiece_word_map(tgt_pieces))
+
+    @staticmethod
+    def _source_spans(src_pieces: List[str], separator: str, n: int) -> List[Tuple[int, int]]:
+        spans, start = [], 0
+        for k, p in enumerate(src_pieces):
+            if p == separator:
+                spans.append((start, k))
+                start = k + 1
+        spans.append((start, len(src_pieces)))
+        assert len(spans) == n, (len(spans), n)
+        return spans
+
+    def _resolve(self, seg: _Segment, hyp: dict, src_pieces: List[str], scores: bool, alignments: bool):
+        """SentenceResults of the segment, or None when the hypothesis does not split right."""
+        n = len(seg.sentences)
+        spans = self._source_spans(src_pieces, self.resources.separator, n)
+        end_of_hyp = len(hyp["tokens"])  # the final </s>
+        if n == 1:
+            # a single sentence always gives one output; stray separators are dropped
+            parts = self._split_hypothesis(hyp["tokens"])
+            if len(parts) > 1:
+                self.stats["stray separators dropped from single-sentence outputs"] += len(parts) - 1
+            positions = [p for part in parts for p in part]
+            return [self._sentence_result(hyp, positions, end_of_hyp, src_pieces, spans[0], 1, scores, alignments)]
+        parts = self._split_hypothesis(hyp["tokens"])
+        if len(parts) != n or any(not part for part in parts):
+            return None
+        results = []
+        for k, part in enumerate(parts):
+            end = part[-1] + 1  # the separator after the sentence, or the final </s>
+            results.append(self._sentence_result(hyp, part, end, src_pieces, spans[k], n, scores, alignments))
+        return results
+
+    # ------------------------------------------------------------ public
+
+    def translate(self, documents: Sequence[Sequence[str]], scores: bool = False, alignments: bool = False,
+                  progress: Optional[bool] = None) -> List[List[SentenceResult]]:
+        """Translate documents (lists of sentence strings); returns, per document, exactly one
+        :class:`SentenceResult` per input sentence (empty sentences give empty results)."""
+        from tqdm import tqdm
+
+        t0 = time.time()
+        before = Counter(self.stats)
+        encoded = self._encode(documents)
+        out: List[List[Optional[SentenceResult]]] = [[None] * len(doc) for doc in documents]
+        for d, doc in enumerate(encoded):
+            for i, p in enumerate(doc):
+                if p is None:
+                    out[d][i] = SentenceResult("")
+                    self.stats["empty sentences"] += 1
+        pending = self._segments(encoded)
+        self.stats["documents"] += len(documents)
+        self.stats["empty documents"] += sum(1 for doc in documents if not doc)
+        self.stats["sentences"] += sum(len(doc) for doc in documents)
+        self.stats["segments"] += len(pending)
+        new = self.stats - before
+        if new["sentences longer than the segment length"]:
+            logger.warning("%d sentences are longer than the segment length %d and are translated on their own",
+                           new["sentences longer than the segment length"], self.segment_tokens)
+        if new["sentences truncated to the model's positions"]:
+            logger.warning("%d sentences are longer than the model's %d source positions and are translated truncated "
+                           "(their end is lost)", new["sentences truncated to the model's positions"], self.max_src)
+        if new["separator tokens removed from the input"]:
+            logger.warning("%d %r tokens in the input were replaced by spaces (the separator is reserved)",
+                           new["separator tokens removed from the input"], self.resources.separator)
+        # progress None: a bar on stderr for long inputs (>= 50 segments) when stderr is a terminal
+        disable = (not progress) if progress is not None else (len(pending) < 50 or None)
+        bar = tqdm(total=len(pending), desc="translate", unit="seg", disable=disable, leave=False)
+        while pending:
+            sources = [self._source_ids(encoded, seg) for seg in pending]
+            hyps = self.generate([s for s, _ in sources], bar)
+            retry = []
+            for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
+                results = self._resolve(seg, hyp, src_pieces, scores, alignments)
+                if results is not None:
+                    for i, r in zip(seg.sentences, results):
+                        out[seg.doc][i] = r
+                    continue
+                if seg.level == "segment":
+                    self.stats["fallbacks: segment retranslated as halves"] += 1
+                    half = len(seg.sentences) // 2
+                    retry += [_Segment(seg.doc, seg.sentences[:half], "half"), _Segment(seg.doc, seg.sentences[half:], "half")]
+                else:
+                    self.stats["fallbacks: segment retranslated sentence by sentence"] += 1
+                    retry += [_Segment(seg.doc, [i], "sentence") for i in seg.sentences]
+            pending = retry
+            bar.total += len(pending)
+            bar.refresh()
+        bar.close()
+        self.stats["seconds"] += time.time() - t0
+        assert all(r is not None for doc in out for r in doc)
+        return out  # type: ignore[return-value]
+
+    def summary(self) -> str:
+        s = self.stats
+        fallbacks = s["fallbacks: segment retranslated as halves"] + s["fallbacks: segment retranslated sentence by sentence"]
+        rate = s["sentences"] / s["seconds"] if s["seconds"] else 0.0
+        lines = [f"translated {s['documents']:,} documents, {s['sentences']:,} sentences in {s['segments']:,} segments "
+                 f"in {s['seconds']:.1f} s ({rate:.1f} sentences/s); fallbacks: {fallbacks:,}"]
+        for key in sorted(s):
+            if key not in ("documents", "sentences", "segments", "seconds") and s[key]:
+                lines.append(f"  {key}: {s[key]:,}")
+        return "\n".join(lines)

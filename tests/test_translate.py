@@ -1,0 +1,337 @@
+"""reluformer-translate: input formats, one output sentence per input sentence on real
+documents (segments, fallbacks, sentence-level checkpoints), stdin streaming, and bad input."""
+import re
+import shutil
+
+import pytest
+import torch
+
+from helpers import needs_shared_data, run_subprocess
+from reluformer_mt.inference.inputs import (DOC_MARKER, decode_lines, detect_format, parse_input, read_input,
+                                            render)
+
+# untrained tiny models never stop by themselves: short outputs keep the tests fast
+FAST = ["--beam", "2", "--max-len-a", "0", "--max-len-b", "6", "--no-progress"]
+
+
+def translate_main(argv, capsys=None):
+    from reluformer_mt.cli.translate import main
+
+    rc = main([str(a) for a in argv])
+    if capsys is None:
+        return rc, ""
+    return rc, capsys.readouterr().err
+
+
+def real_docs(n_docs, max_sentences=None):
+    """The first ``n_docs`` talks of the real IWSLT2017 test set (English side), as sentence lists."""
+    from conftest import iwslt_files
+
+    parsed = read_input(iwslt_files("test")[0], fmt="docmt")
+    return [d.sentences[:max_sentences] for d in parsed.documents[:n_docs]]
+
+
+def write_docmt(path, docs):
+    path.write_text("".join(f"{DOC_MARKER}\n" + "".join(s + "\n" for s in d) for d in docs), encoding="utf-8")
+
+
+# ---------------------------------------------------------------- formats (no model)
+
+def test_lines_format_keeps_blank_lines_and_empty_documents():
+    lines = ["", "a b .", "c d .", "", "", "e f .", ""]
+    parsed = parse_input(lines, "x", "lines")
+    assert [d.sentences for d in parsed.documents] == [[], ["a b .", "c d ."], [], ["e f ."], []]
+    assert render(parsed, [[s.upper() for s in d.sentences] for d in parsed.documents]) == [l.upper() for l in lines]
+    assert parse_input([], "x", "lines").documents == []
+
+
+def test_docmt_format_empty_document_and_errors():
+    lines = ["<d>", "a .", "", "b .", "<d>", "<d>", "c ."]
+    parsed = parse_input(lines, "x", "auto")
+    assert parsed.fmt == "docmt" and [d.sentences for d in parsed.documents] == [["a .", "", "b ."], [], ["c ."]]
+    assert render(parsed, [d.sentences for d in parsed.documents]) == lines
+    with pytest.raises(ValueError, match=r"^x:1: expected a <d> line"):
+        parse_input(["text", "<d>"], "x", "docmt")
+
+
+def test_docids_format(tmp_path):
+    (tmp_path / "ids").write_text("t1\nt1\nt2\n", encoding="utf-8")
+    parsed = parse_input(["a .", "b .", "c ."], "x", "auto", doc_ids=tmp_path / "ids")
+    assert parsed.fmt == "docids" and [(d.doc_id, d.sentences) for d in parsed.documents] == [("t1", ["a .", "b ."]), ("t2", ["c ."])]
+    assert render(parsed, [d.sentences for d in parsed.documents]) == ["a .", "b .", "c ."]
+    (tmp_path / "bad").write_text("t1\nt2\nt1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad:3: document 't1' continues"):
+        parse_input(["a", "b", "c"], "x", "docids", doc_ids=tmp_path / "bad")
+    with pytest.raises(ValueError, match=r"has 2 lines but .*ids has 3"):
+        parse_input(["a", "b"], "x", "docids", doc_ids=tmp_path / "ids")
+
+
+def test_raw_format_splits_paragraphs_with_pysbd():
+    lines = ["Mr. Smith went to Washington. He stayed there", "for two days.", "", "It rained. Nobody came."]
+    assert detect_format(lines) == "lines"  # hard-wrapped text is not detected: --format raw
+    assert detect_format(["It rained. Nobody came. We left.", "", "Who knew? Nobody did. We did!"]) == "raw"
+    assert detect_format(["One sentence here.", "Two of them. Here.", "Three."]) == "lines"
+    parsed = parse_input(lines, "x", "raw")
+    assert parsed.fmt == "raw"
+    assert parsed.documents[0].sentences == ["Mr. Smith went to Washington.", "He stayed there for two days.",
+                                             "It rained.", "Nobody came."]
+    assert parsed.documents[0].paragraphs == [2, 2]
+    assert render(parsed, [["A.", "B.", "C.", "D."]]) == ["A. B.", "", "C. D."]
+    assert render(parsed, [["1", "2", "3", "4"]], one_per_line=True) == ["1", "2", "", "3", "4"]
+    marked = parse_input(["<d>", "One. Two.", "<d>", "<d>", "Three."], "x", "raw")
+    assert [d.sentences for d in marked.documents] == [["One.", "Two."], [], ["Three."]]
+    assert render(marked, [d.sentences for d in marked.documents]) == ["<d>", "One. Two.", "<d>", "<d>", "Three."]
+
+
+def test_invalid_utf8_names_the_line():
+    with pytest.raises(ValueError, match=r"^in.txt:3: invalid UTF-8 \(byte 0xff at column 4\)"):
+        decode_lines(b"ok\nfine\nabc\xff\n", "in.txt")
+    assert decode_lines(b"\xef\xbb\xbfa\r\nb\n", "x") == ["a", "b"]
+
+
+# ---------------------------------------------------------------- the fallback logic, exactly
+
+class EchoGenerator:
+    """Stands in for beam search: 'translates' a segment into its own source pieces (the
+    dictionary is joined), but drops the separators -- a model whose separator output is
+    wrong -- of every multi-sentence segment in the first round, and of the halves that start
+    with an odd token id in the second."""
+
+    def __init__(self, translator):
+        self.t, self.round = translator, 0
+
+    def __call__(self, sources, progress=None):
+        self.round += 1
+        out = []
+        for src in sources:
+            ids = src[:-1]
+            if (ids == self.t.sep_src).any() and (self.round == 1 or int(ids[0]) % 2):
+                ids = ids[ids != self.t.sep_src]
+            out.append({"tokens": ids.clone(), "positional_scores": torch.full((len(ids) + 1,), -1.0), "attention": None})
+        return out
+
+
+@needs_shared_data
+def test_fallback_halves_then_sentences_maps_every_sentence_back(doc_checkpoint, monkeypatch):
+    from reluformer_mt.inference import DocumentTranslator
+
+    t = DocumentTranslator(doc_checkpoint, device="cpu")
+    monkeypatch.setattr(t, "generate", EchoGenerator(t))
+    docs = real_docs(2, max_sentences=40) + [[]]
+    docs[0][3] = ""  # an empty sentence inside a document
+    docs[1][2] = "Separators <sep> are reserved."
+    results = t.translate(docs, scores=True)
+    assert [len(r) for r in results] == [len(d) for d in docs]
+    for doc, res in zip(docs, results):
+        for sentence, r in zip(doc, res):
+            sentence = sentence.replace("<sep>", " ")
+            expected = t.sp_tgt.decode_pieces(t.sp_src.encode(" ".join(sentence.split()), out_type=str)) if sentence else ""
+            assert r.text == expected
+    s = t.stats
+    assert s["fallbacks: segment retranslated as halves"] > 0 and s["fallbacks: segment retranslated sentence by sentence"] > 0
+    assert s["empty sentences"] == 1 and s["empty documents"] == 1 and "fallbacks:" in t.summary()
+    assert s["separator tokens removed from the input"] == 1
+    contexts = {r.context for res in results for r in res}
+    assert {0, 1, 2} <= contexts
+
+
+# ---------------------------------------------------------------- real documents through the CLI
+
+@needs_shared_data
+def test_real_test_documents_keep_every_sentence(doc_checkpoint, tmp_path, capsys):
+    """Three real IWSLT2017 test talks (one document-level checkpoint with --eval-bleu metrics):
+    line-for-line output, scores and word alignments in the same layout."""
+    docs = real_docs(3, max_sentences=20)
+    src = tmp_path / "talks.en"
+    write_docmt(src, docs)
+    out, scores, align = tmp_path / "talks.de", tmp_path / "talks.scores", tmp_path / "talks.align"
+    rc, err = translate_main(["--checkpoint", doc_checkpoint, "-i", src, "-o", out, "--scores", scores,
+                              "--alignments", align, "--device", "auto", *FAST], capsys)
+    assert rc == 0, err
+    in_lines = src.read_text(encoding="utf-8").split("\n")
+    for path in (out, scores, align):
+        lines = path.read_text(encoding="utf-8").split("\n")
+        assert len(lines) == len(in_lines)
+        assert [i for i, l in enumerate(lines) if l == DOC_MARKER] == [i for i, l in enumerate(in_lines) if l == DOC_MARKER]
+    for s_line, a_line, o_line in zip(in_lines, align.read_text(encoding="utf-8").split("\n"), out.read_text(encoding="utf-8").split("\n")):
+        if s_line in ("", DOC_MARKER):
+            continue
+        for pair in a_line.split():
+            i, j = map(int, pair.split("-"))
+            assert 0 <= i < len(s_line.split()) + 2 and 0 <= j < max(1, len(o_line.split())) + 2
+    assert all(float(x) <= 0 for x in scores.read_text(encoding="utf-8").split() if x != DOC_MARKER)
+    assert re.search(r"translated 3 documents, 60 sentences in \d+ segments", err)
+    assert "segments of <= 128 tokens" in err and "input format: docmt (detected" in err
+
+
+@pytest.fixture(scope="module")
+def sent_checkpoint(doc_checkpoint, prepared_doc_data, tmp_path_factory):
+    """A sentence-level checkpoint without a second training run: the document model's weights
+    under ``--task translation`` on the sentence-level twin directory (which shares the
+    dictionaries and SentencePiece model; its prepared.json says segment_tokens 0)."""
+    state = torch.load(doc_checkpoint, map_location="cpu", weights_only=False)
+    task = state["cfg"]["task"]
+    for key in ("separator", "eval_bleu_spm"):  # document_translation's own options
+        task.pop(key, None)
+    task["_name"], task["data"], task["eval_bleu"] = "translation", str(prepared_doc_data["sent"]), False
+    path = tmp_path_factory.mktemp("sent_checkpoint") / "checkpoint.pt"
+    torch.save(state, path)
+    return path
+
+
+@needs_shared_data
+def test_sentence_level_checkpoint_and_forced_fallback(sent_checkpoint, prepared_doc_data, tmp_path):
+    """A sentence-level checkpoint translates sentence by sentence; forced to document segments
+    (it never saw a separator) it falls back and still gives one sentence per input sentence."""
+    from reluformer_mt.inference import DocumentTranslator
+
+    docs = real_docs(2, max_sentences=12)
+    t = DocumentTranslator(sent_checkpoint, beam=1, max_len_a=0, max_len_b=6)
+    res = t.translate(docs)
+    assert [len(r) for r in res] == [len(d) for d in docs]
+    assert t.stats["segments"] == sum(len(d) for d in docs) and "fallbacks: 0" in t.summary()
+    forced = DocumentTranslator(sent_checkpoint, data=prepared_doc_data["sent"], beam=1, max_len_a=0, max_len_b=6,
+                                segment_tokens=prepared_doc_data["segment_tokens"])
+    res = forced.translate(docs)
+    assert [len(r) for r in res] == [len(d) for d in docs]
+    assert forced.stats["segments"] < sum(len(d) for d in docs)
+    assert forced.stats["fallbacks: segment retranslated as halves"] > 0
+
+
+@needs_shared_data
+def test_each_input_format_through_the_cli(doc_checkpoint, tmp_path, capsys):
+    docs = real_docs(2, max_sentences=6)
+    flat = [s for d in docs for s in d]
+    # lines: blank line between documents, an empty document at the end
+    (tmp_path / "a.txt").write_text("\n\n".join("\n".join(d) for d in docs) + "\n\n", encoding="utf-8")
+    # docids
+    (tmp_path / "b.txt").write_text("\n".join(flat) + "\n", encoding="utf-8")
+    (tmp_path / "b.ids").write_text("".join(f"talk{k}\n" for k, d in enumerate(docs) for _ in d), encoding="utf-8")
+    # raw: paragraphs of three sentences
+    paragraphs = [" ".join(d[i:i + 3]) for d in docs for i in range(0, len(d), 3)]
+    (tmp_path / "c.txt").write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
+    for name, extra, fmt in (("a.txt", [], "lines"), ("b.txt", ["--doc-ids", tmp_path / "b.ids"], "docids"),
+                             ("c.txt", ["--format", "raw"], "raw")):
+        out = tmp_path / (name + ".out")
+        rc, err = translate_main(["-c", doc_checkpoint, "-i", tmp_path / name, "-o", out, *extra, *FAST], capsys)
+        assert rc == 0, err
+        in_lines = (tmp_path / name).read_text(encoding="utf-8").split("\n")
+        out_lines = out.read_text(encoding="utf-8").split("\n")
+        assert len(out_lines) == len(in_lines) and [bool(l) for l in out_lines[:-1]] == [bool(l) for l in in_lines[:-1]], name
+        assert f"input format: {fmt}" in err
+        if fmt == "lines":
+            assert "translated 3 documents, 12 sentences" in err
+
+
+@needs_shared_data
+def test_console_script_streams_stdin_to_stdout(doc_checkpoint):
+    docs = real_docs(2, max_sentences=4)
+    text = "\n\n".join("\n".join(d) for d in docs) + "\n"
+    proc = run_subprocess(["reluformer-translate", "--checkpoint", doc_checkpoint, "--threads", "1", *FAST],
+                          input=text, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.split("\n")) == len(text.split("\n")) and proc.stdout.split("\n")[4] == ""
+    assert "translated 2 documents, 8 sentences" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- bad input
+
+@needs_shared_data
+def test_empty_input_and_long_sentences(doc_checkpoint, prepared_doc_data, tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    rc, err = translate_main(["-c", doc_checkpoint, "-o", tmp_path / "empty.out", *FAST], capsys)
+    assert rc == 0 and (tmp_path / "empty.out").read_text() == "" and "translated 0 documents" in err
+
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(prepared_doc_data["doc"] / "spm.model"))
+    sentences = real_docs(1)[0]
+
+    def joined(at_least):  # real sentences run together into one longer than ``at_least`` pieces
+        k = 1
+        while len(sp.encode(" ".join(sentences[:k]))) <= at_least:
+            k += 1
+        return " ".join(sentences[:k])
+
+    long_one = joined(128)   # longer than the segment length: its own segment, with a warning
+    assert len(sp.encode(long_one)) < 255
+    too_long = joined(300)   # longer than the model's positions: translated truncated, with a warning
+    src = tmp_path / "long.txt"
+    src.write_text(f"{sentences[0]}\n{long_one}\n{too_long}\n{sentences[1]}\n", encoding="utf-8")
+    rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", tmp_path / "long.out", "--format", "lines", *FAST], capsys)
+    assert rc == 0, err
+    assert len((tmp_path / "long.out").read_text(encoding="utf-8").split("\n")) == 5
+    assert "2 sentences are longer than the segment length 128" in err
+    assert "1 sentences are longer than the model's 256 source positions and are translated truncated" in err
+
+
+def one_line_error(err, pattern):
+    lines = [l for l in err.strip().split("\n") if l.startswith("reluformer-translate: error:")]
+    assert len(lines) == 1 and re.search(pattern, lines[0]), err
+    assert "Traceback" not in err
+
+
+@needs_shared_data
+def test_bad_input_and_bad_checkpoints_are_one_line_errors(doc_checkpoint, prepared_doc_data, tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"Hello there.\nsecond \xc3\x28 line\n")
+    rc, err = translate_main(["-c", doc_checkpoint, "-i", bad], capsys)
+    assert rc == 2
+    one_line_error(err, r"bad.txt:2: invalid UTF-8")
+
+    good = tmp_path / "good.txt"
+    good.write_text("Hello there.\n", encoding="utf-8")
+    rc, err = translate_main(["-c", tmp_path / "nope.pt", "-i", good], capsys)
+    assert rc == 2
+    one_line_error(err, r"nope.pt: checkpoint not found")
+
+    def rewrite(name, edit):
+        s = torch.load(doc_checkpoint, map_location="cpu", weights_only=False)
+        edit(s)
+        d = tmp_path / name
+        d.mkdir()
+        torch.save(s, d / "checkpoint.pt")
+        return d / "checkpoint.pt"
+
+    def set_arch(s):
+        model = s["cfg"]["model"]
+        for key in ("arch", "_name"):
+            if isinstance(model, dict):
+                model[key] = "mystery_arch"
+            else:
+                setattr(model, key, "mystery_arch")
+
+    rc, err = translate_main(["-c", rewrite("arch", set_arch), "-i", good], capsys)
+    assert rc == 2
+    one_line_error(err, r"architecture 'mystery_arch' is not known")
+
+    def lose_data(s):
+        s["cfg"]["task"]["data"] = str(tmp_path / "gone")
+
+    moved = rewrite("nodata", lose_data)
+    rc, err = translate_main(["-c", moved, "-i", good], capsys)
+    assert rc == 2
+    one_line_error(err, r"cannot find its resources: missing the dictionaries and prepared.json .*gone\); give --data DIR")
+    for name in ("dict.en.txt", "dict.de.txt", "prepared.json", "spm.model"):  # resources beside the checkpoint
+        shutil.copy(prepared_doc_data["doc"] / name, moved.parent)
+    rc, err = translate_main(["-c", moved, "-i", good, "-o", tmp_path / "good.out", *FAST], capsys)
+    assert rc == 0 and f"resources from {moved.parent}," in err
+    assert len((tmp_path / "good.out").read_text(encoding="utf-8").split("\n")) == 2
+
+    # dictionaries and prepared.json without the SentencePiece model
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("dict.en.txt", "dict.de.txt", "prepared.json"):
+        shutil.copy(prepared_doc_data["doc"] / name, plain)
+    rc, err = translate_main(["-c", doc_checkpoint, "--data", plain, "-i", good], capsys)
+    assert rc == 2
+    one_line_error(err, r"resources found in .*plain but missing the SentencePiece model .*plain/spm.model")
+    (plain / "prepared.json").unlink()
+    rc, err = translate_main(["-c", doc_checkpoint, "--data", plain, "-i", good], capsys)
+    assert rc == 2
+    one_line_error(err, r"cannot find its resources: missing the dictionaries and prepared.json")
+    # the --eval-bleu checkpoint loads with torch's default weights_only=True (the plugin's allowlist)
+    assert torch.load(doc_checkpoint, map_location="cpu", weights_only=True)["cfg"]["checkpoint"]["best_checkpoint_metric"] == "s_bleu"
