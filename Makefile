@@ -2,14 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SHARED_DATA ?= ../shared/data
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: setup test test-fast demo clean
 
 $(VENV)/.installed: requirements.txt setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
@@ -19,8 +17,9 @@ setup: $(VENV)/.installed
 test: setup
 	$(PY) -m pytest -q tests
 
+# the main job; options: make demo DEMO_ARGS="--max-update 4000 --size iwslt_de_en --device cuda"
 demo: setup
-	$(PY) -m reluformer_mt.cli.quickstart --data $(SHARED_DATA) --out runs/quickstart
+	$(VENV)/bin/reluformer-demo --out runs/demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) runs
