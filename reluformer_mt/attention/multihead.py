@@ -7,7 +7,9 @@ and ``reorder_incremental_state`` used by beam search stay fairseq's; and the so
 calls fairseq's own forward (PyTorch's fused attention), so the baseline keeps fairseq's speed.
 Every other function runs :meth:`ReluformerAttention._attend`, which computes the logits,
 applies a function from :mod:`reluformer_mt.attention.functions`, and the output transforms
-(ReLA's RMSNorm and gate, ReLU-ViT's gated unit).
+(ReLA's RMSNorm and gate, ReLU-ViT's gated unit). The ReLU family (relu, rela, pointwise) runs
+the fused dense or memory-bounded blocked kernel of :mod:`reluformer_mt.attention.blocked`
+(same results; chosen by ``--attn-impl``, see docs/PERFORMANCE.md).
 """
 from typing import Dict, Optional, Tuple
 
@@ -17,11 +19,14 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
+from reluformer_mt.attention.blocked import RELU_FAMILY, regularisers_from_rows, relu_family_attention
 from reluformer_mt.attention.config import AttentionConfig
 
 # ReLA's RMSNorm epsilon and gate initialisation range, from the official code (bzhangGo/zero)
 RELA_EPS = 1e-8
 RELA_GATE_INIT_RANGE = 0.077
+# pointwise activations that can be negative
+SIGNED_ACTIVATIONS = ("gelu", "identity")
 
 
 class ReluformerAttention(MultiheadAttention):
@@ -128,10 +133,44 @@ class ReluformerAttention(MultiheadAttention):
         return keep, additive
 
     # ------------------------------------------------------------------ attention core
+    def _attention_path(self, tgt_len: int, src_len: int, additive: Optional[Tensor],
+                        want_weights: bool) -> str:
+        """'reference', 'dense' or 'blocked' (see ``blocked.py``); all three give the same results.
+
+        The fast paths cover relu, rela and pointwise; they leave to the reference path additive
+        masks and attention dropout in training (its random mask is the reference's). ``auto``
+        goes blocked from ``blocked_min_len`` keys on, except for single-query decoding steps and
+        calls that return the weights (which are then materialised anyway).
+        """
+        if self.fn not in RELU_FAMILY or additive is not None:
+            return "reference"
+        if self.training and self.dropout_module.p > 0:
+            return "reference"
+        relu_act = self.fn != "pointwise" or self.config.pointwise_activation == "relu"
+        if self.regularise and self.fn == "pointwise" and self.config.pointwise_activation in SIGNED_ACTIVATIONS:
+            return "reference"  # the entropy of rows with negative weights is defined by the reference only
+        impl = self.config.impl
+        blocked = impl == "blocked" or (impl == "auto" and src_len >= self.config.blocked_min_len and tgt_len > 1)
+        if blocked and not want_weights:
+            return "blocked"
+        return "dense" if relu_act else "reference"
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, additive: Optional[Tensor],
                 want_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
         """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted."""
         scale_logits = self.fn != "relu" or self.config.relu_scale_logits
+        path = self._attention_path(q.size(2), k.size(2), additive, want_weights)
+        if path != "reference":
+            block = self.config.block_size
+            out, rows, weights = relu_family_attention(
+                q, k, v, keep, fn=self.fn, scaling=self.scaling if scale_logits else None,
+                gamma=self._gamma(q.dtype) if self.fn == "relu" else None,
+                alpha=self.config.pointwise_alpha, activation=self.config.pointwise_activation,
+                blocked=path == "blocked", block_q=block, block_k=block,
+                want_rows=self.record_stats, want_weights=want_weights)
+            if rows is not None:
+                self._record_rows(*rows)
+            return out, weights
         scores = torch.matmul(q * self.scaling if scale_logits else q, k.transpose(-1, -2))
         if additive is not None:
             scores = scores + additive
@@ -141,6 +180,21 @@ class ReluformerAttention(MultiheadAttention):
             self._record(weights, keep, n_visible)
         out = torch.matmul(self.dropout_module(weights), v)
         return out, (weights if want_weights else None)
+
+    def _record_rows(self, mass: Tensor, xlogx: Tensor, nonzero: Tensor, n_visible: Tensor) -> None:
+        """``_record`` from per-row sums of the fast paths (B, H, T each): same keys and values."""
+        live_rows = n_visible > 0
+        add = {
+            "zeros": n_visible.sum() - nonzero.sum(),
+            "visible": n_visible.sum(),
+            "null_rows": (live_rows & (nonzero == 0)).sum(),
+            "rows": live_rows.sum(),
+        }
+        if self.regularise:
+            norm_loss, margin, used = regularisers_from_rows(mass, xlogx, n_visible, self.entropy_margin_ratio)
+            add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
+        for key, value in add.items():
+            self.stats[key] = self.stats.get(key, 0) + value
 
     def _record(self, weights: Tensor, keep: Tensor, n_visible: Tensor) -> None:
         keep_full = keep.expand_as(weights)
