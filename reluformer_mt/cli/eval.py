@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
+from reluformer_mt.evaluation.memory_stats import add_memory_stats_args, run_memory_stats
 from reluformer_mt.evaluation.reports import format_table, write_json
 
 LEVELS = {"s": "sentence", "d": "document", "seg": "segment"}
@@ -253,6 +254,8 @@ SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
               add_align_args, run_align),
     "attn-stats": ("sparsity, null rate, head diversity, entropy, top-score ratio per layer and head",
                    add_attn_stats_args, run_attn_stats),
+    "memory": ("FFN / key-value memory diagnostics per layer: top-p%% score ratio, anisotropy",
+               add_memory_stats_args, run_memory_stats),
 }
 
 

@@ -187,14 +187,13 @@ def memory_stats_report(checkpoint, data_dir, split: str = "valid", top_percent:
 
 # ``reluformer-eval memory`` wiring (cli/eval.py owns the registry): add_arguments + run
 def add_memory_stats_args(p) -> None:
-    p.add_argument("--path", required=True, help="checkpoint of a reluformer model")
+    p.add_argument("--checkpoint", required=True, help="checkpoint of a reluformer model")
     p.add_argument("--data", required=True, help="fairseq binarised data directory")
     p.add_argument("--split", default="valid", help="split to run over (default valid)")
     p.add_argument("--top-percent", default="0.2,1,10", help="comma list of p for the top-p%% score ratio")
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--max-batches", type=int, help="stop after this many batches")
     p.add_argument("--max-rows", type=int, default=2000, help="rows per layer used for the anisotropy")
-    p.add_argument("--json", help="also write the report as JSON")
 
 
 def run_memory_stats(args) -> dict:
@@ -202,5 +201,5 @@ def run_memory_stats(args) -> dict:
         percents = [float(x) for x in args.top_percent.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--top-percent: got {args.top_percent!r}, expected a comma list of numbers") from None
-    return memory_stats_report(args.path, args.data, args.split, percents, max_tokens=args.max_tokens,
-                               max_batches=args.max_batches, max_rows=args.max_rows, json_path=args.json)
+    return memory_stats_report(args.checkpoint, args.data, args.split, percents, max_tokens=args.max_tokens,
+                               max_batches=args.max_batches, max_rows=args.max_rows)
