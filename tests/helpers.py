@@ -1,12 +1,12 @@
 """Shared test helpers: where the real data is, and fairseq CLIs run in-process."""
-import contextlib
-import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from reluformer_mt.cli.inprocess import run_fairseq  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "reluformer_mt")
@@ -15,25 +15,6 @@ DOCMT = SHARED_DATA / "docmt_ende"
 
 needs_shared_data = pytest.mark.skipif(
     not DOCMT.is_dir(), reason=f"real data not found at {SHARED_DATA} (set RELUFORMER_SHARED_DATA)")
-
-
-def run_fairseq(module: str, argv, capture: bool = False) -> str:
-    """Run ``fairseq_cli.<module>.cli_main()`` in this process with ``sys.argv`` set.
-
-    Saves the 8-11 s import of a subprocess; output (stdout) is returned when captured.
-    """
-    import importlib
-
-    cli = importlib.import_module(f"fairseq_cli.{module}")
-    old_argv = sys.argv
-    sys.argv = [f"fairseq-{module}"] + [str(a) for a in argv]
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer) if capture else contextlib.nullcontext():
-            cli.cli_main()
-    finally:
-        sys.argv = old_argv
-    return buffer.getvalue()
 
 
 def run_subprocess(cmd, **kwargs) -> subprocess.CompletedProcess:

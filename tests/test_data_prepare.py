@@ -108,10 +108,9 @@ TINY = ["--arch", "reluformer_tiny", "--criterion", "reluformer_cross_entropy", 
 
 
 def fairseq_train(monkeypatch, argv):
-    from fairseq_cli import train
+    from reluformer_mt.cli.inprocess import run_fairseq
 
-    monkeypatch.setattr(sys, "argv", ["fairseq-train"] + argv)
-    train.cli_main()
+    run_fairseq("train", argv)
 
 
 def test_sentence_level_directory_trains(prepared, monkeypatch, caplog):

@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List
 
+from reluformer_mt.cli.inprocess import run_fairseq
+
 logger = logging.getLogger("reluformer_mt.demo")
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -122,23 +124,6 @@ def train_argv(args, family: str, data_dir: Path, save_dir: Path, log_file: Path
     if args.device == "cpu":
         argv.append("--cpu")
     return argv
-
-
-def run_fairseq_train(argv: List[str]) -> None:
-    """fairseq-train in this process (saves its 8-11 s import per model)."""
-    from fairseq import checkpoint_utils
-    from fairseq_cli import train
-
-    # fairseq keeps the best validation score of a process on this function: a second model
-    # trained in the same process would never save a checkpoint_best.pt worse than the first's
-    if hasattr(checkpoint_utils.save_checkpoint, "best"):
-        del checkpoint_utils.save_checkpoint.best
-    old = sys.argv
-    sys.argv = ["fairseq-train"] + argv
-    try:
-        train.cli_main()
-    finally:
-        sys.argv = old
 
 
 def read_learning_curve(log_file: Path) -> Dict[str, List]:
@@ -327,7 +312,7 @@ def main(argv=None) -> int:
                 if log_file.exists():
                     log_file.unlink()
                 start = time.time()
-                run_fairseq_train(train_argv(args, family, dirs["doc"], save_dir, log_file))
+                run_fairseq("train", train_argv(args, family, dirs["doc"], save_dir, log_file))
                 (save_dir / "train_seconds.txt").write_text(f"{time.time() - start:.1f}\n")
             else:
                 print(f"  {checkpoint} exists: skipped (use --force to retrain)")

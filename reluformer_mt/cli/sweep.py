@@ -11,8 +11,6 @@ talks are scored; lowercased, word level, one joined dictionary of ``--nwords`` 
 runs (``runs/<variant>_<slots>.json``) are reused, so an interrupted sweep resumes.
 """
 import argparse
-import contextlib
-import io
 import json
 import logging
 import os
@@ -22,6 +20,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from reluformer_mt.cli.inprocess import run_fairseq
 from reluformer_mt.memory.ffn import FFN_VARIANTS, MemoryOptionError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,21 +64,6 @@ def prepare_corpus(out: Path, corpus: Path, valid_size: int, test_size: int, nwo
 
 
 # ---------------------------------------------------------------------------------------------- runs
-
-def run_fairseq(module: str, argv: Sequence, capture: bool = False) -> str:
-    """``fairseq_cli.<module>.cli_main()`` in this process (saves the slow import of a subprocess)."""
-    import importlib
-
-    cli = importlib.import_module(f"fairseq_cli.{module}")
-    old, sys.argv = sys.argv, [f"fairseq-{module}"] + [str(a) for a in argv]
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer) if capture else contextlib.nullcontext():
-            cli.cli_main()
-    finally:
-        sys.argv = old
-    return buffer.getvalue()
-
 
 class _Capture(logging.Handler):
     def __init__(self):

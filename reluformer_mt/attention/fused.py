@@ -1,0 +1,108 @@
+"""Fused C++/OpenMP CPU kernel for ReLU attention (``--attn-impl fused``).
+
+Same computation as the blocked path of :mod:`reluformer_mt.attention.blocked` for h = relu
+(ReLUFormer, ReLA, pointwise with relu; the row factor already folded into the queries), but each
+tile is one head's ``block_q`` x ``block_k`` block, small enough to stay in cache, and ReLU, mask
+and the regularisers' row sums are applied in one pass between ATen's GEMMs (forward: 2 per tile;
+backward: 5, recomputing the logits). Sources: ``csrc/relu_attention.cpp``.
+
+The extension is compiled on first use with ``torch.utils.cpp_extension.load`` (needs a C++
+compiler and ninja) into ``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or
+``~/.cache/reluformer_mt/torch_extensions``, per torch and Python version, and reused afterwards.
+If it cannot be built, :func:`load` warns once and returns None; callers then use the blocked
+PyTorch path. ``RELUFORMER_NO_FUSED=1`` disables it.
+"""
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "relu_attention.cpp"
+# one head's tile: 128 x 512 float32 = 256 KB, two of them fit the L2 cache of current x86 cores
+BLOCK_Q, BLOCK_K = 128, 512
+
+_module = None
+_tried = False
+
+
+def build_directory() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    base = Path(root) / "reluformer_mt" if root else Path.home() / ".cache" / "reluformer_mt" / "torch_extensions"
+    tag = "torch%s_py%d%d" % (torch.__version__.replace("+", "_"), *sys.version_info[:2])
+    return base / tag
+
+
+def load(verbose: bool = False):
+    """The compiled extension, building it on first use; None (after one warning) if that fails."""
+    global _module, _tried
+    if _tried:
+        return _module
+    _tried = True
+    if os.environ.get("RELUFORMER_NO_FUSED") == "1":
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        directory = build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        _module = cpp_extension.load(
+            name="reluformer_relu_attention", sources=[str(SOURCE)], build_directory=str(directory),
+            extra_cflags=["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=verbose)
+    except Exception as error:  # no compiler, no ninja, a compile error: fall back, never crash
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        warnings.warn(f"reluformer_mt: fused ReLU attention kernel unavailable ({first_line[:200]}); "
+                      "using the blocked PyTorch path")
+        _module = None
+    return _module
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def supports(q: Tensor) -> bool:
+    """The kernel runs float32/float64 CPU tensors only."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and available()
+
+
+class FusedReluAttention(torch.autograd.Function):
+    """out = (relu(q k^T) masked) v and the per-row (mass, sum a log a, non-zeros) when wanted.
+
+    q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv), keep (B or 1, 1, T, S) bool
+    or None. The outputs match ``blocked._ReluFamilyAttention`` (act = relu, c = None).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, keep, heads, want_rows, block_q, block_k):
+        ext = load()
+        keep_t = keep if keep is not None else q.new_zeros(0, dtype=torch.bool)
+        out, mass, xlogx, nonzero = ext.forward(q, k, v, keep_t, heads, block_q, block_k, want_rows)
+        ctx.mark_non_differentiable(nonzero)
+        ctx.save_for_backward(q, k, v, keep_t)
+        ctx.heads, ctx.blocks = heads, (block_q, block_k)
+        return out, mass, xlogx, nonzero
+
+    @staticmethod
+    def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
+        q, k, v, keep = ctx.saved_tensors
+        empty = q.new_zeros(0)
+        if g_out is None:
+            g_out = torch.zeros(q.size(0), q.size(1), v.size(2), dtype=q.dtype)
+        dq, dk, dv = load().backward(g_out, q, k, v, keep,
+                                     empty if g_mass is None or g_mass.numel() == 0 else g_mass,
+                                     empty if g_xlogx is None or g_xlogx.numel() == 0 else g_xlogx,
+                                     ctx.heads, *ctx.blocks)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int,
+                         want_rows: bool = False, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    """(out, mass, xlogx, nonzero) as ``blocked._ReluFamilyAttention`` returns them for h = relu."""
+    return FusedReluAttention.apply(q, k, v, keep, heads, want_rows, block_q, block_k)
+
+
+__all__ = ["available", "build_directory", "fused_relu_attention", "load", "supports"]
