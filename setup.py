@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["reluformer_mt", "reluformer_mt.*"]),
     include_package_data=True,
+    package_data={"reluformer_mt": ["attention/csrc/*.cpp"]},  # the fused kernel, compiled on first use
     install_requires=[
         "torch>=2.1",
         # a fairseq 0.12 build that imports on Python 3.11/3.12; never plain `fairseq`
@@ -25,6 +26,7 @@ setup(
         "bible-alignments==0.4.2",
         "tqdm",
         "numpy",
+        "ninja",  # builds the fused C++ attention kernel on first use
     ],
     extras_require={"test": ["pytest>=7"]},
     entry_points={

@@ -7,7 +7,7 @@
 Prints tables and writes ``benchmark.json`` and ``benchmark.png`` into ``--out``:
 
 1. the machine's float32 matmul rate (GFLOP/s), measured first;
-2. the attention kernel alone (torch SDPA softmax vs ReLU dense / blocked), forward and
+2. the attention kernel alone (torch SDPA softmax vs ReLU dense / blocked / fused C++), forward and
    forward+backward: time, achieved GFLOP/s and its share of the matmul rate;
 3. the attention sublayer (projections + attention; fairseq's MultiheadAttention vs
    ReluformerAttention dense / blocked): time and peak memory, L = 128..4096 training and up
@@ -95,6 +95,7 @@ def attention_flops(L, heads, head_dim, backward):
 
 def bench_kernel(lengths, reps, heads=8, head_dim=64, block=512):
     from reluformer_mt.attention.blocked import relu_family_attention
+    from reluformer_mt.attention.fused import available as fused_available
 
     rows = []
     for L in lengths:
@@ -104,12 +105,14 @@ def bench_kernel(lengths, reps, heads=8, head_dim=64, block=512):
         def sdpa():
             return F.scaled_dot_product_attention(q, k, v)
 
-        def relu(blocked):
+        def relu(blocked, fused=False):
             return lambda: relu_family_attention(q, k, v, keep, fn="relu", scaling=head_dim ** -0.5,
                                                  gamma=torch.tensor(1.0), blocked=blocked,
-                                                 block_q=block, block_k=block)[0]
+                                                 block_q=block, block_k=block, fused=fused)[0]
 
         variants = {"sdpa": sdpa, "relu_dense": relu(False), "relu_blocked": relu(True)}
+        if fused_available():  # the C++ kernel (reluformer_mt/attention/fused.py), if it could be built
+            variants["relu_fused"] = relu(True, fused=True)
         for backward in (False, True):
             def run(fn):
                 def go():
@@ -284,7 +287,7 @@ def plot(results, path):
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, pass_ in zip(axes[:2], ("fwd", "fwd+bwd")):
-        for impl in ("sdpa", "relu_dense", "relu_blocked"):  # kernel
+        for impl in ("sdpa", "relu_dense", "relu_blocked", "relu_fused"):  # kernel
             pts = [(r["L"], r["ms"]) for r in results["kernel"] if r["pass_"] == pass_ and r["impl"] == impl]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=impl)

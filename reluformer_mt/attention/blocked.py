@@ -203,8 +203,12 @@ def row_factor(fn: str, n_visible: Tensor, gamma: Optional[Tensor], alpha: float
 def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: str, scaling: Optional[float],
                           gamma: Optional[Tensor] = None, alpha: float = 1.0, activation: str = "relu",
                           blocked: bool = False, block_q: int = 512, block_k: int = 512,
-                          want_rows: bool = False, want_weights: bool = False):
+                          want_rows: bool = False, want_weights: bool = False, fused: bool = False):
     """ReLU-family attention without the T x S intermediates of the reference path.
+
+    ``fused``: run the C++ kernel of :mod:`reluformer_mt.attention.fused` where it applies
+    (h = relu, no weights wanted, float CPU tensors, extension built); else the dense or blocked
+    path as ``blocked`` says.
 
     q (B, H, T, D), k/v (B, H, S, D); keep (B or 1, 1, T, S) bool; gamma broadcastable to
     (H, 1, 1) for ``relu``; ``scaling`` multiplies the logits (1/sqrt(d_h)) or is None.
@@ -231,10 +235,20 @@ def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: 
     q3 = q.reshape(B * H, T, D)
     k3, v3 = k.reshape(B * H, S, D), v.reshape(B * H, S, v.size(-1))
     c3 = None if c is None else c.reshape(B * H, T, 1)
+    if fused and act == "relu" and not want_weights:
+        from reluformer_mt.attention import fused as fused_kernel
+        if fused_kernel.supports(q3):
+            out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
+            return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3))
     out, mass, xlogx, nonzero, weights = _ReluFamilyAttention.apply(
         q3, k3, v3, c3, visible, act, H, block_q, block_k, not blocked, want_rows,
         not blocked and (needs_grad or want_weights))
+    return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
+
+
+def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):
+    """The kernel's (N, ...) outputs reshaped to (B, H, ...) as relu_family_attention returns them."""
     out = out.view(B, H, T, -1)
     rows = None
     if want_rows:

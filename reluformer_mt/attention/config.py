@@ -5,7 +5,7 @@ from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACT
 
 GAMMA_MODES = ("fixed", "layer", "head")
 RELA_VARIANTS = ("gated", "ungated")
-ATTENTION_IMPLS = ("auto", "dense", "blocked")
+ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused")
 
 
 class AttentionOptionError(ValueError):

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
 from reluformer_mt.attention.blocked import RELU_FAMILY, regularisers_from_rows, relu_family_attention
+from reluformer_mt.attention import fused as fused_kernel
 from reluformer_mt.attention.config import AttentionConfig
 
 # ReLA's RMSNorm epsilon and gate initialisation range, from the official code (bzhangGo/zero)
@@ -135,7 +136,7 @@ class ReluformerAttention(MultiheadAttention):
     # ------------------------------------------------------------------ attention core
     def _attention_path(self, tgt_len: int, src_len: int, additive: Optional[Tensor],
                         want_weights: bool) -> str:
-        """'reference', 'dense' or 'blocked' (see ``blocked.py``); all three give the same results.
+        """'reference', 'dense', 'blocked' or 'fused' (see ``blocked.py``, ``fused.py``); all give the same results.
 
         The fast paths cover relu, rela and pointwise; they leave to the reference path additive
         masks and attention dropout in training (its random mask is the reference's). ``auto``
@@ -150,7 +151,9 @@ class ReluformerAttention(MultiheadAttention):
         if self.regularise and self.fn == "pointwise" and self.config.pointwise_activation in SIGNED_ACTIVATIONS:
             return "reference"  # the entropy of rows with negative weights is defined by the reference only
         impl = self.config.impl
-        blocked = impl == "blocked" or (impl == "auto" and src_len >= self.config.blocked_min_len and tgt_len > 1)
+        if impl == "fused" and relu_act and not want_weights:
+            return "fused"  # the C++ kernel; blocked if it cannot be built
+        blocked = impl in ("blocked", "fused") or (impl == "auto" and src_len >= self.config.blocked_min_len and tgt_len > 1)
         if blocked and not want_weights:
             return "blocked"
         return "dense" if relu_act else "reference"
@@ -162,12 +165,17 @@ class ReluformerAttention(MultiheadAttention):
         path = self._attention_path(q.size(2), k.size(2), additive, want_weights)
         if path != "reference":
             block = self.config.block_size
+            # auto: the fused C++ kernel replaces dense/blocked from AUTO_MIN_LEN keys on where it was
+            # built (faster there, docs/PERFORMANCE.md); not for single-query decoding steps
+            fused = path == "fused" or (self.config.impl == "auto" and not want_weights and q.size(2) > 1
+                                        and k.size(2) >= fused_kernel.AUTO_MIN_LEN and q.device.type == "cpu"
+                                        and fused_kernel.available())
             out, rows, weights = relu_family_attention(
                 q, k, v, keep, fn=self.fn, scaling=self.scaling if scale_logits else None,
                 gamma=self._gamma(q.dtype) if self.fn == "relu" else None,
                 alpha=self.config.pointwise_alpha, activation=self.config.pointwise_activation,
-                blocked=path == "blocked", block_q=block, block_k=block,
-                want_rows=self.record_stats, want_weights=want_weights)
+                blocked=path in ("blocked", "fused"), block_q=block, block_k=block,
+                want_rows=self.record_stats, want_weights=want_weights, fused=fused)
             if rows is not None:
                 self._record_rows(*rows)
             return out, weights

@@ -82,7 +82,8 @@ def add_attention_args(parser):
     group.add_argument("--attn-output-gate", action="store_true", default=None,
                        help="gated attention unit: multiply the attention output by a projection of the input")
     group.add_argument("--attn-impl", choices=list(ATTENTION_IMPLS),
-                       help="dense, memory-bounded blocked, or auto (blocked from --attn-blocked-min-len keys on)")
+                       help="dense, memory-bounded blocked, fused (C++ CPU kernel built on first use; blocked if it cannot be built), "
+                            "or auto (blocked from --attn-blocked-min-len keys on)")
     group.add_argument("--attn-blocked-min-len", type=int, metavar="L", help="auto: use the blocked path from this key length on")
     group.add_argument("--attn-block-size", type=int, metavar="B", help="block size of the blocked path")
 

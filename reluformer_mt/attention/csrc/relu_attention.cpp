@@ -106,7 +106,8 @@ void relu_grad_row(scalar_t* __restrict__ x, scalar_t* __restrict__ y, int64_t c
 std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
                                                const at::Tensor& keep_, int64_t heads, int64_t block_q,
                                                int64_t block_k, bool want_rows) {
-  auto q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
+  // detached: the GEMMs run on OpenMP threads, where autograd's thread-local no-grad mode is not set
+  auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
   auto keep = keep_.numel() ? keep_.contiguous() : keep_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1), Dv = v.size(2);
   auto out = at::zeros({N, T, Dv}, q.options());
@@ -146,12 +147,13 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
                                                 const at::Tensor& v_, const at::Tensor& keep_,
                                                 const at::Tensor& g_mass_, const at::Tensor& g_xlogx_, int64_t heads,
                                                 int64_t block_q, int64_t block_k) {
-  auto q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous(), g_out = g_out_.contiguous();
+  auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
+  auto g_out = g_out_.detach().contiguous();
   auto keep = keep_.numel() ? keep_.contiguous() : keep_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1);
   const bool has_m = g_mass_.numel() > 0, has_e = g_xlogx_.numel() > 0;
-  auto g_mass = has_m ? g_mass_.contiguous() : g_mass_;
-  auto g_xlogx = has_e ? g_xlogx_.contiguous() : g_xlogx_;
+  auto g_mass = has_m ? g_mass_.detach().contiguous() : g_mass_;
+  auto g_xlogx = has_e ? g_xlogx_.detach().contiguous() : g_xlogx_;
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relu_attention_backward", [&] {
     // one head per task: dk, dv of a head are sums over all its query tiles
