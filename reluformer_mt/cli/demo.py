@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="tiny", choices=["tiny", "iwslt_de_en", "base"], help="architecture size")
     p.add_argument("--segment-tokens", default="512", help="document segment length N in subword tokens")
     p.add_argument("--vocab-size", type=int, default=4000, help="joint SentencePiece vocabulary size")
-    p.add_argument("--max-update", type=int, default=1200, help="training updates per model (the same budget for all)")
+    p.add_argument("--max-update", type=int, default=600, help="training updates per model (the same budget for all)")
     p.add_argument("--budget-minutes", type=float, default=0,
                    help="instead of --max-update: wall-clock minutes per model (not reproducible across machines)")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
