@@ -6,8 +6,24 @@ in a row, so they call ``fairseq_cli.<tool>.cli_main()`` with ``sys.argv`` set i
 import contextlib
 import importlib
 import io
+import logging
 import sys
 from typing import Sequence
+
+
+def _all_loggers():
+    manager = logging.Logger.manager
+    return [logging.getLogger()] + [l for l in manager.loggerDict.values() if isinstance(l, logging.Logger)]
+
+
+def _close_new_file_handlers(before) -> None:
+    """fairseq adds a FileHandler for --log-file and never removes it: the next run in this
+    process would write into the previous run's log."""
+    for log in _all_loggers():
+        for handler in list(log.handlers):
+            if isinstance(handler, logging.FileHandler) and (id(log), id(handler)) not in before:
+                log.removeHandler(handler)
+                handler.close()
 
 
 def run_fairseq(tool: str, argv: Sequence, capture: bool = False) -> str:
@@ -21,10 +37,12 @@ def run_fairseq(tool: str, argv: Sequence, capture: bool = False) -> str:
     cli = importlib.import_module(f"fairseq_cli.{tool}")
     old_argv = sys.argv
     sys.argv = [f"fairseq-{tool}"] + [str(a) for a in argv]
+    handlers_before = {(id(log), id(h)) for log in _all_loggers() for h in log.handlers}
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stdout(buffer) if capture else contextlib.nullcontext():
             cli.cli_main()
     finally:
         sys.argv = old_argv
+        _close_new_file_handlers(handlers_before)
     return buffer.getvalue()
