@@ -7,7 +7,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-from helpers import DOCMT, read_docmt_pairs, run_fairseq  # noqa: E402
+from helpers import DOCMT, TINY_MODEL, read_docmt_pairs, run_fairseq, tiny_train_args  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -36,25 +36,11 @@ def sentence_data(tmp_path_factory):
     return {"raw": raw, "bin": bin_dir, "sizes": {k: len(v) for k, v in splits.items()}}
 
 
-TINY_ARGS = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-             "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-
-
 @pytest.fixture(scope="session")
 def trained_checkpoint(sentence_data, tmp_path_factory):
     """A tiny ReLUFormer trained for 30 updates on ``sentence_data``: path of checkpoint_last.pt."""
-    from helpers import USER_DIR
-
     save = tmp_path_factory.mktemp("trained_reluformer")
-    run_fairseq("train", [
-        sentence_data["bin"], "--user-dir", USER_DIR, "--arch", "reluformer_tiny", *TINY_ARGS,
-        "--task", "translation", "--source-lang", "en", "--target-lang", "de",
-        "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
-        "--max-tokens", "1000", "--max-update", "30", "--num-workers", "0", "--seed", "1",
-        "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar", "--disable-validation",
-    ])
+    run_fairseq("train", tiny_train_args(sentence_data["bin"], save, max_update=30, extra=["--disable-validation"]))
     return save / "checkpoint_last.pt"
 
 
@@ -96,7 +82,7 @@ def prepared_doc_data(tmp_path_factory):
     return {"doc": doc, "sent": sent, "segment_tokens": 128, "test_files": iwslt_files("test")}
 
 
-TRAIN_FAST = ["--arch", "reluformer_tiny", *TINY_ARGS, "--share-all-embeddings",
+TRAIN_FAST = ["--arch", "reluformer_tiny", *TINY_MODEL, "--share-all-embeddings",
               "--max-source-positions", "256", "--max-target-positions", "256",
               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
               "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",

@@ -17,6 +17,21 @@ needs_shared_data = pytest.mark.skipif(
     not DOCMT.is_dir(), reason=f"real data not found at {SHARED_DATA} (set RELUFORMER_SHARED_DATA)")
 
 
+TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+def tiny_train_args(data, save_dir, arch="reluformer_tiny", max_update=40, max_tokens=1000, warmup=5, extra=()):
+    """fairseq-train arguments of a 1+1-layer, 32-dim model on an en->de directory (the tests' budget)."""
+    return [data, "--user-dir", USER_DIR, "--arch", arch, *TINY_MODEL,
+            "--task", "translation", "--source-lang", "en", "--target-lang", "de",
+            "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(warmup),
+            "--max-tokens", str(max_tokens), "--max-update", str(max_update), "--num-workers", "0", "--seed", "1",
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-progress-bar", *extra]
+
+
 def run_subprocess(cmd, **kwargs) -> subprocess.CompletedProcess:
     """Run a console command from the venv (bin dir of this interpreter) and capture output."""
     bin_dir = Path(sys.executable).parent

@@ -13,14 +13,9 @@ from pathlib import Path
 
 import torch
 
-from helpers import USER_DIR, needs_shared_data
+from helpers import needs_shared_data, tiny_train_args
 
 pytestmark = needs_shared_data
-
-TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-        "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,19 +26,13 @@ def free_port() -> int:
 def test_two_process_gloo_training(sentence_data, tmp_path):
     port = free_port()
     save = tmp_path / "ckpt"
-    common = [
-        sentence_data["bin"], "--user-dir", USER_DIR, "--arch", "reluformer_tiny", *TINY,
-        "--task", "translation", "--source-lang", "en", "--target-lang", "de",
-        "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "2",
-        "--max-tokens", "500", "--max-update", "4", "--num-workers", "0", "--seed", "1",
-        "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--no-progress-bar",
-        "--log-format", "simple", "--log-interval", "1",
+    common = tiny_train_args(sentence_data["bin"], save, max_update=4, max_tokens=500, warmup=2, extra=[
+        "--disable-validation", "--log-format", "simple", "--log-interval", "1",
         "--cpu", "--distributed-world-size", "2", "--distributed-backend", "gloo",
         "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
         # torch DDP refuses device_ids for CPU modules; fairseq's own all-reduce wrapper works
         "--ddp-backend", "legacy_ddp",
-    ]
+    ])
     train = Path(sys.executable).parent / "fairseq-train"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     procs = [subprocess.Popen([str(c) for c in [train, *common, "--distributed-rank", rank, "--device-id", 0]],

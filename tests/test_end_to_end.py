@@ -4,29 +4,14 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, needs_shared_data, run_fairseq, run_subprocess
+from helpers import USER_DIR, needs_shared_data, run_fairseq, tiny_train_args
 
 pytestmark = needs_shared_data
 
 FAMILIES = ["softmax", "reluformer", "rela", "pointwise", "sparsemax", "entmax15"]
 
-TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-        "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-
-
-def train_args(data, save_dir, arch, max_update=40, extra=()):
-    return [data, "--user-dir", USER_DIR, "--arch", arch, *TINY,
-            "--task", "translation", "--source-lang", "en", "--target-lang", "de",
-            "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
-            "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
-            "--max-tokens", "1000", "--max-update", str(max_update), "--num-workers", "0", "--seed", "1",
-            "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "5",
-            "--no-progress-bar", *extra]
-
-
-def losses(log_text):
-    return [float(x) for x in re.findall(r'"train_inner_loss": "([0-9.na]+)"|"loss": "([0-9.]+)"', log_text) for x in x if x]
+def train_args(data, save_dir, arch, max_update=40):
+    return tiny_train_args(data, save_dir, arch, max_update, extra=["--log-format", "json", "--log-interval", "5"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
