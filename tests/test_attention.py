@@ -213,7 +213,7 @@ def test_gradients_reach_gamma_and_gates(mode):
     module = make("relu", relu_gamma_mode=mode).train()
     x = torch.randn(5, 2, E)
     module(x, x, x)[0].pow(2).sum().backward()
-    assert module.gamma.grad is not None and torch.all(module.gamma.grad != 0)
+    assert module.log_gamma.grad is not None and torch.all(module.log_gamma.grad != 0)
 
     rela = make("rela").train()
     rela(x, x, x)[0].pow(2).sum().backward()
@@ -254,7 +254,7 @@ def test_stats_recording_counts_zeros_and_null_rows():
 
 @pytest.mark.parametrize("options,message", [
     ({"fn": "sigmoid"}, "--attn-fn: got 'sigmoid', expected one of softmax, relu"),
-    ({"fn": "relu", "relu_gamma": 0.0}, "--relu-gamma: got 0.0, expected a number > 0"),
+    ({"fn": "relu", "relu_gamma": 0.0}, "--relu-gamma: got 0.0, expected a finite number > 0"),
     ({"fn": "pointwise", "pointwise_alpha": 3.0}, "--pointwise-alpha: got 3.0, expected a number in [0, 2]"),
     ({"fn": "pointwise", "pointwise_activation": "tanh"}, "--pointwise-h: got 'tanh', expected one of relu, relu2"),
     ({"fn": "relu", "relu_gamma_mode": "token"}, "--relu-gamma-mode"),

@@ -29,9 +29,9 @@ def make_module(fn, options, impl, self_attention=False, seed=0):
     config = AttentionConfig(fn=fn, impl=impl, block_size=BLOCK, blocked_min_len=10_000, **options)
     module = ReluformerAttention(E, H, config, self_attention=self_attention,
                                  encoder_decoder_attention=not self_attention)
-    if module.gamma is not None:  # make the per-head values differ
+    if module.log_gamma is not None:  # make the per-head values differ
         with torch.no_grad():
-            module.gamma.mul_(torch.linspace(0.8, 1.2, module.gamma.numel()).view_as(module.gamma))
+            module.log_gamma.add_(torch.linspace(0.8, 1.2, module.log_gamma.numel()).log().view_as(module.log_gamma))
     return module
 
 

@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS
+from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS, entropy_margin_target
 
 RELU_FAMILY = ("relu", "rela", "pointwise")
 # dense mode: rows per tile = this / key length (1 MB of float32 per head: the L2 cache here)
@@ -81,13 +81,20 @@ def _weights_tile(q: Tensor, k: Tensor, c: Optional[Tensor], keep: Optional[Tens
     return a, logits
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Row statistics are summed in float32 (float64 for float64 inputs): in half precision a
+    row sum over thousands of keys loses digits, and 1e-30 (``_safe_log``) rounds to 0."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _safe_log(a: Tensor) -> Tensor:
     """log a for a > 0 and a finite stand-in (log 1e-30) at a = 0, so that a log a = 0 there.
 
     Two cheap passes instead of xlogy + where (profiled: the entropy loss was a quarter of a
     ReLUFormer training step at L = 1024); for a > 1e-23 the value is log a exactly in float32.
+    Half-precision inputs are computed in float32 (their 1e-30 would be 0, and 0 log 0 NaN).
     """
-    return a.clamp_min(1e-30).log_()
+    return a.to(accumulation_dtype(a.dtype)).clamp_min(1e-30).log_()
 
 
 def _mask_(x: Tensor, keep: Tensor, heads: int) -> Tensor:
@@ -116,16 +123,18 @@ class _ReluFamilyAttention(torch.autograd.Function):
                 full = q.new_zeros(N, T, S) if keep is not None else q.new_empty(N, T, S)
         plan = _tile_plan(T, S, block_q, block_k, keep)
         out = q.new_zeros(N, T, v.size(2))
-        mass = q.new_zeros(N, T) if want_rows else q.new_zeros(0)
-        xlogx = q.new_zeros(N, T) if want_rows else q.new_zeros(0)
+        acc = accumulation_dtype(q.dtype)
+        mass = q.new_zeros((N, T) if want_rows else (0,), dtype=acc)
+        xlogx = q.new_zeros((N, T) if want_rows else (0,), dtype=acc)
         nonzero = torch.zeros(N if want_rows else 0, T if want_rows else 0, dtype=torch.long, device=q.device)
         for i0, i1, j0, j1, tile in plan:
             a, _ = _weights_tile(q[:, i0:i1], k[:, j0:j1], None if c is None else c[:, i0:i1], tile, act, heads,
                                  out=None if full is None else full[:, i0:i1, j0:j1])
             out[:, i0:i1].baddbmm_(a, v[:, j0:j1])
             if want_rows:
-                mass[:, i0:i1] += a.sum(-1)
-                xlogx[:, i0:i1] += torch.linalg.vecdot(a, _safe_log(a))
+                a_acc = a.to(acc)  # no copy unless a is half precision
+                mass[:, i0:i1] += a_acc.sum(-1)
+                xlogx[:, i0:i1] += torch.linalg.vecdot(a_acc, _safe_log(a_acc))
                 nonzero[:, i0:i1] += torch.count_nonzero(a, dim=-1)
         ctx.mark_non_differentiable(nonzero)
         ctx.plan, ctx.act, ctx.heads, ctx.want_rows = plan, act, heads, want_rows
@@ -190,18 +199,21 @@ def count_visible(keep: Tensor, rows: int = 256) -> Tensor:
     return torch.cat([keep[..., i:i + rows, :].sum(-1, keepdim=True) for i in range(0, T, rows)], dim=-2)
 
 
-def row_factor(fn: str, n_visible: Tensor, gamma: Optional[Tensor], alpha: float) -> Optional[Tensor]:
-    """c_i of each function (None for ReLA): ReLUFormer 1/(gamma sqrt(n_i/2)), pointwise n_i^-alpha."""
-    n = n_visible.clamp(min=1).to(torch.float32)
+def row_factor(fn: str, n_visible: Tensor, gamma: Optional[Tensor], alpha: float,
+               dtype: torch.dtype = torch.float32, length_scale: bool = True) -> Optional[Tensor]:
+    """c_i of each function (None for ReLA): ReLUFormer 1/(gamma sqrt(n_i/2)) (1/gamma without
+    the length factor), pointwise n_i^-alpha, computed in ``accumulation_dtype(dtype)``."""
+    n = n_visible.clamp(min=1).to(accumulation_dtype(dtype))
     if fn == "relu":
-        return 1.0 / (gamma * torch.sqrt(n / 2.0))
+        return 1.0 / (gamma * torch.sqrt(n / 2.0)) if length_scale else (1.0 / gamma) * torch.ones_like(n)
     if fn == "pointwise":
         return n.pow(-alpha)
     return None
 
 
 def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: str, scaling: Optional[float],
-                          gamma: Optional[Tensor] = None, alpha: float = 1.0, activation: str = "relu",
+                          gamma: Optional[Tensor] = None, length_scale: bool = True,
+                          alpha: float = 1.0, activation: str = "relu",
                           blocked: bool = False, block_q: int = 512, block_k: int = 512,
                           want_rows: bool = False, want_weights: bool = False, fused: bool = False):
     """ReLU-family attention without the T x S intermediates of the reference path.
@@ -225,7 +237,7 @@ def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: 
         raise ValueError("dense mode handles h = relu only; use blocked mode or the reference path")
     n_visible = count_visible(keep)  # (B|1, 1, T, 1)
     visible = None if bool(keep.all()) else keep
-    c = row_factor(fn, n_visible, gamma, alpha)
+    c = row_factor(fn, n_visible, gamma, alpha, q.dtype, length_scale)
     if c is not None:
         c = c.to(q.dtype).expand(B, H, T, 1)
     if scaling is not None:
@@ -263,13 +275,14 @@ def regularisers_from_rows(mass: Tensor, xlogx: Tensor, n_visible: Tensor, ratio
     H(p_i) = log m_i - e_i / m_i with m_i = sum_j a_ij and e_i = sum_j a_ij log a_ij.
     Returns (norm_loss_sum, entropy_margin_sum, n_rows_used).
     """
-    mass, xlogx = mass.float(), xlogx.float()
+    acc = accumulation_dtype(mass.dtype)
+    mass, xlogx = mass.to(acc), xlogx.to(acc)
     live = mass > 0
     safe = torch.where(live, mass, torch.ones_like(mass))
     log_mass = torch.log(safe)
     norm_loss = log_mass.abs().masked_fill(~live, 0.0)
     entropy = log_mass - xlogx / safe
-    target = ratio * torch.log(n_visible.clamp(min=1).float())
+    target = entropy_margin_target(n_visible, ratio, acc)
     margin = torch.relu(entropy - target).masked_fill(~live, 0.0)
     return norm_loss.sum(), margin.sum(), live.sum()
 

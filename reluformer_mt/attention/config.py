@@ -1,4 +1,5 @@
 """The options of one attention sublayer, validated in one place."""
+import math
 from dataclasses import dataclass
 
 from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS
@@ -21,6 +22,8 @@ class AttentionConfig:
         ``layer``/``head`` learn one scalar per layer / per head, initialised at relu_gamma.
         (Secondary sources disagree whether gamma is learned; both are offered, fixed by default.)
     relu_scale_logits: keep the 1/sqrt(d_h) inside the ReLU (the paper does not say; default True).
+    relu_length_scale: ReLUFormer's 1/sqrt(n_i/2) length factor; False is the paper's ablation
+        without it (weights ReLU(s)/gamma), which it reports to train worse or diverge.
     rela_variant: ``gated`` (ReLA-g, the released variant) or ``ungated`` (ReLA-i: RMSNorm only).
     rela_gain_init: initial RMSNorm gain of ReLA (ReLA-i's specialised value is unpublished).
     pointwise_alpha / pointwise_activation: ReLU-ViT's n^-alpha * h(s).
@@ -34,6 +37,7 @@ class AttentionConfig:
     relu_gamma: float = 1.0
     relu_gamma_mode: str = "fixed"
     relu_scale_logits: bool = True
+    relu_length_scale: bool = True
     rela_variant: str = "gated"
     rela_gain_init: float = 1.0
     pointwise_alpha: float = 1.0
@@ -50,12 +54,14 @@ class AttentionConfig:
 
         if self.fn not in ATTENTION_FUNCTIONS:
             fail("attn-fn", self.fn, "one of " + ", ".join(ATTENTION_FUNCTIONS))
-        if not (self.relu_gamma > 0):
-            fail("relu-gamma", self.relu_gamma, "a number > 0")
+        if not (0 < self.relu_gamma < math.inf):
+            fail("relu-gamma", self.relu_gamma, "a finite number > 0")
         if self.relu_gamma_mode not in GAMMA_MODES:
             fail("relu-gamma-mode", self.relu_gamma_mode, "one of " + ", ".join(GAMMA_MODES))
         if self.rela_variant not in RELA_VARIANTS:
             fail("rela-variant", self.rela_variant, "one of " + ", ".join(RELA_VARIANTS))
+        if not math.isfinite(self.rela_gain_init):
+            fail("rela-gain-init", self.rela_gain_init, "a finite number")
         if not (0.0 <= self.pointwise_alpha <= 2.0):
             fail("pointwise-alpha", self.pointwise_alpha, "a number in [0, 2]")
         if self.pointwise_activation not in POINTWISE_ACTIVATIONS:
@@ -64,4 +70,6 @@ class AttentionConfig:
             fail("attn-impl", self.impl, "one of " + ", ".join(ATTENTION_IMPLS))
         if self.block_size < 1:
             fail("attn-block-size", self.block_size, "a positive integer")
+        if self.blocked_min_len < 1:
+            fail("attn-blocked-min-len", self.blocked_min_len, "a positive integer")
         return self

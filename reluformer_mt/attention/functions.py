@@ -32,13 +32,14 @@ def softmax_weights(scores: Tensor, keep: Tensor) -> Tensor:
     return torch.nan_to_num(weights, nan=0.0).type_as(scores)
 
 
-def relu_weights(scores: Tensor, keep: Tensor, n_visible: Tensor, gamma) -> Tensor:
+def relu_weights(scores: Tensor, keep: Tensor, n_visible: Tensor, gamma, length_scale: bool = True) -> Tensor:
     """ReLUFormer: ReLU(s_ij) / (gamma * sqrt(n_i / 2)).
 
     With x, v ~ N(0, 1), sum_j ReLU(x_j) v_j has variance n/2; the factor keeps the output
-    variance near 1 at every length (ReLUFormer, section 4).
+    variance near 1 at every length (ReLUFormer, section 4). ``length_scale=False`` is the
+    paper's ablation without the length factor: ReLU(s_ij) / gamma.
     """
-    scale = gamma * torch.sqrt(n_visible.clamp(min=1).to(scores.dtype) / 2.0)
+    scale = gamma * torch.sqrt(n_visible.clamp(min=1).to(scores.dtype) / 2.0) if length_scale else gamma
     return torch.relu(scores).masked_fill(~keep, 0.0) / scale
 
 
@@ -91,14 +92,9 @@ ATTENTION_FUNCTIONS = {
 }
 
 
-def relu_variance_factor(n: int) -> float:
-    """The variance of sum_j ReLU(x_j) v_j for n standard-normal pairs: n / 2."""
-    return n / 2.0
-
-
-def entropy_margin_target(n_visible: Tensor, ratio: float = 0.7) -> Tensor:
+def entropy_margin_target(n_visible: Tensor, ratio: float = 0.7, dtype: torch.dtype = torch.float32) -> Tensor:
     """C_i = ratio * log(n_i), the entropy a row may reach before the margin loss applies."""
-    return ratio * torch.log(n_visible.clamp(min=1).float())
+    return ratio * torch.log(n_visible.clamp(min=1).to(dtype))
 
 
 def row_regularisers(weights: Tensor, keep: Tensor, n_visible: Tensor, ratio: float = 0.7):
@@ -110,14 +106,14 @@ def row_regularisers(weights: Tensor, keep: Tensor, n_visible: Tensor, ratio: fl
     Rows whose mass is 0 (null attention) or that see no key are excluded: log(0) has no
     useful gradient. Returns (norm_loss_sum, entropy_margin_sum, n_rows_used).
     """
-    w = weights.float()
+    w = weights.double() if weights.dtype == torch.float64 else weights.float()
     mass = w.sum(-1)
     live = (mass > 0) & keep.any(-1).expand_as(mass)
     safe_mass = torch.where(live, mass, torch.ones_like(mass))
     norm_loss = torch.log(safe_mass).abs().masked_fill(~live, 0.0)
     p = w / safe_mass.unsqueeze(-1)
     entropy = -(p * torch.log(p.clamp(min=1e-12))).sum(-1)
-    target = entropy_margin_target(n_visible.squeeze(-1), ratio).expand_as(entropy)
+    target = entropy_margin_target(n_visible.squeeze(-1), ratio, w.dtype).expand_as(entropy)
     margin = torch.relu(entropy - target).masked_fill(~live, 0.0)
     return norm_loss.sum(), margin.sum(), live.sum()
 
@@ -132,5 +128,4 @@ __all__ = [
     "sparsemax_weights",
     "entmax15_weights",
     "row_regularisers",
-    "relu_variance_factor",
 ]

@@ -11,6 +11,8 @@ applies a function from :mod:`reluformer_mt.attention.functions`, and the output
 the fused dense or memory-bounded blocked kernel of :mod:`reluformer_mt.attention.blocked`
 (same results; chosen by ``--attn-impl``, see docs/PERFORMANCE.md).
 """
+import math
+from contextlib import contextmanager
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -23,9 +25,14 @@ from reluformer_mt.attention.blocked import RELU_FAMILY, regularisers_from_rows,
 from reluformer_mt.attention import fused as fused_kernel
 from reluformer_mt.attention.config import AttentionConfig
 
-# ReLA's RMSNorm epsilon and gate initialisation range, from the official code (bzhangGo/zero)
+# ReLA's RMSNorm epsilon, from the official code (bzhangGo/zero)
 RELA_EPS = 1e-8
-RELA_GATE_INIT_RANGE = 0.077
+
+
+def rela_gate_init_range(embed_dim: int) -> float:
+    """ReLA's gate is initialised uniformly in +-sqrt(3 / d) (the official code's scale:
+    0.0765 at d = 512, 0.2165 at d = 64), not with one constant at every width."""
+    return math.sqrt(3.0 / embed_dim)
 # pointwise activations that can be negative
 SIGNED_ACTIVATIONS = ("gelu", "identity")
 
@@ -52,19 +59,20 @@ class ReluformerAttention(MultiheadAttention):
         self.config = config.validate()
         self.fn = config.fn
 
-        if config.relu_gamma_mode == "layer":
-            self.gamma = nn.Parameter(torch.tensor(float(config.relu_gamma)))
-        elif config.relu_gamma_mode == "head":
-            self.gamma = nn.Parameter(torch.full((num_heads,), float(config.relu_gamma)))
-        else:
-            self.gamma = None
+        # a learned gamma is kept as log(gamma): the fast paths fold 1/gamma into the queries,
+        # which is only valid for gamma > 0. Only ReLUFormer's function uses gamma: other
+        # sublayers get no parameter (an unused one breaks DDP without find_unused_parameters).
+        self.log_gamma = None
+        if self.fn == "relu" and config.relu_gamma_mode != "fixed":
+            shape = (num_heads,) if config.relu_gamma_mode == "head" else ()
+            self.log_gamma = nn.Parameter(torch.full(shape, math.log(config.relu_gamma)))
 
         self.rela_gain = self.rela_gate = None
         if self.fn == "rela":
             self.rela_gain = nn.Parameter(torch.full((embed_dim,), float(config.rela_gain_init)))
             if config.rela_variant == "gated":
-                self.rela_gate = nn.Parameter(
-                    torch.empty(embed_dim).uniform_(-RELA_GATE_INIT_RANGE, RELA_GATE_INIT_RANGE))
+                bound = rela_gate_init_range(embed_dim)
+                self.rela_gate = nn.Parameter(torch.empty(embed_dim).uniform_(-bound, bound))
 
         self.q_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
         self.k_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
@@ -74,6 +82,9 @@ class ReluformerAttention(MultiheadAttention):
         self.regularise = False
         self.entropy_margin_ratio = 0.7
         self.stats: Dict[str, Tensor] = {}
+        # cross-attention cannot see which decoder positions are padding; the decoder layer
+        # lends it the target padding mask for one call (``padded_queries``)
+        self._query_padding: Optional[Tensor] = None
         # evaluation (alignment, attention statistics) asks for every head's weights of every call
         self.capture_weights = False
         self.captured: Optional[Tensor] = None
@@ -89,9 +100,34 @@ class ReluformerAttention(MultiheadAttention):
         return x.contiguous().view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     def _gamma(self, dtype) -> Tensor:
-        if self.gamma is None:
+        """ReLUFormer's gamma (> 0 by construction), broadcastable to (heads, 1, 1)."""
+        if self.log_gamma is None:
             return torch.tensor(self.config.relu_gamma, dtype=dtype)
-        return self.gamma.to(dtype).view(-1, 1, 1) if self.gamma.dim() == 1 else self.gamma.to(dtype)
+        gamma = self.log_gamma.exp().to(dtype)
+        return gamma.view(-1, 1, 1) if gamma.dim() == 1 else gamma
+
+    @contextmanager
+    def padded_queries(self, query_padding_mask: Optional[Tensor]):
+        """For the calls inside the block, (B, T) True marks query positions that are padding,
+        so that their rows stay out of the statistics and regularisers."""
+        self._query_padding = query_padding_mask
+        try:
+            yield
+        finally:
+            self._query_padding = None
+
+    def _live_queries(self, tgt_len: int, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """(B, 1, T) bool, True for real query positions; None when none is padding.
+
+        In self-attention the queries are the last ``tgt_len`` keys (also while decoding step by
+        step), so the key padding mask says which are padding; cross-attention is told.
+        """
+        padding = self._query_padding
+        if padding is None and self.self_attention and key_padding_mask is not None:
+            padding = key_padding_mask[:, -tgt_len:]
+        if padding is None or padding.size(-1) != tgt_len or not bool(padding.any()):
+            return None
+        return ~padding.bool().view(padding.size(0), 1, tgt_len)
 
     def attention_weights(self, scores: Tensor, keep: Tensor, n_visible: Tensor) -> Tensor:
         """Dispatch to the named weight function."""
@@ -99,7 +135,7 @@ class ReluformerAttention(MultiheadAttention):
         if fn == "softmax":
             return F_attn.softmax_weights(scores, keep)
         if fn == "relu":
-            return F_attn.relu_weights(scores, keep, n_visible, self._gamma(scores.dtype))
+            return F_attn.relu_weights(scores, keep, n_visible, self._gamma(scores.dtype), self.config.relu_length_scale)
         if fn == "rela":
             return F_attn.rela_weights(scores, keep)
         if fn == "pointwise":
@@ -159,8 +195,12 @@ class ReluformerAttention(MultiheadAttention):
         return "dense" if relu_act else "reference"
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, additive: Optional[Tensor],
-                want_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted."""
+                want_weights: bool, live_queries: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted.
+
+        ``live_queries`` (B, 1, T) marks real query rows: only they enter the recorded statistics
+        and ReLUFormer's regularisers (padding rows would otherwise count and get gradients).
+        """
         scale_logits = self.fn != "relu" or self.config.relu_scale_logits
         path = self._attention_path(q.size(2), k.size(2), additive, want_weights)
         if path != "reference":
@@ -172,12 +212,12 @@ class ReluformerAttention(MultiheadAttention):
                                         and fused_kernel.available())
             out, rows, weights = relu_family_attention(
                 q, k, v, keep, fn=self.fn, scaling=self.scaling if scale_logits else None,
-                gamma=self._gamma(q.dtype) if self.fn == "relu" else None,
+                gamma=self._gamma(q.dtype) if self.fn == "relu" else None, length_scale=self.config.relu_length_scale,
                 alpha=self.config.pointwise_alpha, activation=self.config.pointwise_activation,
                 blocked=path in ("blocked", "fused"), block_q=block, block_k=block,
                 want_rows=self.record_stats, want_weights=want_weights, fused=fused)
             if rows is not None:
-                self._record_rows(*rows)
+                self._record_rows(*rows, live_queries=live_queries)
             return out, weights
         scores = torch.matmul(q * self.scaling if scale_logits else q, k.transpose(-1, -2))
         if additive is not None:
@@ -185,15 +225,19 @@ class ReluformerAttention(MultiheadAttention):
         n_visible = keep.sum(-1, keepdim=True)
         weights = self.attention_weights(scores, keep, n_visible)
         if self.record_stats:
-            self._record(weights, keep, n_visible)
+            self._record(weights, keep, n_visible, live_queries)
         out = torch.matmul(self.dropout_module(weights), v)
         return out, (weights if want_weights else None)
 
-    def _record_rows(self, mass: Tensor, xlogx: Tensor, nonzero: Tensor, n_visible: Tensor) -> None:
+    def _record_rows(self, mass: Tensor, xlogx: Tensor, nonzero: Tensor, n_visible: Tensor,
+                     live_queries: Optional[Tensor] = None) -> None:
         """``_record`` from per-row sums of the fast paths (B, H, T each): same keys and values."""
+        if live_queries is not None:  # padding rows: as if they saw no key
+            n_visible = n_visible * live_queries
+            mass = mass * live_queries
         live_rows = n_visible > 0
         add = {
-            "zeros": n_visible.sum() - nonzero.sum(),
+            "zeros": n_visible.sum() - (nonzero * live_rows).sum(),
             "visible": n_visible.sum(),
             "null_rows": (live_rows & (nonzero == 0)).sum(),
             "rows": live_rows.sum(),
@@ -201,10 +245,11 @@ class ReluformerAttention(MultiheadAttention):
         if self.regularise:
             norm_loss, margin, used = regularisers_from_rows(mass, xlogx, n_visible, self.entropy_margin_ratio)
             add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
-        for key, value in add.items():
-            self.stats[key] = self.stats.get(key, 0) + value
+        self._add_stats(add)
 
-    def _record(self, weights: Tensor, keep: Tensor, n_visible: Tensor) -> None:
+    def _record(self, weights: Tensor, keep: Tensor, n_visible: Tensor, live_queries: Optional[Tensor] = None) -> None:
+        if live_queries is not None:  # padding rows: as if they saw no key
+            keep = keep & live_queries.unsqueeze(-1)
         keep_full = keep.expand_as(weights)
         live_rows = keep_full.any(-1)
         nonzero = weights.detach() != 0
@@ -218,6 +263,9 @@ class ReluformerAttention(MultiheadAttention):
             norm_loss, margin, used = F_attn.row_regularisers(weights, keep, n_visible,
                                                               self.entropy_margin_ratio)
             add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
+        self._add_stats(add)
+
+    def _add_stats(self, add: Dict[str, Tensor]) -> None:
         for key, value in add.items():
             self.stats[key] = self.stats.get(key, 0) + value
 
@@ -246,7 +294,7 @@ class ReluformerAttention(MultiheadAttention):
                                            static_kv=static_kv, attn_mask=attn_mask,
                                            need_head_weights=need_head_weights)
             if self.record_stats:
-                self._record_dense_rows(query.size(0), query.size(1))
+                self._record_dense_rows(query.size(0), query.size(1), key_padding_mask)
             return out, weights
         if before_softmax:
             raise ValueError("before_softmax is only defined for softmax attention")
@@ -262,6 +310,12 @@ class ReluformerAttention(MultiheadAttention):
         if self.self_attention:
             k, v = self.k_proj(query), self.v_proj(query)
         elif key is not None:
+            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
+                # fairseq's shared-encoder beam search (set_beam_size): keep one copy of the
+                # encoder keys per sentence, as fairseq does, so reorder_incremental_state fits
+                key = value = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
             k, v = self.k_proj(key), self.v_proj(value)
         if k is not None:
             k, v = self._split_heads(k, k.size(1)), self._split_heads(v, v.size(1))
@@ -281,7 +335,8 @@ class ReluformerAttention(MultiheadAttention):
                 key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
 
         keep, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, query.device)
-        out, weights = self._attend(q, k, v, keep, additive, need_weights)
+        live_queries = self._live_queries(tgt_len, key_padding_mask) if self.record_stats else None
+        out, weights = self._attend(q, k, v, keep, additive, need_weights, live_queries)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self.out_proj(self._output_transform(out, query))
@@ -310,11 +365,22 @@ class ReluformerAttention(MultiheadAttention):
         saved["prev_key_padding_mask"] = key_padding_mask
         return k, v, key_padding_mask
 
-    def _record_dense_rows(self, tgt_len: int, bsz: int) -> None:
-        """Softmax rows are never null and never hold exact zeros: count rows only."""
-        rows = torch.tensor(tgt_len * bsz * self.num_heads)
-        for key, value in (("rows", rows), ("zeros", torch.tensor(0)), ("null_rows", torch.tensor(0))):
-            self.stats[key] = self.stats.get(key, 0) + value
+    def _record_dense_rows(self, tgt_len: int, bsz: int, key_padding_mask: Optional[Tensor]) -> None:
+        """Softmax rows are never null and never hold exact zeros: count real query rows only."""
+        live = self._live_queries(tgt_len, key_padding_mask)
+        rows = live.sum() if live is not None else torch.tensor(tgt_len * bsz)
+        self._add_stats({"rows": rows * self.num_heads, "zeros": torch.tensor(0), "null_rows": torch.tensor(0)})
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Checkpoints from before gamma was kept as log(gamma) stored ``gamma`` itself."""
+        super().upgrade_state_dict_named(state_dict, name)
+        old_key = f"{name}.gamma" if name else "gamma"
+        if old_key in state_dict:
+            gamma = state_dict.pop(old_key)
+            if not bool((gamma > 0).all()):
+                raise ValueError(f"{old_key}: a learned ReLUFormer gamma must be > 0, the checkpoint has {gamma.tolist()}")
+            if self.log_gamma is not None:
+                state_dict[old_key.replace(".gamma", ".log_gamma") if name else "log_gamma"] = gamma.log()
 
     def pop_stats(self) -> Dict[str, Tensor]:
         stats, self.stats = self.stats, {}

@@ -6,11 +6,18 @@ max(H(p_i) - 0.7 log n_i, 0). Their weights are not published; we default both t
 keeps them an order of magnitude below the cross-entropy at the start of training and trained
 stably in our runs (tests/test_end_to_end.py), and make them options.
 
+What is logged as ``loss`` is what is optimised: label-smoothed cross-entropy plus the weighted
+regularisers, so validation loss and ``checkpoint_best.pt`` see the same objective as training.
+The regularisers alone are logged as ``attn_reg_loss``; ``nll_loss`` stays fairseq's plain
+cross-entropy (``--best-checkpoint-metric nll_loss`` selects checkpoints on translation alone).
+
 Per update the criterion also logs, for every attention sublayer, the sparsity rate (share of
 exact zeros among visible weights), the null-attention rate (share of query rows with no
 non-zero weight) and the two regularisers (row means), so fairseq's progress lines and
 validation show them.
 """
+import argparse
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -33,19 +40,64 @@ class ReluformerCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     attention_stats: bool = field(default=True, metadata={"help": "log sparsity and null-attention rates per update"})
 
 
+def non_negative_number(text) -> float:
+    value = float(text)
+    if not (0 <= value < math.inf):
+        raise ValueError(f"got {text!r}, expected a finite number >= 0")
+    return value
+
+
+def attention_function_names(text) -> str:
+    names = {name.strip() for name in str(text).split(",") if name.strip()}
+    unknown = names - set(ATTENTION_FUNCTIONS)
+    if unknown:
+        raise ValueError(f"unknown {', '.join(sorted(unknown))}; expected comma-separated names from "
+                         f"{', '.join(ATTENTION_FUNCTIONS)}")
+    return str(text)
+
+
+# option -> check; used at option parsing (argparse's one-line error) and again for hydra configs
+OPTION_CHECKS = {
+    "norm_loss_weight": non_negative_number,
+    "entropy_margin_weight": non_negative_number,
+    "entropy_margin_ratio": non_negative_number,
+    "regularise_fns": attention_function_names,
+}
+
+
+def _argparse_type(check):
+    def parse(text):
+        try:
+            return check(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error))
+    return parse
+
+
 @register_criterion("reluformer_cross_entropy", dataclass=ReluformerCriterionConfig)
 class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
+    @classmethod
+    def add_args(cls, parser):
+        """fairseq's options from the dataclass, with the checks above as argparse types, so
+        that bad values stop at option parsing with one line."""
+        super().add_args(parser)
+        for action in parser._actions:
+            check = OPTION_CHECKS.get(action.dest)
+            if check is not None:
+                action.type = _argparse_type(check)
+
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  norm_loss_weight=0.1, entropy_margin_weight=0.1, entropy_margin_ratio=0.7,
                  regularise_fns="relu", attention_stats=True):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        for name, value in (("norm-loss-weight", norm_loss_weight), ("entropy-margin-weight", entropy_margin_weight)):
-            if value < 0:
-                raise ValueError(f"--{name}: got {value}, expected a number >= 0")
+        given = dict(norm_loss_weight=norm_loss_weight, entropy_margin_weight=entropy_margin_weight,
+                     entropy_margin_ratio=entropy_margin_ratio, regularise_fns=regularise_fns)
+        for name, value in given.items():  # hydra configs bypass argparse
+            try:
+                OPTION_CHECKS[name](value)
+            except ValueError as error:
+                raise ValueError(f"--{name.replace('_', '-')}: {error}") from None
         self.regularise_fns = {f.strip() for f in regularise_fns.split(",") if f.strip()}
-        unknown = self.regularise_fns - set(ATTENTION_FUNCTIONS)
-        if unknown:
-            raise ValueError(f"--regularise-fns: unknown {', '.join(sorted(unknown))}; expected names from {', '.join(ATTENTION_FUNCTIONS)}")
         self.norm_loss_weight = norm_loss_weight
         self.entropy_margin_weight = entropy_margin_weight
         self.entropy_margin_ratio = entropy_margin_ratio
@@ -71,11 +123,16 @@ class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
                 totals[k] = totals[k] + v
             m.record_stats = m.regularise = False
 
+        reg_loss = 0.0
         if torch.is_tensor(totals["reg_rows"]) and totals["reg_rows"] > 0:
             rows = totals["reg_rows"].clamp(min=1)
             reg = (self.norm_loss_weight * totals["norm_loss"] + self.entropy_margin_weight * totals["entropy_margin"]) / rows
             # the CE is a sum over the sample; the regulariser is a per-row mean: scale alike
             loss = loss + reg * sample_size
+            reg_loss = float(reg.detach()) * sample_size
+        # the logged loss is the optimised one (see the module docstring)
+        logging_output["loss"] = loss.data
+        logging_output["attn_reg_loss"] = reg_loss
         for k in STAT_KEYS:
             v = totals[k]
             logging_output[f"attn_{k}"] = float(v.detach()) if torch.is_tensor(v) else float(v)
@@ -92,6 +149,10 @@ class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
             metrics.log_scalar("attn_sparsity", total("zeros") / total("visible"), total("visible"), round=4)
         if total("rows") > 0:
             metrics.log_scalar("attn_null", total("null_rows") / total("rows"), total("rows"), round=4)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        if total("reg_rows") > 0 and sample_size > 0:
+            # same units as fairseq's loss (base 2, per sample_size unit)
+            metrics.log_scalar("attn_reg_loss", total("reg_loss") / sample_size / math.log(2), sample_size, round=3)
         if total("reg_rows") > 0:
             metrics.log_scalar("attn_norm_loss", total("norm_loss") / total("reg_rows"), total("reg_rows"), round=4)
             metrics.log_scalar("attn_entropy_margin", total("entropy_margin") / total("reg_rows"), total("reg_rows"), round=4)

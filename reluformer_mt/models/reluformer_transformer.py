@@ -8,6 +8,7 @@ command line and hydra configs (``model.encoder_attn_fn``) all set the same knob
 """
 import argparse
 import logging
+import math
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model
@@ -36,6 +37,7 @@ ATTENTION_DEFAULTS = {
     "relu_gamma": 1.0,
     "relu_gamma_mode": "fixed",
     "relu_no_logit_scale": False,
+    "relu_no_length_scale": False,
     "rela_variant": "gated",
     "rela_gain_init": 1.0,
     "pointwise_alpha": 1.0,
@@ -48,14 +50,15 @@ ATTENTION_DEFAULTS = {
 }
 
 
-def _checked_float(accept, expected):
-    """argparse type: a float for which ``accept`` holds, else argparse's one-line error."""
+def checked_number(accept, expected, kind=float):
+    """argparse type: a finite ``kind`` number for which ``accept`` holds, else argparse's
+    one-line error (so inf, nan and out-of-range values stop at option parsing)."""
     def parse(text):
         try:
-            value = float(text)
-        except ValueError:
+            value = kind(text)
+        except (TypeError, ValueError):
             value = None
-        if value is None or not accept(value):
+        if value is None or not math.isfinite(value) or not accept(value):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
     return parse
@@ -67,15 +70,18 @@ def add_attention_args(parser):
     for sub, what in (("encoder", "encoder self-attention"), ("decoder", "decoder (causal) self-attention"),
                       ("cross", "encoder-decoder attention")):
         group.add_argument(f"--{sub}-attn-fn", choices=list(ATTENTION_FUNCTIONS), help=f"weight function of the {what}")
-    group.add_argument("--relu-gamma", type=_checked_float(lambda g: g > 0, "a number > 0"), metavar="G",
+    group.add_argument("--relu-gamma", type=checked_number(lambda g: g > 0, "a finite number > 0"), metavar="G",
                        help="ReLUFormer temperature gamma")
     group.add_argument("--relu-gamma-mode", choices=list(GAMMA_MODES),
                        help="gamma fixed, or learned per layer / per head (initialised at --relu-gamma)")
     group.add_argument("--relu-no-logit-scale", action="store_true", default=None,
                        help="ReLUFormer: drop the 1/sqrt(d_h) inside the ReLU")
+    group.add_argument("--relu-no-length-scale", action="store_true", default=None,
+                       help="ReLUFormer ablation: drop the 1/sqrt(n_i/2) length factor (weights ReLU(s)/gamma)")
     group.add_argument("--rela-variant", choices=list(RELA_VARIANTS), help="ReLA-g (gated) or ReLA-i (ungated)")
-    group.add_argument("--rela-gain-init", type=float, metavar="X", help="initial RMSNorm gain of ReLA")
-    group.add_argument("--pointwise-alpha", type=_checked_float(lambda a: 0 <= a <= 2, "a number in [0, 2]"), metavar="A",
+    group.add_argument("--rela-gain-init", type=checked_number(lambda x: True, "a finite number"), metavar="X",
+                       help="initial RMSNorm gain of ReLA")
+    group.add_argument("--pointwise-alpha", type=checked_number(lambda a: 0 <= a <= 2, "a number in [0, 2]"), metavar="A",
                        help="pointwise length exponent alpha")
     group.add_argument("--pointwise-h", choices=list(POINTWISE_ACTIVATIONS), help="pointwise activation h")
     group.add_argument("--qk-layernorm", action="store_true", default=None, help="LayerNorm on queries and keys")
@@ -84,8 +90,10 @@ def add_attention_args(parser):
     group.add_argument("--attn-impl", choices=list(ATTENTION_IMPLS),
                        help="dense, memory-bounded blocked, fused (C++ CPU kernel built on first use; blocked if it cannot be built), "
                             "or auto (blocked from --attn-blocked-min-len keys on)")
-    group.add_argument("--attn-blocked-min-len", type=int, metavar="L", help="auto: use the blocked path from this key length on")
-    group.add_argument("--attn-block-size", type=int, metavar="B", help="block size of the blocked path")
+    positive_int = checked_number(lambda n: n >= 1, "an integer >= 1", int)
+    group.add_argument("--attn-blocked-min-len", type=positive_int, metavar="L",
+                       help="auto: use the blocked path from this key length on")
+    group.add_argument("--attn-block-size", type=positive_int, metavar="B", help="block size of the blocked path")
 
 
 def fill_attention_defaults(args, **overrides):
@@ -102,6 +110,7 @@ def attention_config(cfg, sublayer: str) -> AttentionConfig:
         relu_gamma=cfg.relu_gamma,
         relu_gamma_mode=cfg.relu_gamma_mode,
         relu_scale_logits=not cfg.relu_no_logit_scale,
+        relu_length_scale=not cfg.relu_no_length_scale,
         rela_variant=cfg.rela_variant,
         rela_gain_init=cfg.rela_gain_init,
         pointwise_alpha=cfg.pointwise_alpha,
@@ -159,6 +168,14 @@ class ReluformerDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
         return ReluformerAttention(embed_dim, cfg.decoder.attention_heads, attention_config(cfg, "decoder"),
                                    dropout=cfg.attention_dropout, self_attention=True,
                                    q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+    def forward(self, x, *args, self_attn_padding_mask=None, **kwargs):
+        # the cross-attention's queries are the decoder positions: lend it their padding mask so
+        # that padding rows stay out of its statistics and ReLUFormer's regularisers
+        if isinstance(self.encoder_attn, ReluformerAttention):
+            with self.encoder_attn.padded_queries(self_attn_padding_mask):
+                return super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
+        return super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
 
     def build_encoder_attention(self, embed_dim, cfg):
         return ReluformerAttention(embed_dim, cfg.decoder.attention_heads, attention_config(cfg, "cross"),
