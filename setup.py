@@ -35,6 +35,7 @@ setup(
             "reluformer-eval=reluformer_mt.cli.eval:main",
             "reluformer-demo=reluformer_mt.cli.demo:main",
             "reluformer-translate=reluformer_mt.cli.translate:main",
+            "reluformer-study=reluformer_mt.cli.study:main",
         ],
     },
 )

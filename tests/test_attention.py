@@ -10,7 +10,7 @@ from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS
 
 E, H = 16, 4
 D = E // H
-FNS = ["softmax", "relu", "rela", "pointwise", "sparsemax", "entmax15"]
+FNS = ["softmax", "relu", "rela", "pointwise", "sparsemax", "entmax15", "sigmoid", "softpick"]
 
 
 def make(fn, seed=0, **options):
@@ -18,6 +18,8 @@ def make(fn, seed=0, **options):
     module = ReluformerAttention(E, H, AttentionConfig(fn=fn, **options), self_attention=True).eval()
     if module.rela_gain is not None:  # make the gain non-trivial so the test can see it
         module.rela_gain.data.uniform_(0.5, 1.5)
+    if module.sigmoid_bias is not None:  # one learned bias per head, different ones
+        module.sigmoid_bias.data = torch.linspace(-3.0, -0.5, H)
     return module
 
 
@@ -44,7 +46,7 @@ def naive_entmax15(z, iters=80):
     return p / p.sum()
 
 
-def naive_weights(fn, s, visible, cfg):
+def naive_weights(fn, s, visible, cfg, head_bias=None):
     """One query row: logits s (S,), visible (S,) bool -> weights (S,), loop-free but direct."""
     n = int(visible.sum())
     out = torch.zeros_like(s)
@@ -63,6 +65,11 @@ def naive_weights(fn, s, visible, cfg):
         w = naive_sparsemax(sv)
     elif fn == "entmax15":
         w = naive_entmax15(sv)
+    elif fn == "sigmoid":
+        b = {"auto": -math.log(n), "learned": head_bias}.get(cfg.sigmoid_bias, cfg.sigmoid_bias)
+        w = 1 / (1 + torch.exp(-(sv + b)))
+    elif fn == "softpick":
+        w = torch.clamp(torch.exp(sv) - 1, min=0) / ((torch.exp(sv) - 1).abs().sum() + 1e-6)
     out[visible] = w
     return out
 
@@ -88,7 +95,8 @@ def naive_forward(module, x, key_padding_mask=None, causal=False):
                 if causal:
                     visible[i + 1:] = False
                 s = (q[i, b, h] @ k[:, b, h].T) * scale
-                w = naive_weights(cfg.fn, s, visible, cfg)
+                head_bias = None if module.sigmoid_bias is None else float(module.sigmoid_bias[h])
+                w = naive_weights(cfg.fn, s, visible, cfg, head_bias)
                 weights[h, b, i] = w
                 out[i, b, h] = w @ v[:, b, h]
     out = out.reshape(T, B, E)
@@ -98,7 +106,8 @@ def naive_forward(module, x, key_padding_mask=None, causal=False):
         out = normed * torch.sigmoid(module.rela_gate * out) if module.rela_gate is not None else normed
     if module.gate_proj is not None:
         out = out * module.gate_proj(x)
-    return module.out_proj(out), weights
+    out = module.out_proj(out)
+    return (module.output_norm(out) if module.output_norm is not None else out), weights
 
 
 def causal_mask(T):
@@ -112,7 +121,10 @@ def causal_mask(T):
     ("pointwise", {"pointwise_alpha": 0.5, "pointwise_activation": "gelu", "qk_layernorm": True}),
     ("pointwise", {"pointwise_activation": "sigmoid", "output_gate": True}),
     ("pointwise", {"pointwise_activation": "identity"}),
+    ("pointwise", {"pointwise_activation": "relu2", "qk_layernorm": True}),
     ("softmax", {"qk_layernorm": True}),
+    ("sigmoid", {"sigmoid_bias": "learned", "output_norm": True}), ("sigmoid", {"sigmoid_bias": -1.0}),
+    ("softpick", {"output_norm": True}), ("softmax", {"output_norm": True}),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_module_matches_naive_reference(fn, options, causal):
@@ -253,7 +265,7 @@ def test_stats_recording_counts_zeros_and_null_rows():
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"fn": "sigmoid"}, "--attn-fn: got 'sigmoid', expected one of softmax, relu"),
+    ({"fn": "tanh"}, "--attn-fn: got 'tanh', expected one of softmax, relu"),
     ({"fn": "relu", "relu_gamma": 0.0}, "--relu-gamma: got 0.0, expected a finite number > 0"),
     ({"fn": "pointwise", "pointwise_alpha": 3.0}, "--pointwise-alpha: got 3.0, expected a number in [0, 2]"),
     ({"fn": "pointwise", "pointwise_activation": "tanh"}, "--pointwise-h: got 'tanh', expected one of relu, relu2"),

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention
-from reluformer_mt.attention.blocked import relu_family_attention
+from reluformer_mt.attention.blocked import tiled_attention
 
 E, H = 16, 2
 T, S = 23, 19  # not multiples of the block size, on purpose
@@ -21,6 +21,9 @@ CASES = [
     ("pointwise", {"pointwise_activation": "gelu"}),
     ("pointwise", {"pointwise_activation": "softplus"}),
     ("pointwise", {"pointwise_activation": "relu2"}),
+    ("sigmoid", {}),
+    ("sigmoid", {"sigmoid_bias": "learned"}),
+    ("sigmoid", {"sigmoid_bias": 0.5, "output_norm": True}),
 ]
 
 
@@ -32,6 +35,9 @@ def make_module(fn, options, impl, self_attention=False, seed=0):
     if module.log_gamma is not None:  # make the per-head values differ
         with torch.no_grad():
             module.log_gamma.add_(torch.linspace(0.8, 1.2, module.log_gamma.numel()).log().view_as(module.log_gamma))
+    if module.sigmoid_bias is not None:
+        with torch.no_grad():
+            module.sigmoid_bias.copy_(torch.linspace(-3.0, -1.0, H))
     return module
 
 
@@ -88,7 +94,8 @@ def test_fast_paths_match_reference(fn, options, causal, padding):
 
 
 @pytest.mark.parametrize("impl", ["dense", "blocked"])
-@pytest.mark.parametrize("fn,options", [("relu", {"relu_gamma_mode": "head"}), ("pointwise", {"pointwise_activation": "softplus"})])
+@pytest.mark.parametrize("fn,options", [("relu", {"relu_gamma_mode": "head"}), ("pointwise", {"pointwise_activation": "softplus"}),
+                                        ("sigmoid", {"sigmoid_bias": "learned"})])
 def test_stats_and_regularisers_match_reference(impl, fn, options):
     """Zeros, null rows and ReLUFormer's two losses (values and gradients) from per-block row sums."""
     reference = run(force_reference(make_module(fn, options, "dense", True)), True, True, regularise=True)
@@ -103,8 +110,8 @@ def test_null_rows_counted_and_not_nan():
     k = torch.rand(1, 2, 12, 4) + 0.1
     v = torch.randn(1, 2, 12, 4)
     keep = torch.ones(1, 1, 12, 12, dtype=torch.bool)
-    out, rows, _ = relu_family_attention(q, k, v, keep, fn="relu", scaling=0.5, gamma=torch.tensor(1.0),
-                                         blocked=True, block_q=5, block_k=5, want_rows=True)
+    out, rows, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.5, row_factor=torch.full((1, 1, 12, 1), 0.4),
+                                   blocked=True, block_q=5, block_k=5, want_rows=True)
     assert torch.equal(out, torch.zeros_like(out))
     mass, xlogx, nonzero, n = rows
     assert int(nonzero.sum()) == 0 and bool((mass == 0).all()) and bool((n == 12).all())
@@ -124,8 +131,8 @@ def test_blocked_backward_keeps_no_full_size_tensor():
     for blocked in (False, True):
         sizes.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out, _, _ = relu_family_attention(q, k, v, keep, fn="rela", scaling=0.35, blocked=blocked,
-                                              block_q=32, block_k=32)
+            out, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.35, blocked=blocked,
+                                        block_q=32, block_k=32)
         out.sum().backward()
         if blocked:
             assert max(sizes) < L * L, sizes
@@ -156,6 +163,9 @@ def test_auto_threshold_and_option_override():
     gelu.regularise = True  # negative weights: the row entropy is the reference's definition
     assert gelu._attention_path(9, 9, None, False) == "reference"
     assert path("auto", 5000, 5000, fn="entmax15") == "reference"
+    assert path("auto", 5000, 5000, fn="softpick") == "reference"
+    assert path("auto", 63, 63, fn="sigmoid") == "dense"
+    assert path("auto", 64, 64, fn="sigmoid") == "blocked"
 
 
 def test_model_option_reaches_attention(tmp_path):

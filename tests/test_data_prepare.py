@@ -147,3 +147,49 @@ def test_bleu_function_perfect_and_mismatch():
     hyps = {**refs, 0: "the cat sat on the mat it was happy today"}  # separator lost
     s, d, mis = sentence_and_document_bleu(hyps, refs, infos)
     assert mis == 1 and s < 100.0 and d == pytest.approx(100.0)
+
+
+def test_force_with_another_input_removes_the_old_outputs(tmp_path, capsys):
+    """--force with another input leaves no split, dictionary or SentencePiece model of the old
+    run behind; files the run did not write (and an input inside --out) are kept."""
+    out = tmp_path / "p"
+    prepare(small_config(out, limit_docs=2, src="de", tgt="en", train=[nc("dev")[::-1]], test=[nc("test")[::-1]]))
+    assert (out / "test.de-en.de.bin").is_file() and (out / "dict.de.txt").is_file()
+    (out / "notes.txt").write_text("mine\n")
+    prepare(small_config(out, limit_docs=2, test=[], force=True))  # en->de, no test split
+    names = sorted(p.name for p in out.iterdir())
+    assert not [n for n in names if n.startswith("test.") or ".de-en." in n]
+    assert not list((out / "text").glob("test.*")) and (out / "notes.txt").read_text() == "mine\n"
+    assert "--force: removed" in capsys.readouterr().out
+    m = json.loads((out / "prepared.json").read_text())
+    assert set(m["splits"]) == {"train", "valid"} and m["src_lang"] == "en"
+    # the SentencePiece model reused from inside --out is an input: never deleted
+    prepare(small_config(out, limit_docs=2, test=[], force=True, spm_models=[str(out / "spm.model")]))
+    assert (out / "spm.model").is_file() and (out / "train.en-de.en.bin").is_file()
+
+
+def test_cli_out_file_vocab_size_and_disk_full_are_one_line(tmp_path, capsys, monkeypatch):
+    from reluformer_mt.cli.prepare import main
+
+    args = ["--train", *nc("dev"), "--valid-from-train", "1", "--limit-docs", "2"]
+    for bad in (["--vocab-size", "0"], ["--vocab-size", "-5"], ["--workers", "0"], ["--limit-docs", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            main([*args, *bad, "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"argument {bad[0]}: expected " in err and "Traceback" not in err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for out, says in ((a_file, "is a file, expected a folder"), (a_file / "sub", f"lies under the file {a_file}")):
+        assert main([*args, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"reluformer-prepare: error: --out {out}: {says}") and err.count("\n") == 1
+
+    import reluformer_mt.data.prepare as prep
+
+    def disk_full(path, segments):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(prep, "write_segment_metadata", disk_full)
+    assert main([*args, "--vocab-size", "600", "--no-progress", "--out", str(tmp_path / "full")]) == 2
+    err = capsys.readouterr().err.strip().split("\n")[-1]
+    assert err == f"reluformer-prepare: error: cannot write {tmp_path / 'full' / 'train.segments.tsv'}: No space left on device"

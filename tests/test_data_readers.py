@@ -184,3 +184,35 @@ def test_separator_inside_a_sentence_is_refused(tmp_path):
     b = write(tmp_path / "a.de", "<d>\nok\n")
     with pytest.raises(ValueError, match=r"a\.en:2: sentence contains the separator"):
         read_docmt(a, b, Report())
+
+
+@needs_shared
+def test_bom_and_invisible_characters_do_not_hide_markers(tmp_path):
+    """Real talks in two docmt files joined with `cat` (each file starts with a BOM), a zero-width
+    space and a no-break space around later markers: documents stay apart, counted repairs."""
+    src_lines = read_lines(docmt_pair("IWSLT2017", "test")[0], Report())
+    tgt_lines = read_lines(docmt_pair("IWSLT2017", "test")[1], Report())
+    starts = [i for i, line in enumerate(src_lines) if line == "<d>"][:4]
+
+    def joined(lines):  # cat of two files (talks 1-2 and 3), both saved with a BOM
+        first, second = lines[starts[0]:starts[2]], lines[starts[2]:starts[3]]
+        second = ["\u200b<d>\u00a0" if line == "<d>" else line for line in second[:1]] + second[1:]
+        return "\ufeff" + "\n".join(first) + "\n\ufeff" + "\n".join(second) + "\n"
+
+    a, b = write(tmp_path / "a.en", joined(src_lines)), write(tmp_path / "a.de", joined(tgt_lines))
+    report = Report()
+    docs = read_docmt(a, b, report)
+    expected = read_docmt(*docmt_pair("IWSLT2017", "test"), Report())[:3]
+    assert [(d.src, d.tgt) for d in docs] == [(d.src, d.tgt) for d in expected]
+    assert report.repaired["byte-order mark removed"] == 2  # at offset 0 of each joined file
+    # the BOM of the second file and the zero-width and no-break spaces, on both sides
+    assert report.repaired["invisible characters around <d> lines removed (BOM, zero-width, no-break space)"] == 6
+
+
+def test_invisible_characters_at_sentence_edges_are_counted(tmp_path):
+    a = write(tmp_path / "a.en", "one\n\u200btwo\u00a0\n")
+    b = write(tmp_path / "a.de", "eins\nzwei\u2060\n")
+    report = Report()
+    docs = read_plain(a, b, report, one_document=True)
+    assert docs[0].src == ["one", "two"] and docs[0].tgt == ["eins", "zwei"]
+    assert report.repaired["invisible characters at sentence edges removed (BOM, zero-width, no-break space)"] == 3

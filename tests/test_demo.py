@@ -4,22 +4,32 @@ import json
 import pytest
 
 from reluformer_mt.cli import demo
+from reluformer_mt.evaluation.baselines import nearest_verse_translations
 
 
 def test_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
     pytest.importorskip("bible_alignments")
     out = tmp_path / "demo"
-    code = demo.main(["--out", str(out), "--families", "softmax,reluformer", "--max-update", "4",
-                      "--eval-chapters", "1", "--beam", "1", "--vocab-size", "1000", "--segment-tokens", "128"])
+    # both phases of G-Transformer's recipe: 2 updates on sentences, then 4 on document segments
+    code = demo.main(["--out", str(out), "--families", "softmax,reluformer", "--sentence-updates", "2",
+                      "--max-update", "4", "--validations", "1", "--embed-dim", "32", "--ffn-dim", "64",
+                      "--layers", "2", "--eval-chapters", "1", "--beam", "1", "--vocab-size", "1000",
+                      "--segment-tokens", "128"])
     assert code == 0
     report_dir = out / "report"
     report = json.loads((report_dir / "report.json").read_text())
     assert set(report["models"]) == {"softmax", "reluformer"}
+    assert report["options"]["preset"] == "quick" and report["options"]["lr"] == demo.PRESETS["quick"]["lr"]
     for family, r in report["models"].items():
-        assert r["updates"] == 4
+        assert r["updates"] == 4  # the document phase starts from the sentence model with fresh counters
         assert r["verses"] > 0 and 0 <= r["s_bleu"] <= 100 and 0 <= r["d_bleu"] <= 100
         assert len(r["aer"]["normal"]["best_head"]) == 2  # one AER per decoder layer
-        assert r["learning_curve"]["valid"], "validation losses are parsed from the training log"
+        phases = {p["phase"] for p in r["learning_curve"]["valid"]}
+        assert phases == {"sentence", "document"}, "validation points of both phases are parsed from the logs"
+        assert all(p["wall"] is not None for p in r["learning_curve"]["valid"])
+        assert 0 <= r["fallback_rate"] <= 1
+    baselines = report["baselines"]
+    assert 0 < baselines["nearest_verse"]["s_bleu"] < 100 and 0.5 < baselines["diagonal"]["aer"] < 1
     assert report["models"]["softmax"]["cross_sparsity"] == 0
     assert report["models"]["reluformer"]["cross_sparsity"] > 0
     chapter = report["translated_chapter"]
@@ -27,11 +37,20 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
     assert len(open(chapter["translation"], encoding="utf-8").read().splitlines()) == len(source_lines)
     for picture in ("learning_curves.png", "attention_heatmaps.png", "aer_per_layer.png", "sparsity_per_layer.png"):
         assert (report_dir / picture).stat().st_size > 1000
+    side = (report_dir / f"chapter_{chapter['chapter']}.side_by_side.md").read_text(encoding="utf-8").splitlines()
+    assert len(side) == 4 + len(source_lines) and "reference (BSB)" in side[2]
     table = capsys.readouterr().out
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table
+    assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
 
 
 def test_bad_family_is_a_one_line_error(capsys, tmp_path):
     assert demo.main(["--out", str(tmp_path), "--families", "relu,softmax"]) == 2
     err = capsys.readouterr().err
     assert "--families: unknown relu" in err and err.count("\n") == 1
+
+
+def test_nearest_verse_baseline_copies_the_most_similar_training_verse():
+    train_src = ["a b c", "d e f", "a x y"]
+    train_tgt = ["first", "second", "third"]
+    assert nearest_verse_translations(train_src, train_tgt, ["d e", "a b z", "q"]) == ["second", "first", "first"]

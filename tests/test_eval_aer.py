@@ -1,6 +1,7 @@
 """AER on hand-computed cases, bad input, and the diagonal baseline on the real gold sets."""
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -75,11 +76,12 @@ def test_out_of_range_names_file_and_line(tmp_path):
 def test_cli_missing_gold_line_and_mismatch(tmp_path, capsys):
     gold = write(tmp_path, "gold", "1-1\n")
     pred = write(tmp_path, "pred", "0-0\n0-0\n")
-    assert main(["aer", "--gold", gold, "--pred", pred]) == 1
+    assert main(["aer", "--gold", gold, "--gold-base", "1", "--pred", pred]) == 1
     err = capsys.readouterr().err
     assert "gold has 1 sentences but" in err and "pred has 2" in err
     st = write(tmp_path, "st", "a ||| b\n")
-    assert main(["aer", "--gold", write(tmp_path, "g2", "1-1\n"), "--pred", write(tmp_path, "p2", "0-3\n"), "--lengths", st]) == 1
+    assert main(["aer", "--gold", write(tmp_path, "g2", "1-1\n"), "--gold-base", "1", "--pred", write(tmp_path, "p2", "0-3\n"),
+                 "--lengths", st]) == 1
     assert "p2:1: link 0-3 out of range" in capsys.readouterr().err
 
 
@@ -115,3 +117,31 @@ def test_diagonal_baseline_on_real_gold(tmp_path, capsys):
     assert (r.n_sure, round(r.aer, 4)) == (1233, 0.6710)
     with pytest.raises(ValueError, match=r"de-en.wa:63: link 12-16 out of range"):
         check_ranges([p for _, p in gold], lengths, bi / "de-en.wa")
+
+
+@needs_data
+def test_gold_base_is_required_and_the_other_base_is_warned(tmp_path, capsys):
+    aw, bi = DATA / "gold_align_awesome", DATA / "gold_align_deen_bicici"
+    with pytest.raises(SystemExit) as e:  # never guessed
+        main(["aer", "--gold", str(aw / "enfr.gold"), "--baseline", "diagonal", "--lengths", str(aw / "enfr.src-tgt")])
+    assert e.value.code == 2 and "the following arguments are required: --gold-base" in capsys.readouterr().err
+    warning = "reluformer-eval aer: warning: --gold-base 0, but "
+    # the 1-based Hansards gold read as 0-based: with lengths (last words at index = length) ...
+    assert main(["aer", "--gold", str(aw / "enfr.gold"), "--gold-base", "0", "--baseline", "diagonal",
+                 "--lengths", str(aw / "enfr.src-tgt"), "--unchecked-gold"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(warning + r"\d+ of \d+ linked sentences have a link at index = sentence length.*looks 1-based; "
+                     r"check --gold-base", err)
+    # ... and without them (no link uses index 0)
+    pred = write(tmp_path, "pred", "\n".join("0-0" for _ in range(447)) + "\n")
+    assert main(["aer", "--gold", str(aw / "enfr.gold"), "--gold-base", "0", "--pred", pred]) == 0
+    assert warning + "no link of 447 linked sentences uses index 0" in capsys.readouterr().err
+    # read as 1-based it is quiet; Biçici's 0-based gold (one out-of-range link on line 63) too
+    assert main(["aer", "--gold", str(aw / "enfr.gold"), "--gold-base", "1", "--pred", pred]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["aer", "--gold", str(bi / "de-en.wa"), "--gold-base", "0", "--baseline", "diagonal",
+                 "--src", str(bi / "test.de"), "--tgt", str(bi / "test.en"), "--unchecked-gold"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    # Biçici's gold read as 1-based: index 0 is an error that names the likely cause
+    assert main(["aer", "--gold", str(bi / "de-en.wa"), "--gold-base", "1", "--pred", pred]) == 1
+    assert "has index 0 but the index base is 1 (is the file 0-based?)" in capsys.readouterr().err

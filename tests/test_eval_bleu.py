@@ -2,6 +2,7 @@
 <d> files, doc-id files, and sentence-count mismatches."""
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,41 @@ def test_doc_pairing_and_bad_files(tmp_path):
     ids.write_text("a\nb\n", encoding="utf-8")
     with pytest.raises(ValueError, match="has 3 lines but .*ids has 2 doc ids"):
         bleu_from_files(bad, bad, hyp_format="plain", hyp_doc_ids=ids)
+
+
+@needs_data
+def test_bom_or_zero_width_space_does_not_hide_a_marker(tmp_path):
+    """The real reference's <d> file joined with `cat` to a copy that starts with a BOM and has
+    a zero-width space before a marker: as many documents as the two files hold."""
+    ref_path = DOCMT / "concatenated_en2de_test_de.txt"
+    text = ref_path.read_text(encoding="utf-8")
+    second = "\ufeff" + text.replace("\n<d>", "\n\u200b<d>", 1)
+    joined = tmp_path / "joined.de"
+    joined.write_text(text + second, encoding="utf-8")
+    n = len(read_d_format(ref_path))
+    docs = read_d_format(joined)
+    assert len(docs) == 2 * n and not any("<d>" in s for v in docs.values() for s in v)
+    bommed = tmp_path / "bom.de"
+    bommed.write_text(second, encoding="utf-8")
+    assert bleu_from_files(bommed, ref_path)["n_documents"] == n  # auto: a BOM before the first <d>
+
+
+def test_empty_hypothesis_or_reference_is_a_one_line_error(tmp_path, capsys):
+    empty, also_empty, ref = tmp_path / "empty.txt", tmp_path / "empty2.txt", tmp_path / "ref.txt"
+    empty.write_text("")
+    also_empty.write_text("")
+    ref.write_text("a cat .\nthe dog .\n", encoding="utf-8")
+    for hyp, r, pattern in ((empty, ref, r"hypothesis .*empty.txt has 0 lines but reference .*ref.txt has 2: the hypothesis file is empty"),
+                            (ref, empty, r"reference .*empty.txt has 0: the reference file is empty"),
+                            (empty, also_empty, r"nothing to score: hypothesis .*empty.txt and reference .*empty2.txt are both empty")):
+        assert main(["bleu", "--hyp", str(hyp), "--ref", str(r)]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().split("\n")) == 1 and "Traceback" not in err
+        assert re.search(pattern, err), err
+    markers = tmp_path / "markers.txt"
+    markers.write_text("<d>\n<d>\n", encoding="utf-8")
+    assert main(["bleu", "--hyp", str(markers), "--ref", str(markers)]) == 1
+    assert "nothing to score" in capsys.readouterr().err
+    # a --json that cannot be written stops before scoring
+    assert main(["bleu", "--hyp", str(ref), "--ref", str(ref), "--json", str(tmp_path)]) == 1
+    assert "--json " in (err := capsys.readouterr().err) and "is a directory, expected a file name" in err

@@ -8,7 +8,7 @@ import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention
 from reluformer_mt.attention import fused
-from reluformer_mt.attention.blocked import relu_family_attention
+from reluformer_mt.attention.blocked import count_visible, tiled_attention
 from test_blocked import assert_same, force_reference, make_module, run
 
 pytestmark = pytest.mark.skipif(not fused.available(),
@@ -64,8 +64,9 @@ def test_fused_kernel_larger_tiles_and_float64():
     keep[1, :, :, 400:] = False
     results = []
     for use_fused in (False, True):
-        out, rows, _ = relu_family_attention(q, k, v, keep, fn="relu", scaling=0.25, gamma=torch.tensor(1.1),
-                                             blocked=True, block_q=64, block_k=64, want_rows=True, fused=use_fused)
+        factor = 1.0 / (1.1 * torch.sqrt(count_visible(keep).clamp(min=1).double() / 2))  # ReLUFormer's c_i
+        out, rows, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.25, row_factor=factor,
+                                       blocked=True, block_q=64, block_k=64, want_rows=True, fused=use_fused)
         loss = (out * out.detach().sign()).sum() + rows[0].sum() + 0.1 * rows[1].sum()
         grads = torch.autograd.grad(loss, (q, k, v))
         results.append((out, rows[0], rows[1], rows[2].double(), *grads))
@@ -91,6 +92,6 @@ def test_failed_build_warns_and_falls_back(monkeypatch):
         assert fused.load() is None
     q, k, v = (torch.randn(1, 2, 7, 4) for _ in range(3))
     keep = torch.ones(1, 1, 7, 7, dtype=torch.bool)
-    out, _, _ = relu_family_attention(q, k, v, keep, fn="rela", scaling=0.5, blocked=True, fused=True)
-    ref, _, _ = relu_family_attention(q, k, v, keep, fn="rela", scaling=0.5, blocked=True)
+    out, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.5, blocked=True, fused=True)
+    ref, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.5, blocked=True)
     torch.testing.assert_close(out, ref)

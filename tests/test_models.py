@@ -93,7 +93,7 @@ def test_checkpoint_of_another_architecture_gives_one_line_error():
 
 
 @pytest.mark.parametrize("flags,expected", [
-    (["--encoder-attn-fn", "sigmoid"], "argument --encoder-attn-fn: invalid choice: 'sigmoid'"),
+    (["--encoder-attn-fn", "tanh"], "argument --encoder-attn-fn: invalid choice: 'tanh'"),
     (["--relu-gamma", "-1"], "argument --relu-gamma: expected a finite number > 0, got '-1'"),
     (["--pointwise-alpha", "5"], "argument --pointwise-alpha: expected a number in [0, 2], got '5'"),
     (["--pointwise-h", "tanh"], "argument --pointwise-h: invalid choice: 'tanh'"),

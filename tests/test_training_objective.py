@@ -82,7 +82,8 @@ def tiny_task_from(sentence_data):
     return tasks.setup_task(args)
 
 
-@pytest.mark.parametrize("arch", ["reluformer_tiny", "rela_tiny", "softmax_tiny"])
+@pytest.mark.parametrize("arch", ["reluformer_tiny", "rela_tiny", "softmax_tiny", "sigmoid_tiny", "softpick_tiny",
+                                  "relu2_tiny"])
 def test_criterion_on_a_real_padded_batch_equals_the_sum_of_its_sentences(sentence_data, arch):
     """Encoder self-, decoder self- and cross-attention: the statistics and regularisers of a
     padded IWSLT batch are those of its sentences alone (the cross-attention is told which
@@ -138,14 +139,14 @@ def test_regularisers_are_finite_and_accurate_in_half_precision(path, dtype):
 @pytest.mark.parametrize("blocked", [False, True])
 def test_row_sums_of_bf16_weights_accumulate_in_float32(blocked):
     """Over 2048 keys a bf16 running sum keeps ~2 digits; the rows must be summed in float32."""
-    from reluformer_mt.attention.blocked import relu_family_attention
+    from reluformer_mt.attention.blocked import tiled_attention
 
     torch.manual_seed(0)
     q = torch.randn(1, 2, 8, 16).bfloat16()
     k, v = torch.randn(1, 2, 2048, 16).bfloat16(), torch.randn(1, 2, 2048, 16).bfloat16()
     keep = torch.ones(1, 1, 8, 2048, dtype=torch.bool)
-    _, (mass, xlogx, _, _), _ = relu_family_attention(q, k, v, keep, fn="rela", scaling=0.25, blocked=blocked,
-                                                      block_q=8, block_k=256, want_rows=True)
+    _, (mass, xlogx, _, _), _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.25, blocked=blocked,
+                                                block_q=8, block_k=256, want_rows=True)
     a = torch.relu(torch.matmul(q * 0.25, k.transpose(-1, -2))).double()  # the same bf16 weights
     assert mass.dtype == torch.float32
     torch.testing.assert_close(mass.double(), a.sum(-1), rtol=1e-5, atol=1e-5)
@@ -303,7 +304,7 @@ def test_bad_values_stop_at_option_parsing(tmp_path, flags, expected):
 
 
 # --------------------------------------------------------------------------- beam search
-@pytest.mark.parametrize("arch", ["softmax_tiny", "reluformer_tiny", "rela_tiny"])
+@pytest.mark.parametrize("arch", ["softmax_tiny", "reluformer_tiny", "rela_tiny", "sigmoid_tiny", "softpick_tiny"])
 def test_shared_encoder_beam_search_gives_the_same_beams(arch):
     """fairseq's set_beam_size keeps one copy of the encoder keys per sentence; the beams must
     be those of ordinary beam search (fairseq's own transformer is the model of this)."""

@@ -69,7 +69,12 @@ def test_docids_format(tmp_path):
 def test_raw_format_splits_paragraphs_with_pysbd():
     lines = ["Mr. Smith went to Washington. He stayed there", "for two days.", "", "It rained. Nobody came."]
     assert detect_format(lines) == "lines"  # hard-wrapped text is not detected: --format raw
-    assert detect_format(["It rained. Nobody came. We left.", "", "Who knew? Nobody did. We did!"]) == "raw"
+    talk = real_docs(1)[0]
+    paragraphs = [" ".join(talk[i:i + 5]) for i in range(0, 15, 5)]  # real sentences, 5 a paragraph
+    assert all(len(p.split()) >= 40 for p in paragraphs)
+    assert detect_format([paragraphs[0], "", paragraphs[1], "", paragraphs[2]]) == "raw"
+    assert detect_format(paragraphs[:2]) == "lines"  # two paragraphs are not "many": kept line by line
+    assert detect_format(["It rained. Nobody came. We left.", "", "Who knew? Nobody did. We did!"]) == "lines"
     assert detect_format(["One sentence here.", "Two of them. Here.", "Three."]) == "lines"
     parsed = parse_input(lines, "x", "raw")
     assert parsed.fmt == "raw"
@@ -81,6 +86,43 @@ def test_raw_format_splits_paragraphs_with_pysbd():
     marked = parse_input(["<d>", "One. Two.", "<d>", "<d>", "Three."], "x", "raw")
     assert [d.sentences for d in marked.documents] == [["One.", "Two."], [], ["Three."]]
     assert render(marked, [d.sentences for d in marked.documents]) == ["<d>", "One. Two.", "<d>", "<d>", "Three."]
+
+
+def real_sentence_lines(before=0, after=1):
+    """Consecutive lines of the real German IWSLT2017 dev file, one sentence (subtitle) a line,
+    around the line 'Sie sagte: »Ehrenwort?« Ich sagte: »Ja.«' (pysbd finds three sentences in it
+    and in the next line)."""
+    from helpers import DOCMT
+
+    lines = decode_lines((DOCMT / "IWSLT2017" / "concatenated_en2de_dev_de.txt").read_bytes(), "de")
+    k = next(i for i, line in enumerate(lines) if "»Ehrenwort?«" in line)
+    return lines[k - before: k + after + 1]
+
+
+@needs_shared_data
+def test_auto_keeps_real_sentence_lines_line_by_line():
+    lines = real_sentence_lines()
+    parsed = parse_input(lines, "talk.de", "auto", language="de")
+    assert parsed.fmt == "lines" and parsed.documents[0].sentences == [l.strip() for l in lines]
+    assert parsed.detected == "0 of 2 lines look like paragraphs (3+ sentences, 40+ words)"
+    wider = real_sentence_lines(before=40, after=40)  # the talk around it: still lines
+    assert detect_format(wider, "de") == "lines"
+
+
+@needs_shared_data
+def test_invisible_characters_do_not_hide_document_markers():
+    """Two real talks in docmt files joined with `cat` (each file starts with a BOM), a zero-width
+    space and no-break spaces around later markers: every marker still starts a document."""
+    docs = real_docs(3, max_sentences=5)
+    files = ["\ufeff" + "".join(f"{DOC_MARKER}\n" + "".join(s + "\n" for s in d) for d in part) for part in (docs[:1], docs[1:])]
+    joined = files[0] + files[1].replace(f"\n{DOC_MARKER}\n", f"\n\u200b{DOC_MARKER}\u00a0\n")
+    lines = decode_lines(joined.encode("utf-8"), "joined.txt")
+    for fmt in ("auto", "docmt", "raw"):
+        parsed = parse_input(lines, "joined.txt", fmt)
+        assert len(parsed.documents) == 3, fmt
+        assert not any(DOC_MARKER in s for d in parsed.documents for s in d.sentences), fmt
+        assert "3 invisible characters (BOM, zero-width, no-break space) removed at line edges" in parsed.notes
+    assert [d.sentences for d in parse_input(lines, "joined.txt", "docmt").documents] == docs
 
 
 def test_invalid_utf8_names_the_line():
@@ -258,14 +300,45 @@ def test_empty_input_and_long_sentences(doc_checkpoint, prepared_doc_data, tmp_p
 
     long_one = joined(128)   # longer than the segment length: its own segment, with a warning
     assert len(sp.encode(long_one)) < 255
-    too_long = joined(300)   # longer than the model's positions: translated truncated, with a warning
+    too_long = joined(300)   # longer than the model's positions: translated in parts, with a warning
     src = tmp_path / "long.txt"
     src.write_text(f"{sentences[0]}\n{long_one}\n{too_long}\n{sentences[1]}\n", encoding="utf-8")
     rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", tmp_path / "long.out", "--format", "lines", *FAST], capsys)
     assert rc == 0, err
     assert len((tmp_path / "long.out").read_text(encoding="utf-8").split("\n")) == 5
-    assert "2 sentences are longer than the segment length 128" in err
-    assert "1 sentences are longer than the model's 256 source positions and are translated truncated" in err
+    assert "sentences are longer than the segment length 128" in err
+    assert "1 sentences are longer than the model's 256 source positions: each is translated in parts" in err
+    assert "sentences split into parts to fit the model's positions: 1" in err and "truncated" not in err
+
+
+@needs_shared_data
+def test_sentence_longer_than_the_positions_is_translated_whole_in_parts(doc_checkpoint, monkeypatch):
+    """A real raw-text 'sentence' of ~4 model lengths is cut near its middle, recursively, at
+    punctuation or spaces, and every part translated: the echo translation gives back all of it."""
+    from reluformer_mt.inference import DocumentTranslator
+
+    t = DocumentTranslator(doc_checkpoint, device="cpu")
+    monkeypatch.setattr(t, "generate", EchoGenerator(t))
+    talk = real_docs(1)[0]
+    k = 1
+    while len(t.sp_src.encode(" ".join(talk[:k]))) <= 3.5 * (t.max_src - 1):
+        k += 1
+    long_line = " ".join(talk[:k])
+    docs = [[talk[0], long_line, talk[1]]]
+    res = t.translate(docs, scores=True, alignments=True)
+    assert [len(r) for r in res] == [3]
+    decode = lambda text: t.sp_tgt.decode_pieces(t.sp_src.encode(text, out_type=str))  # noqa: E731
+    assert res[0][1].text == decode(long_line)  # nothing lost
+    assert res[0][0].text == decode(talk[0]) and res[0][2].text == decode(talk[1])
+    assert t.stats["sentences split into parts to fit the model's positions"] == 1
+    assert t.stats["parts of split sentences"] >= 4 and res[0][1].score is not None
+    assert "sentences split into parts to fit the model's positions: 1" in t.summary()
+    # cuts fall between words, at sentence punctuation when there is some near the middle
+    from reluformer_mt.inference.translator import split_near_middle
+
+    left, right = split_near_middle(long_line)
+    assert left + " " + right == long_line and left[-1] in ".?!:;\"')" and abs(len(left) - len(right)) < len(long_line) / 2
+    assert split_near_middle("aaaa bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb") == ("aaaa", "b" * 58)
 
 
 def one_line_error(err, pattern):
@@ -335,3 +408,58 @@ def test_bad_input_and_bad_checkpoints_are_one_line_errors(doc_checkpoint, prepa
     one_line_error(err, r"cannot find its resources: missing the dictionaries and prepared.json")
     # the --eval-bleu checkpoint loads with torch's default weights_only=True (the plugin's allowlist)
     assert torch.load(doc_checkpoint, map_location="cpu", weights_only=True)["cfg"]["checkpoint"]["best_checkpoint_metric"] == "s_bleu"
+
+
+def test_side_outputs_must_be_other_files(tmp_path, capsys):
+    """--scores/--alignments equal to --output, --input or each other (resolved: './a/../x', a
+    symlink) stop before anything is written -- the checkpoint is not even loaded."""
+    src, out = tmp_path / "talk.en", tmp_path / "talk.de"
+    src.write_text("Hello there.\n", encoding="utf-8")
+    out.write_text("an earlier translation\n", encoding="utf-8")
+    (tmp_path / "link.de").symlink_to(out)
+    (tmp_path / "a").mkdir()
+    cases = [(["--scores", tmp_path / "a" / ".." / "talk.de"], r"--scores .*: the same file as --output .*talk.de"),
+             (["--alignments", tmp_path / "link.de"], r"--alignments .*link.de: the same file as --output"),
+             (["--alignments", src], r"--alignments .*talk.en: the same file as --input"),
+             (["--scores", tmp_path / "s", "--alignments", tmp_path / "s"], r"--alignments .*s: the same file as --scores")]
+    for extra, pattern in cases:
+        rc, err = translate_main(["-c", tmp_path / "never-loaded.pt", "-i", src, "-o", out, *extra], capsys)
+        assert rc == 2
+        one_line_error(err, pattern)
+    assert out.read_text(encoding="utf-8") == "an earlier translation\n" and not (tmp_path / "s").exists()
+
+
+def test_bad_options_and_unwritable_outputs_are_one_line_errors(tmp_path, capsys):
+    from reluformer_mt.cli.translate import main
+
+    src = tmp_path / "in.txt"
+    src.write_text("Hello there.\n", encoding="utf-8")
+    for option, value in (("--max-len-a", "-1"), ("--max-len-b", "-3"), ("--max-len-a", "nan")):
+        with pytest.raises(SystemExit) as e:
+            main(["-c", "x.pt", "-i", str(src), option, value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: expected " in err and "Traceback" not in err
+    for out, pattern in ((tmp_path, r"--output .*: is a directory, expected a file name"),
+                         (tmp_path / "no" / "out.txt", r"--output .*out.txt: folder .*no does not exist"),
+                         (src / "out.txt", r"--output .*in.txt/out.txt: .*in.txt is a file, expected a folder")):
+        rc, err = translate_main(["-c", tmp_path / "never-loaded.pt", "-i", src, "-o", out], capsys)
+        assert rc == 2
+        one_line_error(err, pattern)
+
+
+@needs_shared_data
+def test_disk_full_and_detected_format_through_the_cli(doc_checkpoint, tmp_path, capsys):
+    """A full disk (/dev/full) is a one-line error naming the file; real one-sentence-per-line
+    lines stay line by line under --format auto, and the summary says what was detected."""
+    src = tmp_path / "talk.de"
+    src.write_text("\n".join(real_sentence_lines()) + "\n", encoding="utf-8")
+    rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", "/dev/full", "--language", "de", *FAST], capsys)
+    assert rc == 2
+    one_line_error(err, r"cannot write /dev/full: No space left on device")
+    out = tmp_path / "talk.en"
+    rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", out, "--language", "de", *FAST], capsys)
+    assert rc == 0, err
+    assert len(out.read_text(encoding="utf-8").split("\n")) == 3
+    assert "translated 1 documents, 2 sentences" in err
+    assert "input format: lines (detected: 0 of 2 lines look like paragraphs" in err

@@ -1,20 +1,26 @@
-"""Fast and memory-bounded paths for the ReLU attention family (``relu``, ``rela``, ``pointwise``).
+"""Fast and memory-bounded paths for weight functions without a row normaliser.
 
-ReLU-type weights have no row-wise normaliser, so key blocks can be summed independently:
-out_i = sum_j c_i h(s_ij) v_j over any split of j. One custom autograd function does the work
-in tiles of ``block_q`` queries x ``block_k`` keys, all heads at once (batched matmul):
+Weights a_ij = c_i h(s_ij + b_i) (ReLUFormer, ReLA, pointwise, sigmoid: every function whose
+``WeightFunction.tiled`` is true) have no row-wise normaliser, so key blocks can be summed
+independently: out_i = sum_j c_i h(s_ij + b_i) v_j over any split of j. The caller gives the
+activation h, the positive row factor c_i and the row bias b_i; nothing here knows the
+functions by name. One custom autograd function does the work in tiles of ``block_q`` queries
+x ``block_k`` keys, all heads at once (batched matmul):
 
 - **dense** mode: tiles of whole key rows written into one (T, S) weight tensor that is kept for
-  backward (as autograd would, but without the extra copies: in-place activation, scale and
-  mask); without gradients and without wanted weights nothing is kept;
+  backward when h = relu (as autograd would, but without the extra copies: in-place activation,
+  scale and mask; other activations recompute their logits in backward, as blocked mode does);
+  without gradients and without wanted weights nothing is kept;
 - **blocked** mode: many tiles; nothing of size T x S is kept; the backward pass recomputes each
   tile's logits (one more matmul per tile) instead of storing them. Peak extra memory is one tile
   (a few MB) instead of several T x S tensors.
 
-Row factors. ReLUFormer's 1 / (gamma sqrt(n_i / 2)) and pointwise's n_i^-alpha are positive
-per-row factors c_i. For h = relu, c_i relu(q_i.k_j) = relu((c_i q_i).k_j), so c is folded into
-the queries before the kernel (a T x D multiply instead of a T x S one) and autograd carries its
-gradient to gamma. Other pointwise activations pass c to the kernel, which returns its gradient.
+Row factors and biases. ReLUFormer's 1 / (gamma sqrt(n_i / 2)) and pointwise's n_i^-alpha are
+positive per-row factors c_i. For h = relu without bias, c_i relu(q_i.k_j) = relu((c_i q_i).k_j),
+so c is folded into the queries before the kernel (a T x D multiply instead of a T x S one) and
+autograd carries its gradient to gamma. Other activations pass c to the kernel, which returns
+its gradient. A row bias b_i (sigmoid attention's -log n_i, Ramapuram et al. 2024, or its learned
+per-head bias) is added to the logits inside the activation; its gradient is sum_j dL/ds_ij.
 
 Rows for the regularisers (ReLUFormer, Shen et al. 2023, arXiv:2302.06461): instead of the
 weights, the kernel can return, per query row, the mass m_i = sum_j a_ij, e_i = sum_j a_ij log a_ij
@@ -23,17 +29,17 @@ losses and the sparsity statistics come from these three numbers, with exact gra
 backward adds g_m + g_e (log a_ij + 1) to each weight's gradient), in dense and blocked mode alike.
 
 Not handled here (the caller uses the reference path of :mod:`reluformer_mt.attention.functions`):
-additive float masks, attention dropout in training, and non-ReLU pointwise activations in
-dense mode (blocked mode handles them, recomputing the activation's derivative with autograd).
+additive float masks and attention dropout in training. Activations other than relu get their
+derivative by autograd on the recomputed logits of each tile.
 """
 from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS, entropy_margin_target
+from reluformer_mt.attention.functions import (POINTWISE_ACTIVATIONS, Params, accumulation_dtype,
+                                               entropy_margin_target, get_function)
 
-RELU_FAMILY = ("relu", "rela", "pointwise")
 # dense mode: rows per tile = this / key length (1 MB of float32 per head: the L2 cache here)
 DENSE_TILE_ELEMENTS = 2 ** 18
 
@@ -63,28 +69,29 @@ def _tile_plan(T: int, S: int, block_q: int, block_k: int, keep: Optional[Tensor
     return plan
 
 
-def _weights_tile(q: Tensor, k: Tensor, c: Optional[Tensor], keep: Optional[Tensor], act: str,
+def _weights_tile(q: Tensor, k: Tensor, c: Optional[Tensor], b: Optional[Tensor], keep: Optional[Tensor], act: str,
                   heads: int, out: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """a = c * h(q k^T), masked (written into ``out`` if given, relu only); also the logits s
-    when act is not relu (its backward needs them)."""
-    s = torch.bmm(q, k.transpose(1, 2), out=out) if out is not None else torch.bmm(q, k.transpose(1, 2))
-    if act == "relu":
+    """a = c * h(q k^T + b), masked (written into ``out`` if given); also the logits s + b when
+    act is not relu (its backward needs them)."""
+    if act == "relu":  # in place: the logits buffer becomes the weights
+        s = torch.bmm(q, k.transpose(1, 2), out=out) if out is not None else torch.bmm(q, k.transpose(1, 2))
+        if b is not None:
+            s.add_(b)
         a, logits = s.relu_(), None
     else:
+        s = torch.bmm(q, k.transpose(1, 2))
+        if b is not None:
+            s.add_(b)
         a, logits = _activation(act)(s), s
         if a is s:  # identity: keep the logits intact for the backward pass
             a = s.clone()
+        if out is not None:
+            a = out.copy_(a)
     if c is not None:
         a.mul_(c)
     if keep is not None:
         _mask_(a, keep, heads)
     return a, logits
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Row statistics are summed in float32 (float64 for float64 inputs): in half precision a
-    row sum over thousands of keys loses digits, and 1e-30 (``_safe_log``) rounds to 0."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _safe_log(a: Tensor) -> Tensor:
@@ -105,15 +112,15 @@ def _mask_(x: Tensor, keep: Tensor, heads: int) -> Tensor:
     return x
 
 
-class _ReluFamilyAttention(torch.autograd.Function):
-    """out = (c * h(q k^T) masked) v in tiles; optional per-row mass, sum a log a, non-zeros.
+class _TiledAttention(torch.autograd.Function):
+    """out = (c * h(q k^T + b) masked) v in tiles; optional per-row mass, sum a log a, non-zeros.
 
-    q (N, T, D) already scaled, k (N, S, D), v (N, S, Dv), N = batch * heads; c (N, T, 1) or
-    None; keep (B or 1, 1, T, S) bool, True where a key is visible, or None (all visible).
+    q (N, T, D) already scaled, k (N, S, D), v (N, S, Dv), N = batch * heads; c and b (N, T, 1)
+    or None; keep (B or 1, 1, T, S) bool, True where a key is visible, or None (all visible).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, c, keep, act, heads, block_q, block_k, dense, want_rows, keep_weights):
+    def forward(ctx, q, k, v, c, b, keep, act, heads, block_q, block_k, dense, want_rows, keep_weights):
         N, T, _ = q.shape
         S = k.size(1)
         full = None
@@ -128,7 +135,8 @@ class _ReluFamilyAttention(torch.autograd.Function):
         xlogx = q.new_zeros((N, T) if want_rows else (0,), dtype=acc)
         nonzero = torch.zeros(N if want_rows else 0, T if want_rows else 0, dtype=torch.long, device=q.device)
         for i0, i1, j0, j1, tile in plan:
-            a, _ = _weights_tile(q[:, i0:i1], k[:, j0:j1], None if c is None else c[:, i0:i1], tile, act, heads,
+            a, _ = _weights_tile(q[:, i0:i1], k[:, j0:j1], None if c is None else c[:, i0:i1],
+                                 None if b is None else b[:, i0:i1], tile, act, heads,
                                  out=None if full is None else full[:, i0:i1, j0:j1])
             out[:, i0:i1].baddbmm_(a, v[:, j0:j1])
             if want_rows:
@@ -138,7 +146,7 @@ class _ReluFamilyAttention(torch.autograd.Function):
                 nonzero[:, i0:i1] += torch.count_nonzero(a, dim=-1)
         ctx.mark_non_differentiable(nonzero)
         ctx.plan, ctx.act, ctx.heads, ctx.want_rows = plan, act, heads, want_rows
-        ctx.save_for_backward(q, k, v, c, full)
+        ctx.save_for_backward(q, k, v, c, b, full)
         # the dense weights double as the module's returned attention weights (no extra copy)
         weights = full.detach() if full is not None else q.new_zeros(0)
         ctx.mark_non_differentiable(weights)
@@ -146,20 +154,22 @@ class _ReluFamilyAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero, _g_weights):
-        q, k, v, c, saved_weights = ctx.saved_tensors
+        q, k, v, c, b, saved_weights = ctx.saved_tensors
         act, heads = ctx.act, ctx.heads
-        need_q, need_k, need_v, need_c = ctx.needs_input_grad[:4]
+        need_q, need_k, need_v, need_c, need_b = ctx.needs_input_grad[:5]
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dc = torch.zeros_like(c) if (c is not None and need_c) else None
+        db = torch.zeros_like(b) if (b is not None and need_b) else None
         rows = ctx.want_rows and (g_mass is not None or g_xlogx is not None)
         g_out = g_out.contiguous()
         for i0, i1, j0, j1, tile in ctx.plan:
             qi, kj, vj, gi = q[:, i0:i1], k[:, j0:j1], v[:, j0:j1], g_out[:, i0:i1]
             ci = None if c is None else c[:, i0:i1]
-            if saved_weights is not None:
+            bi = None if b is None else b[:, i0:i1]
+            if saved_weights is not None and act == "relu":
                 a, logits = saved_weights[:, i0:i1, j0:j1], None
             else:
-                a, logits = _weights_tile(qi, kj, ci, tile, act, heads)
+                a, logits = _weights_tile(qi, kj, ci, bi, tile, act, heads)
             dv[:, j0:j1].baddbmm_(a.transpose(1, 2), gi)
             da = torch.bmm(gi, vj.transpose(1, 2))  # dL/da_ij
             if rows:  # d m_i / d a_ij = 1, d e_i / d a_ij = log a_ij + 1 (a_ij > 0; zeros are cut below)
@@ -184,9 +194,11 @@ class _ReluFamilyAttention(torch.autograd.Function):
                 with torch.enable_grad():
                     s = logits.detach().requires_grad_(True)
                     ds, = torch.autograd.grad(_activation(act)(s), s, dh)
+            if db is not None:  # d(s + b)/db = 1; masked entries have ds = 0
+                db[:, i0:i1] += ds.sum(-1, keepdim=True)
             dq[:, i0:i1].baddbmm_(ds, kj)
             dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qi)
-        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, dc,
+        return (dq if need_q else None, dk if need_k else None, dv if need_v else None, dc, db,
                 None, None, None, None, None, None, None, None)
 
 
@@ -199,68 +211,74 @@ def count_visible(keep: Tensor, rows: int = 256) -> Tensor:
     return torch.cat([keep[..., i:i + rows, :].sum(-1, keepdim=True) for i in range(0, T, rows)], dim=-2)
 
 
-def row_factor(fn: str, n_visible: Tensor, gamma: Optional[Tensor], alpha: float,
-               dtype: torch.dtype = torch.float32, length_scale: bool = True) -> Optional[Tensor]:
-    """c_i of each function (None for ReLA): ReLUFormer 1/(gamma sqrt(n_i/2)) (1/gamma without
-    the length factor), pointwise n_i^-alpha, computed in ``accumulation_dtype(dtype)``."""
-    n = n_visible.clamp(min=1).to(accumulation_dtype(dtype))
-    if fn == "relu":
-        return 1.0 / (gamma * torch.sqrt(n / 2.0)) if length_scale else (1.0 / gamma) * torch.ones_like(n)
-    if fn == "pointwise":
-        return n.pow(-alpha)
-    return None
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, activation: str = "relu",
+                    scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
+                    row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
+                    blocked: bool = False, block_q: int = 512, block_k: int = 512,
+                    want_rows: bool = False, want_weights: bool = False, fused: bool = False):
+    """out_i = sum_j c_i h(s_ij + b_i) v_j without the T x S intermediates of the reference path.
 
-
-def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: str, scaling: Optional[float],
-                          gamma: Optional[Tensor] = None, length_scale: bool = True,
-                          alpha: float = 1.0, activation: str = "relu",
-                          blocked: bool = False, block_q: int = 512, block_k: int = 512,
-                          want_rows: bool = False, want_weights: bool = False, fused: bool = False):
-    """ReLU-family attention without the T x S intermediates of the reference path.
-
+    q (B, H, T, D), k/v (B, H, S, D); keep (B or 1, 1, T, S) bool; ``activation`` h, a key of
+    ``POINTWISE_ACTIVATIONS``; ``scaling`` multiplies the logits (1/sqrt(d_h)) or is None;
+    ``row_factor`` c_i > 0 and ``row_bias`` b_i broadcastable to (B, H, T, 1) or None (gradients
+    flow to both); ``n_visible`` (B|1, 1, T, 1) if the caller counted it already.
     ``fused``: run the C++ kernel of :mod:`reluformer_mt.attention.fused` where it applies
-    (h = relu, no weights wanted, float CPU tensors, extension built); else the dense or blocked
-    path as ``blocked`` says.
-
-    q (B, H, T, D), k/v (B, H, S, D); keep (B or 1, 1, T, S) bool; gamma broadcastable to
-    (H, 1, 1) for ``relu``; ``scaling`` multiplies the logits (1/sqrt(d_h)) or is None.
+    (h = relu, no bias, no weights wanted, float CPU tensors, extension built); else the dense or
+    blocked path as ``blocked`` says.
     Returns (out (B, H, T, D), rows, weights) with rows = (mass, xlogx, nonzero, n_visible) of
     shape (B, H, T) each when ``want_rows`` (else None) and weights (B, H, T, S) when wanted
     (dense mode only).
     """
     B, H, T, D = q.shape
     S = k.size(2)
-    act = "relu" if fn in ("relu", "rela") else activation
+    act = activation
     if want_weights and blocked:
         raise ValueError("the blocked path never materialises the weights; use dense mode")
-    if act != "relu" and not blocked:
-        raise ValueError("dense mode handles h = relu only; use blocked mode or the reference path")
-    n_visible = count_visible(keep)  # (B|1, 1, T, 1)
+    if n_visible is None:
+        n_visible = count_visible(keep)  # (B|1, 1, T, 1)
     visible = None if bool(keep.all()) else keep
-    c = row_factor(fn, n_visible, gamma, alpha, q.dtype, length_scale)
-    if c is not None:
-        c = c.to(q.dtype).expand(B, H, T, 1)
+    c = None if row_factor is None else row_factor.to(q.dtype).expand(B, H, T, 1)
+    b = None if row_bias is None else row_bias.to(q.dtype).expand(B, H, T, 1)
     if scaling is not None:
         q = q * scaling
-    if c is not None and act == "relu":
+    if c is not None and act == "relu" and b is None:
         q, c = q * c, None  # c_i relu(q_i.k_j) = relu((c_i q_i).k_j) for c_i > 0
     q3 = q.reshape(B * H, T, D)
     k3, v3 = k.reshape(B * H, S, D), v.reshape(B * H, S, v.size(-1))
     c3 = None if c is None else c.reshape(B * H, T, 1)
-    if fused and act == "relu" and not want_weights:
+    b3 = None if b is None else b.reshape(B * H, T, 1)
+    if fused and act == "relu" and c3 is None and b3 is None and not want_weights:
         from reluformer_mt.attention import fused as fused_kernel
         if fused_kernel.supports(q3):
             out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
             return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3))
-    out, mass, xlogx, nonzero, weights = _ReluFamilyAttention.apply(
-        q3, k3, v3, c3, visible, act, H, block_q, block_k, not blocked, want_rows,
-        not blocked and (needs_grad or want_weights))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3, b3))
+    # dense mode keeps the weights for backward only for relu (others recompute their logits)
+    keep_weights = not blocked and (want_weights or (needs_grad and act == "relu"))
+    out, mass, xlogx, nonzero, weights = _TiledAttention.apply(
+        q3, k3, v3, c3, b3, visible, act, H, block_q, block_k, not blocked, want_rows, keep_weights)
     return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
 
 
+def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: str, scaling: Optional[float],
+                          gamma: Optional[Tensor] = None, length_scale: bool = True, alpha: float = 1.0,
+                          activation: str = "relu", **options):
+    """The former entry point (benchmarks/run.py): ``tiled_attention`` with the activation, row
+    factor and row bias that the registered function ``fn`` declares for these options."""
+    from reluformer_mt.attention.config import AttentionConfig
+
+    function = get_function(fn)
+    config = AttentionConfig(fn=fn, relu_length_scale=length_scale, pointwise_alpha=alpha,
+                             pointwise_activation=activation)
+    params = Params(config, {} if gamma is None else {"log_gamma": torch.as_tensor(gamma).log()})
+    n_visible = count_visible(keep)
+    return tiled_attention(q, k, v, keep, activation=function.activation(config), scaling=scaling,
+                           row_factor=function.row_factor(n_visible, params, q.dtype),
+                           row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible, **options)
+
+
 def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):
-    """The kernel's (N, ...) outputs reshaped to (B, H, ...) as relu_family_attention returns them."""
+    """The kernel's (N, ...) outputs reshaped to (B, H, ...) as tiled_attention returns them."""
     out = out.view(B, H, T, -1)
     rows = None
     if want_rows:
@@ -287,4 +305,4 @@ def regularisers_from_rows(mass: Tensor, xlogx: Tensor, n_visible: Tensor, ratio
     return norm_loss.sum(), margin.sum(), live.sum()
 
 
-__all__ = ["RELU_FAMILY", "count_visible", "relu_family_attention", "regularisers_from_rows", "row_factor"]
+__all__ = ["accumulation_dtype", "count_visible", "regularisers_from_rows", "relu_family_attention", "tiled_attention"]

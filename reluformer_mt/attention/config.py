@@ -2,11 +2,19 @@
 import math
 from dataclasses import dataclass
 
-from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS
+from typing import Union
+
+from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, SIGMOID_BIAS_MODES
 
 GAMMA_MODES = ("fixed", "layer", "head")
 RELA_VARIANTS = ("gated", "ungated")
 ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused")
+
+
+def valid_sigmoid_bias(value) -> bool:
+    if isinstance(value, str):
+        return value in SIGMOID_BIAS_MODES
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class AttentionOptionError(ValueError):
@@ -30,6 +38,11 @@ class AttentionConfig:
     qk_layernorm: LayerNorm on queries and keys (per head) before the dot product (ReLU-ViT).
     output_gate: the gated attention unit of ReLU-ViT: the attention output is multiplied
         element-wise by a linear projection of the query input before the output projection.
+    output_norm: LayerNorm on the sublayer's output (after the output projection, before the
+        residual): the "hybrid-norm" that sigmoid attention needs to tame its large initial
+        attention norms (Ramapuram et al. 2024).
+    sigmoid_bias: b of sigmoid attention: ``auto`` (-log n_i), ``learned`` (a scalar per head,
+        initialised at -log 64) or a fixed number.
     impl / blocked_min_len / block_size: the memory-bounded path for long sequences.
     """
 
@@ -44,6 +57,8 @@ class AttentionConfig:
     pointwise_activation: str = "relu"
     qk_layernorm: bool = False
     output_gate: bool = False
+    output_norm: bool = False
+    sigmoid_bias: Union[str, float] = "auto"
     impl: str = "auto"
     blocked_min_len: int = 2048
     block_size: int = 512
@@ -66,6 +81,8 @@ class AttentionConfig:
             fail("pointwise-alpha", self.pointwise_alpha, "a number in [0, 2]")
         if self.pointwise_activation not in POINTWISE_ACTIVATIONS:
             fail("pointwise-h", self.pointwise_activation, "one of " + ", ".join(POINTWISE_ACTIVATIONS))
+        if not valid_sigmoid_bias(self.sigmoid_bias):
+            fail("sigmoid-bias", self.sigmoid_bias, "auto, learned or a finite number")
         if self.impl not in ATTENTION_IMPLS:
             fail("attn-impl", self.impl, "one of " + ", ".join(ATTENTION_IMPLS))
         if self.block_size < 1:

@@ -6,12 +6,14 @@ model and fairseq's ``transformer`` load each other's weights; the incremental-d
 and ``reorder_incremental_state`` used by beam search stay fairseq's; and the softmax function
 calls fairseq's own forward (PyTorch's fused attention), so the baseline keeps fairseq's speed.
 Every other function runs :meth:`ReluformerAttention._attend`, which computes the logits,
-applies a function from :mod:`reluformer_mt.attention.functions`, and the output transforms
-(ReLA's RMSNorm and gate, ReLU-ViT's gated unit). The ReLU family (relu, rela, pointwise) runs
-the fused dense or memory-bounded blocked kernel of :mod:`reluformer_mt.attention.blocked`
-(same results; chosen by ``--attn-impl``, see docs/PERFORMANCE.md).
+applies the weight function object of :mod:`reluformer_mt.attention.functions` (resolved once,
+at construction), and the output transforms (ReLA's RMSNorm and gate, ReLU-ViT's gated unit,
+the hybrid-norm of sigmoid attention). :meth:`ReluformerAttention._attention_path` alone chooses
+how a call runs, from what the function declares: functions without a row normaliser (relu,
+rela, pointwise, sigmoid) run the dense or memory-bounded blocked kernel of
+:mod:`reluformer_mt.attention.blocked`, h = relu also the C++ kernel of
+:mod:`reluformer_mt.attention.fused` (same results; ``--attn-impl``, see docs/PERFORMANCE.md).
 """
-import math
 from contextlib import contextmanager
 from typing import Dict, Optional, Tuple
 
@@ -21,20 +23,12 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
-from reluformer_mt.attention.blocked import RELU_FAMILY, regularisers_from_rows, relu_family_attention
+from reluformer_mt.attention.blocked import count_visible, regularisers_from_rows, tiled_attention
 from reluformer_mt.attention import fused as fused_kernel
 from reluformer_mt.attention.config import AttentionConfig
+from reluformer_mt.attention.functions import RELA_EPS, rela_gate_init_range  # noqa: F401  (re-exported)
 
-# ReLA's RMSNorm epsilon, from the official code (bzhangGo/zero)
-RELA_EPS = 1e-8
-
-
-def rela_gate_init_range(embed_dim: int) -> float:
-    """ReLA's gate is initialised uniformly in +-sqrt(3 / d) (the official code's scale:
-    0.0765 at d = 512, 0.2165 at d = 64), not with one constant at every width."""
-    return math.sqrt(3.0 / embed_dim)
-# pointwise activations that can be negative
-SIGNED_ACTIVATIONS = ("gelu", "identity")
+PATHS = ("reference", "dense", "blocked", "fused")
 
 
 class ReluformerAttention(MultiheadAttention):
@@ -58,25 +52,20 @@ class ReluformerAttention(MultiheadAttention):
                          q_noise=q_noise, qn_block_size=qn_block_size)
         self.config = config.validate()
         self.fn = config.fn
+        self.function = F_attn.get_function(config.fn)
 
-        # a learned gamma is kept as log(gamma): the fast paths fold 1/gamma into the queries,
-        # which is only valid for gamma > 0. Only ReLUFormer's function uses gamma: other
-        # sublayers get no parameter (an unused one breaks DDP without find_unused_parameters).
-        self.log_gamma = None
-        if self.fn == "relu" and config.relu_gamma_mode != "fixed":
-            shape = (num_heads,) if config.relu_gamma_mode == "head" else ()
-            self.log_gamma = nn.Parameter(torch.full(shape, math.log(config.relu_gamma)))
-
-        self.rela_gain = self.rela_gate = None
-        if self.fn == "rela":
-            self.rela_gain = nn.Parameter(torch.full((embed_dim,), float(config.rela_gain_init)))
-            if config.rela_variant == "gated":
-                bound = rela_gate_init_range(embed_dim)
-                self.rela_gate = nn.Parameter(torch.empty(embed_dim).uniform_(-bound, bound))
+        # the function's own parameters (log_gamma, rela_gain, rela_gate, sigmoid_bias), only
+        # where it uses them: an unused one breaks DDP without find_unused_parameters
+        made = self.function.make_parameters(config, num_heads, embed_dim)
+        for name in F_attn.PARAMETER_NAMES:
+            setattr(self, name, made.get(name))
+        self._function_params = tuple(made)  # names only: the tensors live on the module
 
         self.q_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
         self.k_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
         self.gate_proj = nn.Linear(embed_dim, embed_dim) if config.output_gate else None
+        # hybrid-norm (Ramapuram et al. 2024): LayerNorm on the sublayer output, before the residual
+        self.output_norm = nn.LayerNorm(embed_dim) if config.output_norm else None
 
         self.record_stats = False
         self.regularise = False
@@ -93,18 +82,20 @@ class ReluformerAttention(MultiheadAttention):
     @property
     def uses_fairseq_forward(self) -> bool:
         """Plain softmax attention runs fairseq's own (fused) forward."""
-        return self.fn == "softmax" and self.q_norm is None and self.gate_proj is None
+        return (self.fn == "softmax" and self.q_norm is None and self.gate_proj is None
+                and self.output_norm is None)
 
     def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
         """(T, B, H*D) -> (B, H, T, D)."""
         return x.contiguous().view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
+    def _params(self) -> F_attn.Params:
+        """The options and learned tensors the weight function reads."""
+        return F_attn.Params(self.config, {name: getattr(self, name) for name in self._function_params})
+
     def _gamma(self, dtype) -> Tensor:
         """ReLUFormer's gamma (> 0 by construction), broadcastable to (heads, 1, 1)."""
-        if self.log_gamma is None:
-            return torch.tensor(self.config.relu_gamma, dtype=dtype)
-        gamma = self.log_gamma.exp().to(dtype)
-        return gamma.view(-1, 1, 1) if gamma.dim() == 1 else gamma
+        return F_attn.relu_gamma(self._params(), dtype)
 
     @contextmanager
     def padded_queries(self, query_padding_mask: Optional[Tensor]):
@@ -130,22 +121,8 @@ class ReluformerAttention(MultiheadAttention):
         return ~padding.bool().view(padding.size(0), 1, tgt_len)
 
     def attention_weights(self, scores: Tensor, keep: Tensor, n_visible: Tensor) -> Tensor:
-        """Dispatch to the named weight function."""
-        fn = self.fn
-        if fn == "softmax":
-            return F_attn.softmax_weights(scores, keep)
-        if fn == "relu":
-            return F_attn.relu_weights(scores, keep, n_visible, self._gamma(scores.dtype), self.config.relu_length_scale)
-        if fn == "rela":
-            return F_attn.rela_weights(scores, keep)
-        if fn == "pointwise":
-            return F_attn.pointwise_weights(scores, keep, n_visible, self.config.pointwise_alpha,
-                                            self.config.pointwise_activation)
-        if fn == "sparsemax":
-            return F_attn.sparsemax_weights(scores, keep)
-        if fn == "entmax15":
-            return F_attn.entmax15_weights(scores, keep)
-        raise AssertionError(fn)  # validated in AttentionConfig
+        """The reference weights of this sublayer's function."""
+        return self.function.weights(scores, keep, n_visible, self._params())
 
     def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], device) -> Tuple[Tensor, Optional[Tensor]]:
@@ -170,29 +147,35 @@ class ReluformerAttention(MultiheadAttention):
         return keep, additive
 
     # ------------------------------------------------------------------ attention core
-    def _attention_path(self, tgt_len: int, src_len: int, additive: Optional[Tensor],
-                        want_weights: bool) -> str:
+    def _attention_path(self, tgt_len: int, src_len: int, additive: Optional[Tensor], want_weights: bool,
+                        q: Optional[Tensor] = None) -> str:
         """'reference', 'dense', 'blocked' or 'fused' (see ``blocked.py``, ``fused.py``); all give the same results.
 
-        The fast paths cover relu, rela and pointwise; they leave to the reference path additive
-        masks and attention dropout in training (its random mask is the reference's). ``auto``
-        goes blocked from ``blocked_min_len`` keys on, except for single-query decoding steps and
-        calls that return the weights (which are then materialised anyway).
+        The one place that chooses, from what the weight function declares and what the call
+        asks. The fast paths cover functions without a row normaliser (``tiled``); they leave to
+        the reference path additive masks and attention dropout in training (its random mask is
+        the reference's), and regularised rows of signed weights (their entropy is the
+        reference's definition). ``fused`` needs h = relu (``fused_relu``) and no returned
+        weights; ``auto`` takes it from ``fused.AUTO_MIN_LEN`` keys on for float CPU queries
+        ``q`` where the kernel is built, and goes blocked from ``blocked_min_len`` keys on,
+        except for single-query decoding steps and calls that return the weights.
         """
-        if self.fn not in RELU_FAMILY or additive is not None:
+        function, config = self.function, self.config
+        if not function.tiled or additive is not None:
             return "reference"
         if self.training and self.dropout_module.p > 0:
             return "reference"
-        relu_act = self.fn != "pointwise" or self.config.pointwise_activation == "relu"
-        if self.regularise and self.fn == "pointwise" and self.config.pointwise_activation in SIGNED_ACTIVATIONS:
-            return "reference"  # the entropy of rows with negative weights is defined by the reference only
-        impl = self.config.impl
-        if impl == "fused" and relu_act and not want_weights:
+        if self.regularise and function.signed(config):
+            return "reference"
+        fusable = function.fused_relu(config) and not want_weights
+        if config.impl == "fused" and fusable:
             return "fused"  # the C++ kernel; blocked if it cannot be built
-        blocked = impl in ("blocked", "fused") or (impl == "auto" and src_len >= self.config.blocked_min_len and tgt_len > 1)
-        if blocked and not want_weights:
-            return "blocked"
-        return "dense" if relu_act else "reference"
+        long_call = tgt_len > 1 and not want_weights
+        if (config.impl == "auto" and fusable and long_call and src_len >= fused_kernel.AUTO_MIN_LEN
+                and q is not None and fused_kernel.supports(q)):
+            return "fused"  # measured faster there (docs/PERFORMANCE.md)
+        blocked = config.impl in ("blocked", "fused") or (config.impl == "auto" and src_len >= config.blocked_min_len and tgt_len > 1)
+        return "blocked" if blocked and not want_weights else "dense"
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, additive: Optional[Tensor],
                 want_weights: bool, live_queries: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
@@ -201,21 +184,18 @@ class ReluformerAttention(MultiheadAttention):
         ``live_queries`` (B, 1, T) marks real query rows: only they enter the recorded statistics
         and ReLUFormer's regularisers (padding rows would otherwise count and get gradients).
         """
-        scale_logits = self.fn != "relu" or self.config.relu_scale_logits
-        path = self._attention_path(q.size(2), k.size(2), additive, want_weights)
+        function, params = self.function, self._params()
+        scale_logits = function.scale_logits(self.config)
+        path = self._attention_path(q.size(2), k.size(2), additive, want_weights, q)
         if path != "reference":
-            block = self.config.block_size
-            # auto: the fused C++ kernel replaces dense/blocked from AUTO_MIN_LEN keys on where it was
-            # built (faster there, docs/PERFORMANCE.md); not for single-query decoding steps
-            fused = path == "fused" or (self.config.impl == "auto" and not want_weights and q.size(2) > 1
-                                        and k.size(2) >= fused_kernel.AUTO_MIN_LEN and q.device.type == "cpu"
-                                        and fused_kernel.available())
-            out, rows, weights = relu_family_attention(
-                q, k, v, keep, fn=self.fn, scaling=self.scaling if scale_logits else None,
-                gamma=self._gamma(q.dtype) if self.fn == "relu" else None, length_scale=self.config.relu_length_scale,
-                alpha=self.config.pointwise_alpha, activation=self.config.pointwise_activation,
-                blocked=path in ("blocked", "fused"), block_q=block, block_k=block,
-                want_rows=self.record_stats, want_weights=want_weights, fused=fused)
+            n_visible = count_visible(keep)
+            out, rows, weights = tiled_attention(
+                q, k, v, keep, activation=function.activation(self.config),
+                scaling=self.scaling if scale_logits else None,
+                row_factor=function.row_factor(n_visible, params, q.dtype),
+                row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible,
+                blocked=path != "dense", block_q=self.config.block_size, block_k=self.config.block_size,
+                want_rows=self.record_stats, want_weights=want_weights, fused=path == "fused")
             if rows is not None:
                 self._record_rows(*rows, live_queries=live_queries)
             return out, weights
@@ -223,7 +203,7 @@ class ReluformerAttention(MultiheadAttention):
         if additive is not None:
             scores = scores + additive
         n_visible = keep.sum(-1, keepdim=True)
-        weights = self.attention_weights(scores, keep, n_visible)
+        weights = function.weights(scores, keep, n_visible, params)
         if self.record_stats:
             self._record(weights, keep, n_visible, live_queries)
         out = torch.matmul(self.dropout_module(weights), v)
@@ -270,14 +250,13 @@ class ReluformerAttention(MultiheadAttention):
             self.stats[key] = self.stats.get(key, 0) + value
 
     def _output_transform(self, out: Tensor, query: Tensor) -> Tensor:
-        """ReLA's RMSNorm (+ gate) over the concatenated heads; ReLU-ViT's gated unit."""
-        if self.fn == "rela":
-            rms = torch.sqrt(out.float().pow(2).mean(-1, keepdim=True) + RELA_EPS).type_as(out)
-            normed = self.rela_gain * out / rms
-            out = normed * torch.sigmoid(self.rela_gate * out) if self.rela_gate is not None else normed
+        """The function's own transform (ReLA's RMSNorm + gate), ReLU-ViT's gated unit, the output
+        projection and the hybrid-norm."""
+        out = self.function.transform_output(out, self._params())
         if self.gate_proj is not None:
             out = out * self.gate_proj(query)
-        return out
+        out = self.out_proj(out)
+        return self.output_norm(out) if self.output_norm is not None else out
 
     # ------------------------------------------------------------------ fairseq interface
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
@@ -339,7 +318,7 @@ class ReluformerAttention(MultiheadAttention):
         out, weights = self._attend(q, k, v, keep, additive, need_weights, live_queries)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
-        out = self.out_proj(self._output_transform(out, query))
+        out = self._output_transform(out, query)
 
         if weights is not None:
             weights = weights.float().transpose(0, 1)  # heads x batch x tgt x src

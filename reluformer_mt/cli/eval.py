@@ -5,6 +5,8 @@
     reluformer-eval align --checkpoint ckpt.pt --src test.words.grc --tgt test.words.en --output pred.align \
         --gold test.gold.align --gold-base 0 --plot aer.png
     reluformer-eval attn-stats --checkpoint a/ckpt.pt b/ckpt.pt --split test --plot sparsity.png
+    reluformer-eval contrastive --checkpoint ckpt.pt --suite contrapro --suite-dir ../shared/data/contrapro_ctx1
+    reluformer-eval cxmi --checkpoint ckpt.pt --data data-bin/doc --split test
 
 Every subcommand prints a readable table and, with ``--json PATH``, writes a JSON report. A new
 subcommand is a triple (help, add_arguments, run) registered in ``SUBCOMMANDS``; ``run(args)`` returns
@@ -15,6 +17,7 @@ import logging
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+from reluformer_mt.cli.checks import check_output_file, write_error
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.memory_stats import add_memory_stats_args, run_memory_stats
@@ -65,6 +68,9 @@ def run_bleu(args) -> dict:
     print(format_table(["metric", "BLEU", "items", "details"], rows))
     for r in report["scores"].values():
         print(f"{r.name} signature: BLEU|{r.signature}")
+    if report.get("chrf"):
+        print(format_table(["metric", "chrF", "items"], [(r.name, r.score, r.n_items) for r in report["chrf"].values()]))
+        print(f"chrF signature: chrF2|{next(iter(report['chrf'].values())).signature}")
     if report["mismatches"]:
         print(f"\n{len(report['mismatches'])} documents differ in sentence count:")
         print(format_table(["doc id", "hyp sentences", "ref sentences"],
@@ -78,8 +84,9 @@ def run_bleu(args) -> dict:
 
 def add_aer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gold", required=True, help="gold links, one sentence a line ('i-j' sure, 'ipj' possible)")
-    p.add_argument("--gold-base", type=int, default=1, choices=[0, 1],
-                   help="index base of the gold file (awesome-align sets: 1; Biçici de-en.wa: 0)")
+    p.add_argument("--gold-base", type=int, required=True, choices=[0, 1],
+                   help="index base of the gold file, required, never guessed (awesome-align sets: 1; Biçici "
+                        "de-en.wa: 0); a warning says when the links look like the other base")
     p.add_argument("--gold-format", default="pharaoh", choices=["pharaoh", "naacl"],
                    help="pharaoh: links per line; naacl: 'sent src tgt [S|P]' a line (1-based sentences, --gold-base words)")
     p.add_argument("--possible-mark", default="p", help="mark of possible links in the gold file (3p4)")
@@ -117,9 +124,12 @@ def run_aer(args) -> dict:
         gold = aer_lib.read_gold(args.gold, args.gold_base, args.possible_mark)
     if len(gold) != len(pred):
         raise ValueError(f"{args.gold} has {len(gold)} sentences but {args.pred or 'the baseline'} has {len(pred)}")
+    gold_lengths = [(nt, ns) for ns, nt in lengths] if lengths and args.gold_swap else lengths
+    hint = aer_lib.other_base_hint([p for _, p in gold], args.gold_base, gold_lengths)
+    if hint:
+        print(f"reluformer-eval aer: warning: --gold-base {args.gold_base}, but {hint}; check --gold-base", file=sys.stderr)
     if lengths is not None:
         if not args.unchecked_gold:  # in the file's own orientation, so the error names its indices
-            gold_lengths = [(nt, ns) for ns, nt in lengths] if args.gold_swap else lengths
             aer_lib.check_ranges([p for _, p in gold], gold_lengths, args.gold, args.gold_base)
         if args.pred:
             aer_lib.check_ranges(pred, lengths, args.pred, args.pred_base)
@@ -245,10 +255,83 @@ def run_attn_stats(args) -> dict:
     return report
 
 
+# ---------------------------------------------------------------------------------------------- context use
+
+def _add_scoring_args(p: argparse.ArgumentParser) -> None:
+    """One checkpoint and its force-decoding options (contrastive, cxmi)."""
+    p.add_argument("--checkpoint", required=True, help="fairseq checkpoint of a reluformer model")
+    p.add_argument("--data", help="prepared directory with dictionaries, prepared.json and SentencePiece model "
+                                  "(default: the one the checkpoint was trained on)")
+    p.add_argument("--spm-model", nargs="+", help="SentencePiece model (joint, or source and target) instead of prepared.json's")
+    p.add_argument("--max-tokens", type=int, default=4000, help="force-decoding batch size in tokens")
+    p.add_argument("--batch-size", type=int, default=64, help="at most this many sequences a batch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
+
+
+def add_contrastive_args(p: argparse.ArgumentParser) -> None:
+    _add_scoring_args(p)
+    p.add_argument("--suite", required=True, choices=["contrapro", "discevalmt"],
+                   help="contrapro: en-de pronouns (Müller et al. 2018); discevalmt: en-fr anaphora and lexical choice "
+                        "(Bawden et al. 2018)")
+    p.add_argument("--suite-dir", required=True, help="folder of the suite files (e.g. ../shared/data/contrapro_ctx1)")
+    p.add_argument("--context", default="previous", choices=["previous", "none"],
+                   help="previous: the previous sentence as the document model's context (source and target, with the "
+                        "separator); none: the same model as a sentence-level one")
+    p.add_argument("--score", default="sum", choices=["sum", "mean"],
+                   help="sum (default): log-probability of the candidate, the likelihood comparison the test asks for; "
+                        "mean: per token, as contextual-mt does, which can prefer a longer, less probable candidate "
+                        "(the report gives the other score's accuracy too)")
+    p.add_argument("--limit", type=int, help="only the first N examples (of each DiscEvalMT set)")
+
+
+def run_contrastive(args) -> dict:
+    from reluformer_mt.evaluation import contrastive
+
+    report = contrastive.run_contrastive(
+        args.checkpoint, args.suite, args.suite_dir, context=args.context, score=args.score, data=args.data,
+        spm_models=args.spm_model, limit=args.limit, max_tokens=args.max_tokens, batch_size=args.batch_size,
+        device=args.device, progress=False if args.no_progress else None)
+    _print_model("model", report["model"])
+    print(report["definition"])
+    print(format_table(contrastive.table_headers(report), contrastive.table_rows(report)))
+    if report["no_context_check"]:
+        for name, entry in report["sets"].items():
+            exact = entry["correct"] * 2 == entry["examples"]
+            print(f"no-context check, {name}: {entry['accuracy']:.2f} % "
+                  + ("= 50 % exactly: scoring leaks no answer" if exact else f"!= 50 % ({entry['ties']} ties count as wrong)"))
+    return report
+
+
+def add_cxmi_args(p: argparse.ArgumentParser) -> None:
+    _add_scoring_args(p)
+    p.add_argument("--split", default="test", help="binarised split of the prepared document-level directory (valid, test)")
+    p.add_argument("--context-sentences", type=int, default=1, help="previous sentences of the document given as context")
+    p.add_argument("--limit-docs", type=int, help="only the first N documents")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
+    p.add_argument("--seed", type=int, default=1, help="bootstrap seed")
+
+
+def run_cxmi(args) -> dict:
+    from reluformer_mt.evaluation import cxmi
+
+    report = cxmi.run_cxmi(
+        args.checkpoint, data=args.data, split=args.split, context_sentences=args.context_sentences,
+        spm_models=args.spm_model, limit_docs=args.limit_docs, max_tokens=args.max_tokens, batch_size=args.batch_size,
+        device=args.device, n_boot=args.bootstrap, seed=args.seed, progress=False if args.no_progress else None)
+    _print_model("model", report["model"])
+    print(report["definition"])
+    print(f"{report['sentences']} sentences with context ({report['tokens']} target tokens) in {report['documents']} "
+          f"documents of {report['split']}; {report['sentences_helped']} made more likely by the context; "
+          f"{report['skipped_too_long']} left out (context does not fit the model's positions)")
+    print(format_table(*cxmi.table(report), digits=4))
+    return report
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
-    "bleu": ("s-BLEU and d-BLEU with sacreBLEU", add_bleu_args, run_bleu),
+    "bleu": ("s-BLEU and d-BLEU (and s-/d-chrF) with sacreBLEU", add_bleu_args, run_bleu),
     "aer": ("precision, recall and AER of word alignments against gold links", add_aer_args, run_aer),
     "align": ("word alignments from a model's cross-attention (force-decoded references), AER per layer",
               add_align_args, run_align),
@@ -256,6 +339,10 @@ SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
                    add_attn_stats_args, run_attn_stats),
     "memory": ("FFN / key-value memory diagnostics per layer: top-p%% score ratio, anisotropy",
                add_memory_stats_args, run_memory_stats),
+    "contrastive": ("contrastive accuracy on ContraPro or DiscEvalMT (force-decoded candidates with context)",
+                    add_contrastive_args, run_contrastive),
+    "cxmi": ("conditional cross-mutual information: how much a model uses the previous sentences",
+             add_cxmi_args, run_cxmi),
 }
 
 
@@ -275,12 +362,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     run = SUBCOMMANDS[args.command][2]
     try:
+        for option in ("json", "plot", "write_pred", "output"):  # before any work, not after an hour of it
+            if getattr(args, option, None):
+                check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
+                                  creates_folders=option != "write_pred")
         report = run(args)
         if args.json:
             write_json(args.json, report, command="reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv))
             print(f"report written to {args.json}")
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-eval {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # disk full, an unwritable report or plot
+        print(f"reluformer-eval {args.command}: error: {write_error(e)}", file=sys.stderr)
         return 1
     return 0
 

@@ -19,6 +19,7 @@ import argparse
 import logging
 import sys
 
+from reluformer_mt.cli.checks import non_negative_int, positive_int, write_error
 from reluformer_mt.data.readers import FORMATS
 
 
@@ -39,11 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", nargs="+", action="append", default=[], metavar="FILE", help=f"training corpus, {files}; repeat to concatenate")
     p.add_argument("--valid", nargs="+", action="append", default=[], metavar="FILE", help=f"validation corpus, {files}")
     p.add_argument("--test", nargs="+", action="append", default=[], metavar="FILE", help=f"test corpus, {files}")
-    p.add_argument("--valid-from-train", type=int, default=0, metavar="K", help="hold out the last K training documents as the valid set")
-    p.add_argument("--limit-docs", type=int, default=0, metavar="K", help="keep only the first K documents of each split (demos, smoke tests)")
+    p.add_argument("--valid-from-train", type=non_negative_int, default=0, metavar="K", help="hold out the last K training documents as the valid set")
+    p.add_argument("--limit-docs", type=non_negative_int, default=0, metavar="K", help="keep only the first K documents of each split (demos, smoke tests)")
     p.add_argument("--segment-tokens", "-N", default="sentence", metavar="N",
                    help="segment length N in subword tokens (separators counted, </s> not); 'sentence' or 0 for sentence level")
-    p.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size to train (default 8000)")
+    p.add_argument("--vocab-size", type=positive_int, default=8000, help="SentencePiece vocabulary size to train (default 8000)")
     p.add_argument("--spm-per-language", action="store_true", help="train one SentencePiece model per language instead of a joint one")
     p.add_argument("--spm-model", nargs="+", default=[], metavar="MODEL", help="reuse a SentencePiece model (one joint, or source and target)")
     p.add_argument("--joined-dictionary", action="store_true", help="one fairseq dictionary for both languages (for --share-all-embeddings)")
@@ -52,8 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bible-root", default=None, help="a folder with the bible-alignments data/ tree (default: the installed package)")
     p.add_argument("--bible-books", default="", help="comma-separated book numbers to keep (40=Matthew ... 66=Revelation); default all")
     p.add_argument("--out", "-o", required=True, help="output data directory")
-    p.add_argument("--force", action="store_true", help="redo every step even when its stamp says it is done")
-    p.add_argument("--workers", type=int, default=1, help="threads/processes for SentencePiece and fairseq-preprocess")
+    p.add_argument("--force", action="store_true",
+                   help="redo every step even when its stamp says it is done; first removes the previous run's "
+                        "outputs from --out (only the files a run writes)")
+    p.add_argument("--workers", type=positive_int, default=1, help="threads/processes for SentencePiece and fairseq-preprocess")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -92,6 +95,9 @@ def main(argv=None) -> int:
         prepare(config_from_args(args))
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-prepare: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # disk full, an unwritable --out
+        print(f"reluformer-prepare: error: {write_error(e, args.out)}", file=sys.stderr)
         return 2
     return 0
 

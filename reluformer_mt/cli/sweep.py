@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from reluformer_mt.cli.inprocess import run_fairseq
+from reluformer_mt.data.documents import is_doc_marker
 from reluformer_mt.memory.ffn import FFN_VARIANTS, MemoryOptionError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def read_pairs(corpus: Path, split: str, max_words: int) -> List[tuple]:
     if len(en) != len(de):
         raise ValueError(f"--corpus: {split} has {len(en)} English but {len(de)} German lines")
     return [(e, d) for e, d in zip(en, de)
-            if e and d and e != "<d>" and len(e.split()) <= max_words and len(d.split()) <= max_words]
+            if e and d and not is_doc_marker(e) and len(e.split()) <= max_words and len(d.split()) <= max_words]
 
 
 def prepare_corpus(out: Path, corpus: Path, valid_size: int, test_size: int, nwords: int, max_words: int) -> Path:

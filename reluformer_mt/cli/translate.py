@@ -12,6 +12,9 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
+
+from reluformer_mt.cli.checks import check_output_file, non_negative_float, non_negative_int, writing, write_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", "-f", choices=FORMATS, default="auto",
                    help="lines: a sentence per line, blank line between documents; docmt: '<d>' starts each document; "
                         "docids: a sentence per line plus --doc-ids; raw: paragraphs split into sentences (pysbd); "
-                        "auto (default): docmt if the input starts with <d>, raw if most lines hold three or more "
-                        "sentences, lines otherwise")
+                        "auto (default): docmt if the input starts with <d>, raw only if most lines (at least 3) are "
+                        "paragraphs of 3+ sentences and 40+ words, lines otherwise; the summary says which")
     p.add_argument("--doc-ids", help="docids format: file with one document id per input line")
     p.add_argument("--language", help="language of the sentence splitter for raw input (default: the checkpoint's source language)")
     res = p.add_argument_group("resources (default: beside the checkpoint, then the data directory it was trained on)")
@@ -42,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--lenpen", type=float, default=1.0, help="length penalty")
     gen.add_argument("--batch-size", type=int, default=32, help="most segments per batch")
     gen.add_argument("--max-tokens", type=int, default=4000, help="most source tokens per batch (padded)")
-    gen.add_argument("--max-len-a", type=float, default=1.2, help="output length limit a * source + b")
-    gen.add_argument("--max-len-b", type=int, default=10)
+    gen.add_argument("--max-len-a", type=non_negative_float, default=1.2, help="output length limit a * source + b")
+    gen.add_argument("--max-len-b", type=non_negative_int, default=10)
     gen.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
@@ -74,15 +77,33 @@ def _side_file(path, option):
         raise ValueError(f"{option} {path}: cannot write ({e.strerror})") from None
 
 
+def check_paths(args) -> None:
+    """Every file the run reads or writes is a different file (compared resolved, so './x' and a
+    symlink to x are the same), and every output can be written -- before anything is written:
+    a --scores equal to --output would overwrite the translation with scores."""
+    for option, path in (("--scores", args.scores), ("--alignments", args.alignments)):
+        if path == "-":
+            raise ValueError(f"{option}: give a file; standard output holds the translation")
+    files = [(o, p) for o, p in (("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
+                                 ("--scores", args.scores), ("--alignments", args.alignments)) if p and p != "-"]
+    seen = {}
+    for option, path in files:
+        key = Path(path).resolve()
+        if key in seen:
+            raise ValueError(f"{option} {path}: the same file as {seen[key]}; give each input and output its own file")
+        seen[key] = f"{option} {path}"
+    for option, path in files:
+        if option in ("--output", "--scores", "--alignments"):
+            check_output_file(path, option)
+
+
 def run(args) -> str:
     """Translate as ``args`` say; returns the summary."""
     from reluformer_mt.inference import DocumentTranslator, parse_input, read_text, write_output
     from reluformer_mt.inference.inputs import input_name, open_output
 
     start = time.time()
-    for option, path in (("--scores", args.scores), ("--alignments", args.alignments)):
-        if path == "-":
-            raise ValueError(f"{option}: give a file; standard output holds the translation")
+    check_paths(args)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads: expected a positive number, got {args.threads}")
@@ -101,21 +122,23 @@ def run(args) -> str:
     results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
                                    alignments=bool(args.alignments), progress=False if args.no_progress else None)
     stream = open_output(args.output)
-    try:
-        write_output(parsed, [[r.text for r in doc] for doc in results], stream)
-    finally:
-        if stream is not sys.stdout:
-            stream.close()
+    with writing("standard output" if stream is sys.stdout else args.output):
+        try:
+            write_output(parsed, [[r.text for r in doc] for doc in results], stream)
+        finally:
+            if stream is not sys.stdout:
+                stream.close()
     if args.scores:
-        with _side_file(args.scores, "--scores") as f:
+        with _side_file(args.scores, "--scores") as f, writing(args.scores):
             write_output(parsed, [["" if r.score is None else f"{r.score:.4f}" for r in doc] for doc in results], f, one_per_line=True)
     if args.alignments:
-        with _side_file(args.alignments, "--alignments") as f:
+        with _side_file(args.alignments, "--alignments") as f, writing(args.alignments):
             write_output(parsed, [[" ".join(f"{i}-{j}" for i, j in (r.alignment or [])) for r in doc] for doc in results],
                          f, one_per_line=True)
     summary = translator.summary()
-    fmt = parsed.fmt + (" (detected; --format chooses)" if args.format == "auto" else "")
-    return f"{summary}\n  input format: {fmt}; total time with loading: {time.time() - start:.1f} s"
+    fmt = parsed.fmt + (f" (detected: {parsed.detected}; --format chooses)" if parsed.detected else "")
+    notes = "".join(f"\n  {note}" for note in parsed.notes)
+    return f"{summary}\n  input format: {fmt}; total time with loading: {time.time() - start:.1f} s{notes}"
 
 
 def main(argv=None) -> int:
@@ -131,6 +154,9 @@ def main(argv=None) -> int:
         summary = run(args)
     except (TranslationError, ValueError, FileNotFoundError) as e:
         print(f"reluformer-translate: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a write outside the guarded ones (e.g. a full disk under a cache)
+        print(f"reluformer-translate: error: {write_error(e, args.output)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("reluformer-translate: interrupted", file=sys.stderr)

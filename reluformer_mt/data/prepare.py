@@ -8,12 +8,14 @@ level) or ``--task document_translation`` (document level).
 
 Each expensive step writes a stamp (``.steps/{step}.json``) with the options and input
 fingerprint it ran with; a re-run skips a step whose stamp matches, refuses one whose stamp
-differs (naming the options that changed), and redoes everything with ``force``.
+differs (naming the options that changed), and redoes everything with ``force``, which first
+removes the previous run's outputs (only files with the names a run writes; nothing else, and
+never an input of this run), so no split or dictionary of an older input survives.
 """
 import hashlib
 import json
 import logging
-import shutil
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -30,6 +32,17 @@ logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 STEP_DIR = ".steps"
+
+# names of the files a run writes, at the top of the output folder and in its subfolders
+_SPLIT = "(train|valid|test)"
+_NAME = r"[^./]+"
+OUTPUT_FILES = re.compile(
+    rf"{MANIFEST_NAME.replace('.', '[.]')}|summary[.]txt|preprocess[.]log|dict[.]{_NAME}[.]txt|spm([.]{_NAME})?[.]model"
+    rf"|{_SPLIT}[.]{_NAME}-{_NAME}[.]{_NAME}[.](bin|idx)|{_SPLIT}[.]segments[.]tsv"
+    rf"|{_SPLIT}[.](gold[.]align|verses[.]tsv|words[.]{_NAME})")
+OUTPUT_SUBDIRS = {"text": re.compile(rf"{_SPLIT}[.]{_NAME}"),
+                  "spm": re.compile(rf"spm([.]{_NAME})?[.](model|vocab)|vocab[.]{_NAME}[.]txt"),
+                  STEP_DIR: re.compile(r"\w+[.]json")}
 
 
 @dataclass
@@ -87,6 +100,57 @@ def run_step(out: Path, name: str, config: dict, fn, force: bool):
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps({"config": config, "result": result}, indent=1, ensure_ascii=False), encoding="utf-8")
     return result
+
+
+def _input_paths(cfg) -> set:
+    files = [f for split in SPLITS for group in getattr(cfg, split) for f in group] + list(cfg.spm_models)
+    return {Path(p).resolve() for f in files for p in str(f).split(",")}
+
+
+def remove_previous_outputs(out: Path, cfg) -> List[str]:
+    """Delete what an earlier run wrote into ``out`` (a folder with prepared.json or stamps):
+    only files with the names a run writes, never an input of this run (e.g. ``--spm-model
+    OUT/spm.model``); empty subfolders go too. Returns the names of the other files, kept."""
+    if not ((out / MANIFEST_NAME).is_file() or (out / STEP_DIR).is_dir()):
+        return []
+    inputs = _input_paths(cfg)
+    kept, removed = [], 0
+
+    def remove(path: Path, pattern) -> None:
+        nonlocal removed
+        if path.is_file() and pattern.fullmatch(path.name) and path.resolve() not in inputs:
+            path.unlink()
+            removed += 1
+        else:
+            kept.append(str(path.relative_to(out)))
+
+    for path in sorted(out.iterdir()):
+        if path.is_dir() and path.name in OUTPUT_SUBDIRS:
+            for inner in sorted(path.iterdir()):
+                remove(inner, OUTPUT_SUBDIRS[path.name])
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            remove(path, OUTPUT_FILES)
+    print(f"[prepare] --force: removed {removed} files of the previous run from {out}"
+          + (f"; kept {len(kept)} other files: {', '.join(kept[:5])}{' ...' if len(kept) > 5 else ''}" if kept else ""),
+          flush=True)
+    return kept
+
+
+def check_options(cfg: PrepareConfig) -> None:
+    """Options the Python API gets without argparse's checks: one-line errors before any work."""
+    out = Path(cfg.out)
+    for q in (out, *out.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise ValueError(f"--out {out}: {'is a file' if q == out else f'lies under the file {q}'}, expected a folder")
+            break
+    if not cfg.spm_models and cfg.vocab_size < 1:
+        raise ValueError(f"--vocab-size: expected a positive integer, got {cfg.vocab_size}")
+    for name in ("valid_from_train", "limit_docs"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 0, got {getattr(cfg, name)}")
 
 
 # ---------------------------------------------------------------- reading
@@ -275,9 +339,10 @@ def prepare(cfg: PrepareConfig) -> Report:
     for lang in (cfg.src, cfg.tgt):
         if not lang or any(c in lang for c in ".-/ "):
             raise ValueError(f"language code {lang!r} must be non-empty without '.', '-', '/' or spaces (fairseq file names use them)")
+    check_options(cfg)
     out = Path(cfg.out)
-    if cfg.force and (out / STEP_DIR).is_dir():
-        shutil.rmtree(out / STEP_DIR)
+    if cfg.force and out.is_dir():
+        remove_previous_outputs(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
     report = Report()
     splits = read_splits(cfg, report)

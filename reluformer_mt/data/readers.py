@@ -11,7 +11,9 @@ Formats:
 
 Policy for bad input: structural disagreement between the two sides (line counts, document
 markers, sentence counts) is an error naming both files; local damage (BOM, CRLF, an empty
-sentence, a talk on one side only) is repaired or skipped and counted.
+sentence, a talk on one side only) is repaired or skipped and counted. Invisible characters
+(a BOM not at offset 0, zero-width spaces and joiners, no-break spaces) at the edges of a sentence
+or around a ``<d>`` line are removed and counted (:mod:`reluformer_mt.data.documents`).
 """
 import re
 import xml.etree.ElementTree as ET
@@ -20,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from reluformer_mt.data.documents import BOM, DOC_MARKER, strip_edges
 from reluformer_mt.data.segments import SEPARATOR
 
-DOC_MARKER = "<d>"
-BOM = "\ufeff"
+INVISIBLE_AT_EDGES = "invisible characters at sentence edges removed (BOM, zero-width, no-break space)"
+INVISIBLE_AT_MARKERS = f"invisible characters around {DOC_MARKER} lines removed (BOM, zero-width, no-break space)"
 
 
 @dataclass
@@ -132,7 +135,9 @@ def _pairs_to_document(doc_id, pairs, report) -> Optional[Document]:
     """pairs: (src, tgt, src_where, tgt_where). Drops pairs with an empty side (counted)."""
     src, tgt = [], []
     for s, t, ws, wt in pairs:
-        s, t = s.strip(), t.strip()
+        (s, ns), (t, nt) = strip_edges(s), strip_edges(t)
+        if ns or nt:
+            report.repair(INVISIBLE_AT_EDGES, ws if ns else wt, ns + nt)
         _check_sentence(s, ws)
         _check_sentence(t, wt)
         if not s and not t:
@@ -166,21 +171,32 @@ def corpus_name(src_path, tgt_path) -> str:
 
 # ---------------------------------------------------------------- formats
 
+def _marker_lines(lines, path, report: Report) -> list:
+    """Which lines are ``<d>`` markers; invisible characters around a marker are counted."""
+    marks = []
+    for i, line in enumerate(lines, 1):
+        text, n = strip_edges(line)
+        marks.append(text == DOC_MARKER)
+        if marks[-1] and n:
+            report.repair(INVISIBLE_AT_MARKERS, f"{path}:{i}", n)
+    return marks
+
+
 def read_docmt(src_path, tgt_path, report: Report, name: Optional[str] = None) -> List[Document]:
     """Line-aligned files where a line ``<d>`` starts each document (the first line is one)."""
     src_lines, tgt_lines = read_lines(src_path, report), read_lines(tgt_path, report)
     _check_same_count(src_path, len(src_lines), tgt_path, len(tgt_lines))
     name = name or corpus_name(src_path, tgt_path)
-    for i, (s, t) in enumerate(zip(src_lines, tgt_lines), 1):
-        s_mark, t_mark = s.strip() == DOC_MARKER, t.strip() == DOC_MARKER
+    src_marks, tgt_marks = _marker_lines(src_lines, src_path, report), _marker_lines(tgt_lines, tgt_path, report)
+    for i, (s_mark, t_mark) in enumerate(zip(src_marks, tgt_marks), 1):
         if s_mark != t_mark:
             marked, other = (src_path, tgt_path) if s_mark else (tgt_path, src_path)
             raise ValueError(f"document marker {DOC_MARKER} on line {i} of {marked} but not of {other}; documents must start on the same lines")
-    if src_lines and src_lines[0].strip() != DOC_MARKER:
+    if src_lines and not src_marks[0]:
         raise ValueError(f"{src_path}:1: expected a {DOC_MARKER} line to start the first document, got {src_lines[0][:40]!r}")
     docs, pairs = [], None
-    for i, (s, t) in enumerate(zip(src_lines, tgt_lines), 1):
-        if s.strip() == DOC_MARKER:
+    for i, (s, t, mark) in enumerate(zip(src_lines, tgt_lines, src_marks), 1):
+        if mark:
             if pairs is not None:
                 docs.append(_pairs_to_document(f"{name}.{len(docs)}", pairs, report))
             pairs = []

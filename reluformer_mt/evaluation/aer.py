@@ -55,7 +55,7 @@ def parse_links(text: str, base: int = 0, possible_mark: Optional[str] = "p", wh
             raise ValueError(f"{where}: malformed link {tok!r}, expected {expected} with integer indices")
         i, j = int(m.group(1)) - base, int(m.group(3)) - base
         if i < 0 or j < 0:
-            raise ValueError(f"{where}: link {tok!r} has index 0 but the index base is 1")
+            raise ValueError(f"{where}: link {tok!r} has index 0 but the index base is 1 (is the file 0-based?)")
         (sure if m.group(2) == "-" else possible).add((i, j))
     return sure, possible - sure
 
@@ -127,6 +127,29 @@ def check_ranges(links: Sequence[Set[Link]], lengths: Sequence[Tuple[int, int]],
             if i >= ns or j >= nt:
                 raise ValueError(f"{path}:{n}: link {i + base}-{j + base} out of range: the sentence has {ns} source "
                                  f"and {nt} target tokens (indices {base}..{ns - 1 + base} and {base}..{nt - 1 + base})")
+
+
+def other_base_hint(links: Sequence[Set[Link]], base: int, lengths: Optional[Sequence[Tuple[int, int]]] = None
+                    ) -> Optional[str]:
+    """Why links read with ``base`` look like the other base, or None.
+
+    Base 1 with an index 0 is already an error (:func:`parse_links`). Base 0 looks wrong when a
+    tenth or more of the linked sentences have a link at index = sentence length (a 1-based file
+    aligns the last words), or, without lengths, when no link at all uses index 0.
+    """
+    if base != 0:
+        return None
+    linked = [ls for ls in links if ls]
+    if not linked:
+        return None
+    if lengths is not None:
+        at_end = sum(1 for ls, (ns, nt) in zip(links, lengths) if any(i == ns or j == nt for i, j in ls))
+        if at_end and at_end * 10 >= len(linked):
+            return (f"{at_end} of {len(linked)} linked sentences have a link at index = sentence length, one past the "
+                    "last 0-based index: the file looks 1-based")
+    if not any(i == 0 or j == 0 for ls in linked for i, j in ls):
+        return f"no link of {len(linked)} linked sentences uses index 0: the file looks 1-based"
+    return None
 
 
 def diagonal_alignment(n_src: int, n_tgt: int) -> Set[Link]:

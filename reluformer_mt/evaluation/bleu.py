@@ -6,21 +6,23 @@ Definitions (METHODS.md section 4):
   same number of sentences in every document, otherwise it is an error naming the document.
 - d-BLEU: corpus BLEU over whole documents (each document's sentences joined by a space), or
   over segments when asked (``level="segment"``). The report always names the level.
+- s-chrF and d-chrF: sacreBLEU's chrF over the same sentences and whole documents.
 
 Scores are detokenised sacreBLEU (default tokenizer 13a) and equal the ``sacrebleu`` command line
 on the same sentence (or document-per-line) files. Files are read the way that command reads them
 (split on ``\\n`` only, trailing whitespace stripped), so CRLF files give the same score.
 """
+import os
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 
+from reluformer_mt.data.documents import DOC_MARKER, is_doc_marker
 from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, split_segment
 
-DOC_MARKER = "<d>"
 SPM_SPACE = "\u2581"  # SentencePiece's word-start mark '▁'
 
 Docs = Dict[str, List[str]]  # doc id -> sentences, in document order (dicts keep insertion order)
@@ -83,6 +85,45 @@ def corpus_dbleu(hyp_docs: Sequence[Union[str, Sequence[str]]], ref_docs: Sequen
     return _bleu([_join(d) for d in hyp_docs], [_join(d) for d in ref_docs], level, tokenize, lowercase)
 
 
+@dataclass
+class ChrfResult:
+    """sacreBLEU's chrF (Popović, WMT 2015; defaults: character 6-grams, beta 2, no word n-grams)."""
+    score: float
+    signature: str
+    level: str  # "sentence" (s-chrF) or "document" (d-chrF)
+    n_items: int
+
+    @property
+    def name(self) -> str:
+        return "s-chrF" if self.level == "sentence" else "d-chrF"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+
+def corpus_chrf(hyps: Sequence[Union[str, Sequence[str]]], refs: Sequence[Union[str, Sequence[str]]],
+                level: str = "document", lowercase: bool = False) -> ChrfResult:
+    """Corpus chrF over items: sentences, or whole documents (lists of sentences joined by a
+    space, as for d-BLEU); equal to ``sacrebleu REF -i HYP -m chrf`` on one item a line."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    metric = CHRF(lowercase=lowercase)
+    r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in refs]])
+    return ChrfResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps))
+
+
+def chrf_scores(pairs, levels=("sentence", "document"), mismatched: bool = False,
+                lowercase: bool = False) -> Dict[str, ChrfResult]:
+    """s-chrF and d-chrF of paired documents (``pair_documents``), beside s-BLEU and d-BLEU."""
+    out: Dict[str, ChrfResult] = {}
+    if "sentence" in levels and not mismatched:
+        out["sentence"] = corpus_chrf([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
+                                      "sentence", lowercase)
+    if "document" in levels:
+        out["document"] = corpus_chrf([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], "document", lowercase)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # readers
 
@@ -99,7 +140,7 @@ def read_d_format(path, marker: str = DOC_MARKER) -> Docs:
     """
     docs: Docs = OrderedDict()
     for line_no, line in enumerate(read_lines(path), 1):
-        if line.strip() == marker:
+        if is_doc_marker(line, marker):  # a BOM or zero-width space must not hide a marker
             docs[str(len(docs))] = []
         elif not docs:
             raise ValueError(f"{path}:{line_no}: expected the document marker {marker!r} on the first line, got {line[:60]!r}")
@@ -137,7 +178,7 @@ def read_with_doc_ids(path, doc_ids_path) -> Docs:
 
 def is_d_format(path, marker: str = DOC_MARKER) -> bool:
     with open(path, encoding="utf-8", newline="\n") as f:
-        return f.readline().strip() == marker
+        return is_doc_marker(f.readline(), marker)
 
 
 def split_like(lines: Sequence[str], template: Docs, where: str = "") -> Docs:
@@ -338,11 +379,21 @@ def detect_format(path) -> str:
     """'d' if the first line is ``<d>``, 'generate' if fairseq-generate lines appear early, else 'plain'."""
     with open(path, encoding="utf-8", newline="\n") as f:
         head = [line for _, line in zip(range(500), f)]
-    if head and head[0].strip() == DOC_MARKER:
+    if head and is_doc_marker(head[0]):
         return "d"
     if any(_GEN_LINE.match(line.rstrip("\r\n")) for line in head):
         return "generate"
     return "plain"
+
+
+def check_not_empty(hyp, ref) -> None:
+    """An empty (0-byte) hypothesis or reference is an error naming both files, never a score."""
+    n_hyp, n_ref = (len(read_lines(p)) if os.path.getsize(p) else 0 for p in (hyp, ref))
+    if not n_hyp and not n_ref:
+        raise ValueError(f"nothing to score: hypothesis {hyp} and reference {ref} are both empty")
+    if not n_hyp or not n_ref:
+        raise ValueError(f"hypothesis {hyp} has {n_hyp} lines but reference {ref} has {n_ref}: "
+                         f"the {'hypothesis' if not n_hyp else 'reference'} file is empty")
 
 
 def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_target=False):
@@ -383,6 +434,8 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
     from reluformer_mt.data.segments import read_segment_metadata
     if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
         segments = read_segment_metadata(segments)
+    if ref is not None and not ref_from_generate:
+        check_not_empty(hyp, ref)
     strict = not allow_mismatch
     hyp_side, hyp_seg = _load_side(hyp, hyp_format, hyp_doc_ids, segments, separator, pieces, strict)
     if ref_from_generate:
@@ -409,11 +462,14 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
     else:
         hyp_docs, ref_docs = hyp_side, ref_side
     pairs, mismatches = pair_documents(hyp_docs, ref_docs, match, allow_mismatch)
+    if not any(hs or rs for _, hs, rs in pairs):
+        raise ValueError(f"nothing to score: {hyp} and {ref or hyp} hold no sentences")
     if mismatches:
         notes.append(f"{len(mismatches)} documents differ in sentence count: s-BLEU not computed, d-BLEU only")
     if "segment" in levels and segments is None:
         notes.append("segment-level d-BLEU needs --segments: skipped")
     scores = score_documents(pairs, levels, segments, hyp_seg, bool(mismatches), tokenize, lowercase)
+    chrf = chrf_scores(pairs, levels, bool(mismatches), lowercase)
     n_sent = sum(len(rs) for _, _, rs in pairs)
     definition = (f"detokenised sacreBLEU ({tokenize}{', lowercased' if lowercase else ''}); s-BLEU = corpus BLEU over "
                   f"{n_sent} reference sentences; d-BLEU = corpus BLEU over {len(pairs)} whole documents "
@@ -421,4 +477,4 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
                                                     if "segment" in scores else ""))
     return {"definition": definition, "scores": scores, "n_documents": len(pairs), "n_sentences": n_sent,
             "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": r} for d, h, r in mismatches],
-            "notes": notes}
+            "notes": notes, "chrf": chrf}

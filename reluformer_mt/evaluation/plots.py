@@ -108,3 +108,63 @@ def plot_metric_per_layer(values_by_model: Mapping[str, Sequence[float]], path, 
 def plot_sparsity_per_layer(sparsity_by_model: Mapping[str, Sequence[float]], path, title: Optional[str] = None) -> Path:
     """Sparsity rate (share of exact zeros) per layer, a line per model."""
     return plot_metric_per_layer(sparsity_by_model, path, "sparsity rate", title)
+
+
+def plot_word_alignment(words_by_model: Mapping[str, "object"], src_words: Sequence[str], tgt_words: Sequence[str],
+                        gold_sure, path, gold_possible=(), subtitles: Optional[Mapping[str, str]] = None,
+                        title: Optional[str] = None) -> Path:
+    """One verse, one panel per model: word-level attention (target words x source words, e.g. the
+    best layer's head average) with the gold links drawn over it (sure: black squares, possible:
+    grey dots), so one sees whether attention lands on the aligned words. Exact zeros are white."""
+    names = list(words_by_model)
+    if not names:
+        raise ValueError("no attention to plot")
+    cell = 0.32
+    width = len(src_words) * cell + 1.6
+    height = len(tgt_words) * cell + 0.1 * max(map(len, src_words), default=1) + 1.2
+    fig, axes = plt.subplots(1, len(names), figsize=(max(3.0, width) * len(names), max(3.0, height)),
+                             squeeze=False, layout="constrained")
+    cmap = matplotlib.colormaps["Blues"].with_extremes(under="white")
+    for ax, name in zip(axes[0], names):
+        a = words_by_model[name]
+        a = a.detach().cpu().double().numpy() if hasattr(a, "detach") else a
+        if a.shape != (len(tgt_words), len(src_words)):
+            raise ValueError(f"model {name!r}: word attention {a.shape}, expected ({len(tgt_words)}, {len(src_words)})")
+        ax.imshow(a, cmap=cmap, vmin=1e-12, vmax=max(float(a.max()), 1e-12), aspect="auto", interpolation="nearest")
+        for links, marker, color in ((gold_sure, "s", "black"), (gold_possible, "o", "grey")):
+            if links:
+                ax.scatter([i for i, _ in links], [j for _, j in links], marker=marker, s=40, facecolors="none",
+                           edgecolors=color, linewidths=1.2)
+        ax.set_title(f"{name}" + (f"\n{subtitles[name]}" if subtitles and name in subtitles else ""), fontsize=8)
+        ax.set_xticks(range(len(src_words)))
+        ax.set_xticklabels(src_words, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(tgt_words)))
+        ax.set_yticklabels(tgt_words, fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
+def plot_curves_against_minutes(curves: Mapping[str, Mapping[str, Sequence[Mapping]]], path,
+                                title: Optional[str] = None) -> Path:
+    """Validation loss and greedy s-BLEU of each model against wall-clock minutes of training
+    (``curves[name]`` as :func:`reluformer_mt.experiments.curves.read_learning_curve` returns)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    for i, (name, curve) in enumerate(curves.items()):
+        train = [(p["wall"] / 60, p["loss"]) for p in curve["train"] if p.get("wall") is not None]
+        valid = [p for p in curve["valid"] if p.get("wall") is not None]
+        if train:
+            left.plot(*zip(*train), color=f"C{i}", alpha=0.5, label=f"{name} train")
+        if valid:
+            left.plot([p["wall"] / 60 for p in valid], [p["loss"] for p in valid], color=f"C{i}", marker="o",
+                      linestyle="--", label=f"{name} valid")
+            bleu = [(p["wall"] / 60, p["s_bleu"]) for p in valid if p.get("s_bleu") is not None]
+            if bleu:
+                right.plot(*zip(*bleu), color=f"C{i}", marker="o", label=name)
+    left.set(xlabel="minutes of training", ylabel="loss (base 2, as optimised)", title="loss")
+    right.set(xlabel="minutes of training", ylabel="valid s-BLEU (greedy)", title="quality")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

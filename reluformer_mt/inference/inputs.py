@@ -14,18 +14,23 @@ Formats (``--format``):
   pysbd (Sadvilkar & Neumann, NLP-OSS 2020). The whole input is one document unless ``<d>``
   lines start documents. The output writes each translated paragraph on one line, paragraphs
   separated by a blank line.
-- ``auto`` (default): ``docmt`` when the first non-blank line is ``<d>``; ``raw`` when pysbd
-  finds three or more sentences in most of the first 100 non-blank lines (paragraphs);
-  ``lines`` otherwise. Hard-wrapped running text is not detected: give ``--format raw``.
+- ``auto`` (default): ``docmt`` when the first non-blank line is ``<d>``; ``raw`` only when the
+  lines clearly are paragraphs: at least three of the first 100 non-blank lines, and more than
+  half of them, hold three or more sentences (pysbd) and 40 or more words; ``lines`` otherwise
+  (reading paragraphs as lines keeps the layout; reading sentence lines as raw would merge them).
+  Hard-wrapped running text is not detected: give ``--format raw``.
 
 ``-`` reads standard input / writes standard output. Text must be UTF-8 (a BOM is removed, CRLF
-becomes LF); invalid UTF-8 is an error naming the line.
+becomes LF); invalid UTF-8 is an error naming the line. Invisible characters at the edges of a
+line (a BOM not at offset 0, zero-width spaces and joiners, no-break spaces) are removed, so they
+cannot hide a ``<d>`` marker, and counted in :attr:`ParsedInput.notes`.
 """
 import sys
 from dataclasses import dataclass, field
-from typing import List, Sequence, TextIO
+from typing import List, Optional, Sequence, TextIO, Tuple
 
-DOC_MARKER = "<d>"
+from reluformer_mt.data.documents import DOC_MARKER, strip_edges
+
 FORMATS = ("auto", "lines", "docmt", "docids", "raw")
 STDIN = "-"
 
@@ -43,6 +48,7 @@ class ParsedInput:
     documents: List[InputDocument]
     markers: bool = False      # raw: documents were started by <d> lines
     notes: List[str] = field(default_factory=list)
+    detected: Optional[str] = None  # --format auto: why this format was chosen
 
     @property
     def n_sentences(self) -> int:
@@ -84,7 +90,17 @@ def decode_lines(data: bytes, name: str) -> List[str]:
 
 
 def _blank(line: str) -> bool:
-    return not line.strip()
+    return not strip_edges(line)[0]
+
+
+def _is_marker(line: str) -> bool:
+    return strip_edges(line)[0] == DOC_MARKER
+
+
+def invisible_note(lines: Sequence[str]) -> List[str]:
+    """The note counting invisible characters removed at line edges (none: no note)."""
+    n = sum(strip_edges(line)[1] for line in lines)
+    return [f"{n:,} invisible characters (BOM, zero-width, no-break space) removed at line edges"] if n else []
 
 
 # ---------------------------------------------------------------- parsers
@@ -96,7 +112,7 @@ def parse_lines(lines: Sequence[str], name: str) -> ParsedInput:
             docs.append(current)
             current = []
         else:
-            current.append(line.strip())
+            current.append(strip_edges(line)[0])
     if lines:
         docs.append(current)
     return ParsedInput("lines", [InputDocument(f"{name}.{i}", s) for i, s in enumerate(docs)])
@@ -105,7 +121,7 @@ def parse_lines(lines: Sequence[str], name: str) -> ParsedInput:
 def parse_docmt(lines: Sequence[str], name: str) -> ParsedInput:
     docs, current, notes = [], None, []
     for i, line in enumerate(lines, 1):
-        if line.strip() == DOC_MARKER:
+        if _is_marker(line):
             if current is not None:
                 docs.append(current)
             current = []
@@ -114,7 +130,7 @@ def parse_docmt(lines: Sequence[str], name: str) -> ParsedInput:
                 raise ValueError(f"{name}:{i}: expected a {DOC_MARKER} line to start the first document, got {line[:40]!r}")
             notes.append(f"blank line {i} before the first {DOC_MARKER} dropped")
         else:
-            current.append(line.strip())
+            current.append(strip_edges(line)[0])
     if current is not None:
         docs.append(current)
     return ParsedInput("docmt", [InputDocument(f"{name}.{i}", s) for i, s in enumerate(docs)], notes=notes)
@@ -127,7 +143,7 @@ def parse_docids(lines: Sequence[str], ids: Sequence[str], name: str, ids_name: 
     docs: List[InputDocument] = []
     seen = set()
     for i, (line, doc_id) in enumerate(zip(lines, ids), 1):
-        doc_id = doc_id.strip()
+        doc_id = strip_edges(doc_id)[0]
         if not doc_id:
             raise ValueError(f"{ids_name}:{i}: empty document id")
         if not docs or docs[-1].doc_id != doc_id:
@@ -136,7 +152,7 @@ def parse_docids(lines: Sequence[str], ids: Sequence[str], name: str, ids_name: 
                                  "a document's lines must be contiguous")
             seen.add(doc_id)
             docs.append(InputDocument(doc_id, []))
-        docs[-1].sentences.append(line.strip())
+        docs[-1].sentences.append(strip_edges(line)[0])
     return ParsedInput("docids", docs)
 
 
@@ -153,20 +169,20 @@ def sentence_splitter(language: str):
 
 def parse_raw(lines: Sequence[str], name: str, language: str = "en") -> ParsedInput:
     split = sentence_splitter(language)
-    markers = any(line.strip() == DOC_MARKER for line in lines)
+    markers = any(_is_marker(line) for line in lines)
     docs: List[InputDocument] = []
     current = None if markers else InputDocument(f"{name}.0", [])
     paragraph: List[str] = []
 
     def end_paragraph():
         if paragraph:
-            sentences = split(" ".join(p.strip() for p in paragraph))
+            sentences = split(" ".join(strip_edges(p)[0] for p in paragraph))
             current.sentences.extend(sentences)
             current.paragraphs.append(len(sentences))
             paragraph.clear()
 
     for i, line in enumerate(lines, 1):
-        if line.strip() == DOC_MARKER:
+        if _is_marker(line):
             if current is not None:
                 end_paragraph()
                 docs.append(current)
@@ -185,18 +201,31 @@ def parse_raw(lines: Sequence[str], name: str, language: str = "en") -> ParsedIn
     return ParsedInput("raw", docs, markers=markers)
 
 
-def detect_format(lines: Sequence[str], language: str = "en", sample: int = 100) -> str:
+# a line is a paragraph when it holds this many sentences and words (sentence-per-line corpora have a
+# few multi-sentence lines, e.g. TED's 'Sie sagte: »Ehrenwort?« Ich sagte: »Ja.«', but short ones)
+PARAGRAPH_SENTENCES, PARAGRAPH_WORDS, PARAGRAPH_LINES = 3, 40, 3
+
+
+def detect_format_reason(lines: Sequence[str], language: str = "en", sample: int = 100) -> Tuple[str, str]:
+    """(format, why) for ``--format auto``; see the module docstring for the rule."""
     text_lines = [line for line in lines if not _blank(line)]
     if not text_lines:
-        return "lines"
-    if text_lines[0].strip() == DOC_MARKER:
-        return "docmt"
+        return "lines", "no text"
+    if _is_marker(text_lines[0]):
+        return "docmt", f"the first line is {DOC_MARKER}"
     # raw only on strong evidence: reading running text as lines keeps the layout (each line is
-    # translated as one long sentence), reading lines as raw would merge them
+    # translated as one long sentence, split to fit if need be), reading lines as raw would merge them
     split = sentence_splitter(language)
     probe = text_lines[:sample]
-    paragraphs = sum(1 for line in probe if len(split(line)) >= 3)
-    return "raw" if paragraphs * 2 > len(probe) else "lines"
+    paragraphs = sum(1 for line in probe if len(line.split()) >= PARAGRAPH_WORDS
+                     and sum(1 for s in split(line) if any(c.isalnum() for c in s)) >= PARAGRAPH_SENTENCES)
+    fmt = "raw" if paragraphs >= PARAGRAPH_LINES and paragraphs * 2 > len(probe) else "lines"
+    return fmt, (f"{paragraphs} of {len(probe)} lines look like paragraphs "
+                 f"({PARAGRAPH_SENTENCES}+ sentences, {PARAGRAPH_WORDS}+ words)")
+
+
+def detect_format(lines: Sequence[str], language: str = "en", sample: int = 100) -> str:
+    return detect_format_reason(lines, language, sample)[0]
 
 
 def input_name(path) -> str:
@@ -219,16 +248,23 @@ def parse_input(lines: Sequence[str], name: str, fmt: str = "auto", doc_ids=None
             raise ValueError("--format docids needs --doc-ids FILE (one document id per input line)")
         if str(doc_ids) == STDIN:
             raise ValueError("--doc-ids: give the document ids as a file, not standard input")
-        return parse_docids(lines, read_text(doc_ids), name, input_name(doc_ids))
+        parsed = parse_docids(lines, read_text(doc_ids), name, input_name(doc_ids))
+        parsed.notes += invisible_note(lines)
+        return parsed
     if doc_ids is not None:
         raise ValueError(f"--doc-ids goes with --format docids, not {fmt}")
+    detected = None
     if fmt == "auto":
-        fmt = detect_format(lines, language)
+        fmt, detected = detect_format_reason(lines, language)
     if fmt == "lines":
-        return parse_lines(lines, name)
-    if fmt == "docmt":
-        return parse_docmt(lines, name)
-    return parse_raw(lines, name, language)
+        parsed = parse_lines(lines, name)
+    elif fmt == "docmt":
+        parsed = parse_docmt(lines, name)
+    else:
+        parsed = parse_raw(lines, name, language)
+    parsed.detected = detected
+    parsed.notes += invisible_note(lines)
+    return parsed
 
 
 def read_input(path=STDIN, fmt: str = "auto", doc_ids=None, language: str = "en") -> ParsedInput:

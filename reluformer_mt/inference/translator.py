@@ -11,12 +11,18 @@ translated again as two halves, and a half that fails again sentence by sentence
 sentence always gives one output (stray separators dropped). So the output has exactly one
 sentence per input sentence, always; the fallbacks are counted in :attr:`DocumentTranslator.stats`.
 
+A sentence longer than the model's source positions is never truncated: it is cut at
+punctuation, else whitespace, near its middle (recursively) into parts that fit, the parts are
+translated as consecutive sentences of the document and their translations joined into the
+sentence's one output (counted in the summary).
+
 Resources are found beside the checkpoint, in ``data`` (``--data``) or in the data directory the
 checkpoint was trained on: the fairseq dictionaries, ``prepared.json`` (languages, segment length,
 separator) and the SentencePiece model(s) it names.
 """
 import argparse
 import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,6 +59,34 @@ class Resources:
     spm_src: Path
     spm_tgt: Path
     looked_in: List[str] = field(default_factory=list)
+
+
+# where a sentence too long for the model is cut, best first: after sentence or clause punctuation,
+# after a comma, at whitespace (never inside a word unless the text has no whitespace at all)
+_CLOSERS = "\"'»«”“’)\\]"
+_BREAKS = (re.compile(rf"[.!?;:][{_CLOSERS}]*\s+|[。！？；：][{_CLOSERS}]*\s*"),
+           re.compile(rf",[{_CLOSERS}]*\s+|[，、]\s*"),
+           re.compile(r"\s+"))
+
+
+def split_near_middle(text: str) -> Tuple[str, str]:
+    """Two non-empty halves of ``text`` (at least 2 characters), cut at the best break near the
+    middle: punctuation, else a comma, else whitespace within the middle half of the text; else
+    the whitespace nearest the middle; else (no whitespace at all) the middle character."""
+    n, mid = len(text), len(text) / 2
+
+    def nearest(cuts):
+        cuts = [c for c in cuts if 0 < c < n and text[:c].strip() and text[c:].strip()]
+        return min(cuts, key=lambda c: abs(c - mid)) if cuts else None
+
+    for pattern in _BREAKS:
+        cut = nearest([m.end() for m in pattern.finditer(text) if n / 4 <= m.end() <= 3 * n / 4])
+        if cut is not None:
+            return text[:cut].strip(), text[cut:].strip()
+    cut = nearest([m.start() for m in _BREAKS[-1].finditer(text)])
+    if cut is None:
+        cut = max(1, int(mid))
+    return text[:cut].strip(), text[cut:].strip()
 
 
 @dataclass
@@ -257,9 +291,10 @@ class DocumentTranslator:
 
     # ------------------------------------------------------------ encoding
 
-    def _encode(self, documents: Sequence[Sequence[str]]) -> List[List[Optional[List[str]]]]:
-        """Pieces of every sentence (None for an empty sentence), separator tokens removed and
-        sentences longer than the model's positions truncated, both counted."""
+    def _encode(self, documents: Sequence[Sequence[str]]) -> List[List[Optional[List[List[str]]]]]:
+        """Pieces of every sentence (None for an empty sentence) as a list of parts: one part,
+        or, for a sentence longer than the model's positions, several that fit (counted).
+        Separator tokens are removed from the input (counted)."""
         sep = self.resources.separator
         flat = []
         for doc in documents:
@@ -270,18 +305,66 @@ class DocumentTranslator:
                 flat.append(" ".join(s.split()))
         pieces = self.sp_src.encode([s for s in flat if s], out_type=str) if any(flat) else []
         out, it, k = [], iter(pieces), 0
-        limit = self.max_src - 1  # fairseq appends </s>
         for doc in documents:
             enc = []
             for _ in doc:
                 p = next(it) if flat[k] else None
+                # a sentence SentencePiece normalises away counts as empty
+                enc.append(self._fit(flat[k], p) if p else None)
                 k += 1
-                if p is not None and len(p) > limit:
-                    self.stats["sentences truncated to the model's positions"] += 1
-                    p = p[:limit]
-                enc.append(p if p else None)  # a sentence SentencePiece normalises away counts as empty
             out.append(enc)
         return out
+
+    def _fit(self, text: str, pieces: List[str]) -> List[List[str]]:
+        """``pieces`` as the only part if the model takes them whole (fairseq appends </s>),
+        else the parts of ``text`` cut near the middle, recursively, until each fits."""
+        limit = self.max_src - 1
+        if len(pieces) <= limit:
+            return [pieces]
+        self.stats["sentences split into parts to fit the model's positions"] += 1
+        parts = self._fit_parts(text, limit)
+        self.stats["parts of split sentences"] += len(parts)
+        return parts
+
+    def _fit_parts(self, text: str, limit: int) -> List[List[str]]:
+        pieces = self.sp_src.encode(text, out_type=str)
+        if len(pieces) <= limit or len(text) < 2:
+            return [pieces[:limit]] if pieces else []  # one character cannot exceed the positions
+        left, right = split_near_middle(text)
+        return self._fit_parts(left, limit) + self._fit_parts(right, limit)
+
+    @staticmethod
+    def _expand(encoded) -> Tuple[List[List[Optional[List[str]]]], List[List[int]]]:
+        """Documents of translation units (a sentence, or a part of a split one) and, for each
+        unit, the index of the input sentence it belongs to."""
+        units, owners = [], []
+        for doc in encoded:
+            units.append([])
+            owners.append([])
+            for i, parts in enumerate(doc):
+                for p in parts or [None]:
+                    units[-1].append(p)
+                    owners[-1].append(i)
+        return units, owners
+
+    @staticmethod
+    def _join_parts(parts: List[SentenceResult], units: List[Optional[List[str]]]) -> SentenceResult:
+        """One sentence's result from its parts' results: texts joined by a space, mean score,
+        alignments with each part's word indices shifted past the earlier parts' words."""
+        from reluformer_mt.evaluation.stats import sentencepiece_word_map
+
+        if len(parts) == 1:
+            return parts[0]
+        text = " ".join(r.text for r in parts if r.text)
+        scores = [r.score for r in parts if r.score is not None]
+        alignment = None
+        if any(r.alignment is not None for r in parts):
+            alignment, src_offset, tgt_offset = [], 0, 0
+            for r, pieces in zip(parts, units):
+                alignment += [(i + src_offset, j + tgt_offset) for i, j in (r.alignment or [])]
+                src_offset += max(sentencepiece_word_map(pieces or []), default=-1) + 1
+                tgt_offset += len(r.text.split())
+        return SentenceResult(text, sum(scores) / len(scores) if scores else None, alignment, parts[0].context)
 
     def _segments(self, encoded) -> List[_Segment]:
         segments = []
@@ -428,8 +511,8 @@ class DocumentTranslator:
 
         t0 = time.time()
         before = Counter(self.stats)
-        encoded = self._encode(documents)
-        out: List[List[Optional[SentenceResult]]] = [[None] * len(doc) for doc in documents]
+        encoded, owners = self._expand(self._encode(documents))
+        out: List[List[Optional[SentenceResult]]] = [[None] * len(doc) for doc in encoded]
         for d, doc in enumerate(encoded):
             for i, p in enumerate(doc):
                 if p is None:
@@ -444,9 +527,11 @@ class DocumentTranslator:
         if new["sentences longer than the segment length"]:
             logger.warning("%d sentences are longer than the segment length %d and are translated on their own",
                            new["sentences longer than the segment length"], self.segment_tokens)
-        if new["sentences truncated to the model's positions"]:
-            logger.warning("%d sentences are longer than the model's %d source positions and are translated truncated "
-                           "(their end is lost)", new["sentences truncated to the model's positions"], self.max_src)
+        if new["sentences split into parts to fit the model's positions"]:
+            logger.warning("%d sentences are longer than the model's %d source positions: each is translated in parts "
+                           "that fit (%d parts in all), cut at punctuation or spaces, and the parts' translations joined",
+                           new["sentences split into parts to fit the model's positions"], self.max_src,
+                           new["parts of split sentences"])
         if new["separator tokens removed from the input"]:
             logger.warning("%d %r tokens in the input were replaced by spaces (the separator is reserved)",
                            new["separator tokens removed from the input"], self.resources.separator)
@@ -476,7 +561,15 @@ class DocumentTranslator:
         bar.close()
         self.stats["seconds"] += time.time() - t0
         assert all(r is not None for doc in out for r in doc)
-        return out  # type: ignore[return-value]
+        return [self._merge(doc_out, doc_units, doc_owners, len(doc))
+                for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+
+    def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
+        """One result per input sentence from the results of its units (parts)."""
+        grouped: List[List[int]] = [[] for _ in range(n_sentences)]
+        for k, owner in enumerate(owners):
+            grouped[owner].append(k)
+        return [self._join_parts([results[k] for k in ks], [units[k] for k in ks]) for ks in grouped]
 
     def summary(self) -> str:
         s = self.stats

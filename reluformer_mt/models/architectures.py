@@ -8,7 +8,12 @@ Families set the three sublayers' weight functions:
 - ``reluformer``: ``relu`` in all three (ReLUFormer's "full ReLU" model);
 - ``rela``: ``rela`` (gated, ReLA-g) in all three;
 - ``pointwise``: ReLU-ViT defaults, h = relu, alpha = 1, qk-layernorm;
-- ``sparsemax`` / ``entmax15``: the sparse baselines.
+- ``sparsemax`` / ``entmax15``: the sparse baselines;
+- ``sigmoid``: sigmoid(s + b) with b = -log n_i and the hybrid-norm (LayerNorm on the attention
+  output) that Ramapuram et al. 2024 need for stable early training; no qk-layernorm;
+- ``softpick``: ReLU(e^s - 1) / (sum |e^s - 1| + eps) (Zuhri et al. 2025);
+- ``relu2``: FLASH's squared ReLU (Hua et al. 2022) as pointwise attention n_i^-1 relu(s)^2, with
+  qk-layernorm (as ``pointwise``: it bounds the logits, which the square would amplify).
 
 Every value is only a default: command-line options (``--encoder-attn-fn`` ...) override it.
 """
@@ -25,6 +30,11 @@ FAMILIES = {
                       pointwise_h="relu", pointwise_alpha=1.0, qk_layernorm=True),
     "sparsemax": dict(encoder_attn_fn="sparsemax", decoder_attn_fn="sparsemax", cross_attn_fn="sparsemax"),
     "entmax15": dict(encoder_attn_fn="entmax15", decoder_attn_fn="entmax15", cross_attn_fn="entmax15"),
+    "sigmoid": dict(encoder_attn_fn="sigmoid", decoder_attn_fn="sigmoid", cross_attn_fn="sigmoid",
+                    sigmoid_bias="auto", attn_output_norm=True),
+    "softpick": dict(encoder_attn_fn="softpick", decoder_attn_fn="softpick", cross_attn_fn="softpick"),
+    "relu2": dict(encoder_attn_fn="pointwise", decoder_attn_fn="pointwise", cross_attn_fn="pointwise",
+                  pointwise_h="relu2", pointwise_alpha=1.0, qk_layernorm=True),
 }
 
 

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from reluformer_mt.attention import (ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, AttentionConfig,
                                      AttentionOptionError, ReluformerAttention)
 from reluformer_mt.attention.config import ATTENTION_IMPLS, GAMMA_MODES, RELA_VARIANTS
+from reluformer_mt.attention.functions import SIGMOID_BIAS_MODES
 from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_ffn_fc2, configure_ffn,
                                   fill_memory_defaults, validate_memory_args)
 
@@ -44,6 +45,8 @@ ATTENTION_DEFAULTS = {
     "pointwise_h": "relu",
     "qk_layernorm": False,
     "attn_output_gate": False,
+    "attn_output_norm": False,
+    "sigmoid_bias": "auto",
     "attn_impl": "auto",
     "attn_blocked_min_len": 2048,
     "attn_block_size": 512,
@@ -62,6 +65,19 @@ def checked_number(accept, expected, kind=float):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
     return parse
+
+
+def sigmoid_bias_value(text):
+    """argparse type of --sigmoid-bias: 'auto', 'learned' or a finite number."""
+    if text in SIGMOID_BIAS_MODES:
+        return text
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected auto, learned or a finite number, got {text!r}")
+    return value
 
 
 def add_attention_args(parser):
@@ -87,6 +103,12 @@ def add_attention_args(parser):
     group.add_argument("--qk-layernorm", action="store_true", default=None, help="LayerNorm on queries and keys")
     group.add_argument("--attn-output-gate", action="store_true", default=None,
                        help="gated attention unit: multiply the attention output by a projection of the input")
+    group.add_argument("--attn-output-norm", action="store_true", default=None,
+                       help="hybrid-norm: LayerNorm on the attention sublayer's output before the residual "
+                            "(sigmoid attention's stabiliser, Ramapuram et al. 2024)")
+    group.add_argument("--sigmoid-bias", type=sigmoid_bias_value, metavar="auto|learned|B",
+                       help="sigmoid attention's bias b in sigmoid(s + b): auto = -log n_i (default), "
+                            "learned = a scalar per head initialised at -log 64, or a fixed number")
     group.add_argument("--attn-impl", choices=list(ATTENTION_IMPLS),
                        help="dense, memory-bounded blocked, fused (C++ CPU kernel built on first use; blocked if it cannot be built), "
                             "or auto (blocked from --attn-blocked-min-len keys on)")
@@ -117,10 +139,22 @@ def attention_config(cfg, sublayer: str) -> AttentionConfig:
         pointwise_activation=cfg.pointwise_h,
         qk_layernorm=bool(cfg.qk_layernorm),
         output_gate=bool(cfg.attn_output_gate),
+        output_norm=bool(getattr(cfg, "attn_output_norm", False)),
+        sigmoid_bias=_sigmoid_bias(getattr(cfg, "sigmoid_bias", "auto")),
         impl=cfg.attn_impl,
         blocked_min_len=cfg.attn_blocked_min_len,
         block_size=cfg.attn_block_size,
     )
+
+
+def _sigmoid_bias(value):
+    """A hydra config may give the number as a string."""
+    if isinstance(value, str) and value not in SIGMOID_BIAS_MODES:
+        try:
+            return float(value)
+        except ValueError:
+            return value  # AttentionConfig.validate names the option
+    return value
 
 
 def validate_attention_args(args) -> None:
@@ -196,10 +230,12 @@ class ReluformerDecoder(TransformerDecoderBase):
 
 @register_model("reluformer")
 class ReluformerModel(TransformerModel):
-    """Transformer with ReLU-family attention (ReLUFormer, ReLA, pointwise) or softmax/sparse maps.
+    """Transformer with ReLU-family attention (ReLUFormer, ReLA, pointwise), sigmoid or softpick
+    attention, or softmax/sparse maps.
 
     Papers: Shen et al. 2023 (arXiv:2302.06461), Zhang et al. EMNLP 2021 (arXiv:2104.07012),
-    Wortsman et al. 2023 (arXiv:2309.08586).
+    Wortsman et al. 2023 (arXiv:2309.08586), Ramapuram et al. ICLR 2025 (arXiv:2409.04431),
+    Zuhri et al. 2025 (arXiv:2504.20966), Hua et al. 2022 (arXiv:2202.10447).
     """
 
     @classmethod

@@ -1,0 +1,62 @@
+"""Shared checks of the console scripts, so bad input stops with one line, never a traceback:
+argparse types for counts and limits, output paths checked before any work, and write errors
+(disk full, an unwritable path) turned into ``cannot write PATH: reason``."""
+import argparse
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _number(text, cast, minimum, what):
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not (minimum <= value < math.inf):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text) -> int:
+    return _number(text, int, 1, "a positive integer")
+
+
+def non_negative_int(text) -> int:
+    return _number(text, int, 0, "an integer >= 0")
+
+
+def non_negative_float(text) -> float:
+    return _number(text, float, 0.0, "a finite number >= 0")
+
+
+def check_output_file(path, option: str, creates_folders: bool = False) -> None:
+    """Refuse, before any work, an output file that cannot be written: a directory, a path
+    under a file, or (unless the writer ``creates_folders``) in a folder that does not exist."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{option} {path}: is a directory, expected a file name")
+    folder = p.parent
+    while creates_folders and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.exists():
+        raise ValueError(f"{option} {path}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: {folder} is a file, expected a folder")
+    if not os.access(folder, os.W_OK) and not (p.exists() and os.access(p, os.W_OK)):
+        raise ValueError(f"{option} {path}: cannot write (permission denied)")
+
+
+def write_error(e: OSError, path=None) -> str:
+    """One line for a failed write: the file the error names, else ``path``."""
+    return f"cannot write {e.filename or path}: {e.strerror or e}"
+
+
+@contextmanager
+def writing(path):
+    """Turn an OSError while writing ``path`` (disk full, I/O error) into a one-line ValueError;
+    file objects raise it without a file name."""
+    try:
+        yield
+    except OSError as e:
+        raise ValueError(write_error(e, path)) from None

@@ -1,0 +1,54 @@
+"""``reluformer-study``: the quality study (quality and alignment per CPU minute) on the bible corpus.
+
+Trains each named configuration of :data:`reluformer_mt.experiments.study.RUNS` for a wall-clock
+budget (resumable: a finished run is not trained again), scores greedy s-BLEU / d-BLEU at every
+validation and AER of every kept checkpoint, and writes ``OUT/study.{json,md,png}``.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from reluformer_mt.experiments.study import RUNS
+
+    p = argparse.ArgumentParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="runs/study", help="working and report folder")
+    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
+    p.add_argument("--budget-minutes", type=float, default=20, help="wall-clock minutes of training per run")
+    p.add_argument("--max-update", type=int, default=0, help="also stop after this many updates (0 = no limit)")
+    p.add_argument("--threads", type=int, default=1, help="threads of each training process")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
+    p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
+    p.add_argument("--no-report", action="store_true",
+                   help="train and score only (for several processes sharing --out); a later call writes the report")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import reluformer_mt  # noqa: F401  (registers the plugin)
+    from reluformer_mt.experiments.study import RUNS, run_study
+
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown or not names:
+        print(f"reluformer-study: error: --runs: unknown {', '.join(unknown) or '(none given)'}; "
+              f"expected some of {', '.join(RUNS)}", file=sys.stderr)
+        return 2
+    if args.budget_minutes <= 0 and args.max_update <= 0:
+        print("reluformer-study: error: --budget-minutes or --max-update must be > 0", file=sys.stderr)
+        return 2
+    try:
+        run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
+                  args.bible_root, args.skip_alignment, report=not args.no_report)
+    except (RuntimeError, ValueError, OSError) as error:
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

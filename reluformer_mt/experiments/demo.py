@@ -1,0 +1,464 @@
+"""The demo's stages as library functions (``reluformer-demo`` parses options and calls :func:`run_demo`).
+
+The corpus is the ``bible-alignments`` package from PyPI: the Greek New Testament (SBLGNT) with
+the English Berean Standard Bible, chapters as documents, and a manual word alignment of every
+verse. The demo
+
+1. prepares document-level segments and the sentence-level twin with one SentencePiece model,
+   train/valid/test split by held-out chapters;
+2. trains each family with the same budget, optionally first on sentences and then fine-tuned on
+   document segments (G-Transformer's recipe, Bao et al. 2021), validating with greedy s-BLEU;
+3. evaluates each: s-BLEU and d-BLEU of the held-out chapters translated with the document
+   translator, AER of cross-attention against the manual gold alignments (every layer, best head
+   and head average, normal and shifted), attention sparsity / null rate — beside the trivial
+   baselines (copying the nearest training verse; the diagonal alignment);
+4. translates one held-out chapter with ``reluformer-translate``;
+5. writes the report: one table, the JSON of every number, the chapter beside its reference,
+   learning curves against minutes, word-level attention of one verse with the gold links.
+
+Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 30 minutes on 2 CPU
+cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
+(docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
+"""
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from reluformer_mt.cli.inprocess import run_fairseq
+from reluformer_mt.experiments.curves import read_learning_curve
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+DEFAULT_FAMILIES = ("reluformer", "rela", "softmax")
+
+# Options a preset fills when the command line does not give them. Chosen from the quality study
+# (docs/QUALITY_STUDY.md): 128-dim 3+3 models on a 2,000-piece vocabulary learn most per CPU minute.
+PRESETS: Dict[str, dict] = {
+    "quick": dict(embed_dim=128, ffn_dim=512, layers=3, heads=4, segment_tokens="128", vocab_size=2000,
+                  sentence_updates=0, max_update=1200, lr=2e-3, warmup_updates=200, dropout=0.2, max_tokens=4096,
+                  beam=4, validations=4),
+    "long": dict(embed_dim=256, ffn_dim=1024, layers=3, heads=4, segment_tokens="512", vocab_size=2000,
+                 sentence_updates=2500, max_update=600, lr=1e-3, warmup_updates=400, dropout=0.3, max_tokens=4096,
+                 beam=5, validations=6),
+}
+
+
+@dataclass
+class DemoOptions:
+    out: Path
+    families: List[str]
+    preset: str = "quick"
+    size: Optional[str] = None  # an architecture size instead of the preset's dimensions
+    embed_dim: int = 128
+    ffn_dim: int = 512
+    layers: int = 3
+    heads: int = 4
+    segment_tokens: str = "128"
+    vocab_size: int = 2000
+    sentence_updates: int = 0
+    max_update: int = 1200
+    budget_minutes: float = 0.0
+    max_tokens: int = 4096
+    lr: float = 2e-3
+    warmup_updates: int = 200
+    dropout: float = 0.2
+    beam: int = 4
+    validations: int = 4
+    eval_chapters: int = 0
+    seed: int = 1
+    bible_root: Optional[str] = None
+    force: bool = False
+    device: str = "cpu"
+
+
+class Stages:
+    """Prints numbered stage headers with elapsed time and keeps the time of each stage."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.times = total, 0, {}
+
+    @contextmanager
+    def stage(self, name: str):
+        self.done += 1
+        print(f"\n[demo {self.done}/{self.total}] {name} ...", flush=True)
+        start = time.time()
+        yield
+        self.times[name] = round(time.time() - start, 1)
+        print(f"[demo {self.done}/{self.total}] {name}: done in {self.times[name]:.0f} s", flush=True)
+
+
+def versions() -> Dict[str, str]:
+    import fairseq
+    import sacrebleu
+    import torch
+
+    import reluformer_mt
+
+    return {"reluformer_mt": reluformer_mt.__version__, "fairseq": fairseq.__version__, "torch": torch.__version__,
+            "sacrebleu": sacrebleu.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": str(os.cpu_count())}
+
+
+# ------------------------------------------------------------------------------------ data
+def prepare_corpus(o: DemoOptions) -> Dict[str, Path]:
+    """Document-level and sentence-level directories sharing one SentencePiece model."""
+    from reluformer_mt.data.prepare import PrepareConfig, prepare
+
+    doc_dir, sent_dir = o.out / f"data/doc{o.segment_tokens}.v{o.vocab_size}", o.out / f"data/sentence.v{o.vocab_size}"
+    common = dict(fmt="bible", src="grc", tgt="en", vocab_size=o.vocab_size, joined_dictionary=True,
+                  bible_root=o.bible_root, force=o.force, workers=2)
+    prepare(PrepareConfig(out=str(doc_dir), segment_tokens=o.segment_tokens, **common))
+    prepare(PrepareConfig(out=str(sent_dir), segment_tokens=0, spm_models=[str(doc_dir / "spm.model")], **common))
+    return {"doc": doc_dir, "sentence": sent_dir}
+
+
+def read_split_documents(data_dir: Path, split: str, lang: str) -> Dict[str, List[str]]:
+    """Verses of a split grouped by chapter (document id), in order, from the prepared word files."""
+    words = (data_dir / f"{split}.words.{lang}").read_text(encoding="utf-8").splitlines()
+    chapters = [line.split("\t")[1] for line in (data_dir / f"{split}.verses.tsv").read_text(encoding="utf-8").splitlines()]
+    if len(words) != len(chapters):
+        raise ValueError(f"{data_dir}: {split}.words.{lang} has {len(words)} lines, {split}.verses.tsv {len(chapters)}")
+    docs: Dict[str, List[str]] = {}
+    for chapter, verse in zip(chapters, words):
+        docs.setdefault(chapter, []).append(verse)
+    return docs
+
+
+def limit_chapters(docs: Dict[str, List[str]], k: int) -> Dict[str, List[str]]:
+    return dict(list(docs.items())[:k]) if k else docs
+
+
+def positions(dirs: Dict[str, Path]) -> int:
+    """One position budget for both phases, so a sentence-level model fine-tunes on segments."""
+    manifests = [json.loads((d / "prepared.json").read_text(encoding="utf-8")) for d in dirs.values()]
+    return max(max(m["max_source_positions"], m["max_target_positions"]) for m in manifests)
+
+
+# ------------------------------------------------------------------------------------ training
+def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_file: Path, max_positions: int,
+               max_update: int, init_from: Optional[Path] = None) -> List[str]:
+    size = o.size or "tiny"
+    argv = [str(data_dir), "--user-dir", str(PACKAGE_DIR), "--task", "document_translation",
+            "--arch", f"{family}_{size}", "--share-all-embeddings", "--dropout", str(o.dropout),
+            "--max-source-positions", str(max_positions), "--max-target-positions", str(max_positions),
+            "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", str(o.lr),
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(o.warmup_updates),
+            "--max-tokens", str(o.max_tokens), "--seed", str(o.seed), "--num-workers", "0",
+            "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
+            "--log-format", "json", "--log-interval", "20", "--log-file", str(log_file)]
+    if o.size is None:  # the preset's dimensions on top of the tiny architecture
+        argv += ["--encoder-embed-dim", str(o.embed_dim), "--decoder-embed-dim", str(o.embed_dim),
+                 "--encoder-ffn-embed-dim", str(o.ffn_dim), "--decoder-ffn-embed-dim", str(o.ffn_dim),
+                 "--encoder-layers", str(o.layers), "--decoder-layers", str(o.layers),
+                 "--encoder-attention-heads", str(o.heads), "--decoder-attention-heads", str(o.heads)]
+    if o.budget_minutes:
+        argv += ["--stop-time-hours", str(o.budget_minutes / 60), "--max-update", "1000000",
+                 "--validate-interval-updates", "200"]
+    else:
+        argv += ["--max-update", str(max_update),
+                 "--validate-interval-updates", str(max(1, max_update // max(1, o.validations)))]
+    if init_from is not None:  # G-Transformer's recipe: sentence-level weights, fresh optimizer and schedule
+        argv += ["--finetune-from-model", str(init_from)]
+    if o.device == "cpu":
+        argv.append("--cpu")
+    return argv
+
+
+def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
+    """Train (or reuse) one family: optional sentence-level phase, then document segments.
+    Returns the checkpoint, training seconds and the learning curve (minutes across both phases)."""
+    root = o.out / "checkpoints" / family
+    log_dir = o.out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    max_positions = positions(dirs)
+    phases = []
+    if o.sentence_updates > 0 and not o.budget_minutes:
+        phases.append(("sentence", dirs["sentence"], o.sentence_updates))
+    phases.append(("document", dirs["doc"], o.max_update))
+    init_from, curve, offset, seconds = None, {"train": [], "valid": []}, 0.0, 0.0
+    for name, data_dir, updates in phases:
+        save_dir = root / name if len(phases) > 1 else root
+        log_file = log_dir / (f"{family}.{name}.log" if len(phases) > 1 else f"{family}.log")
+        checkpoint = save_dir / "checkpoint_last.pt"
+        if o.force or not checkpoint.exists():
+            if log_file.exists():
+                log_file.unlink()
+            start = time.time()
+            run_fairseq("train", train_argv(o, family, data_dir, save_dir, log_file, max_positions, updates, init_from))
+            (save_dir / "train_seconds.txt").write_text(f"{time.time() - start:.1f}\n")
+        else:
+            print(f"  {checkpoint} exists: skipped (use --force to retrain)")
+        phase_curve = read_learning_curve(log_file)
+        for part in ("train", "valid"):
+            for point in phase_curve[part]:
+                curve[part].append({**point, "phase": name,
+                                    "wall": None if point["wall"] is None else point["wall"] + offset})
+        phase_seconds = float((save_dir / "train_seconds.txt").read_text())
+        offset += phase_seconds
+        seconds += phase_seconds
+        init_from = checkpoint
+    return {"checkpoint": init_from, "train_seconds": round(seconds, 1), "learning_curve": curve}
+
+
+# ------------------------------------------------------------------------------------ evaluation
+def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path) -> dict:
+    """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU."""
+    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+    from reluformer_mt.inference.translator import DocumentTranslator
+
+    sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
+    references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
+    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam)
+    start = time.time()
+    results = translator.translate(list(sources.values()), progress=True)
+    seconds = time.time() - start
+    hyp_docs = [[r.text for r in doc] for doc in results]
+    ref_docs = list(references.values())
+    s_bleu = corpus_sbleu([s for d in hyp_docs for s in d], [s for d in ref_docs for s in d])
+    d_bleu = corpus_dbleu(hyp_docs, ref_docs)
+    stats = translator.stats
+    # every retranslation starts by halving a whole segment: that count over the segments is the
+    # share of segments whose output did not split into the right number of verses
+    fallbacks = stats["fallbacks: segment retranslated as halves"]
+    return {"s_bleu": s_bleu.score, "d_bleu": d_bleu.score, "s_bleu_signature": s_bleu.signature,
+            "d_bleu_signature": d_bleu.signature, "chapters": len(hyp_docs), "verses": sum(map(len, hyp_docs)),
+            "segments": stats["segments"], "fallbacks": fallbacks,
+            "fallback_rate": fallbacks / max(1, stats["segments"]),
+            "translate_seconds": round(seconds, 1), "hypotheses": dict(zip(sources, hyp_docs))}
+
+
+def baselines(o: DemoOptions, data_dir: Path) -> dict:
+    """What no learning gets: copying the nearest training verse (BLEU), the diagonal (AER)."""
+    from reluformer_mt.evaluation import aer as aer_lib
+    from reluformer_mt.evaluation.baselines import diagonal_aer, nearest_verse_translations
+    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+
+    train_src = (data_dir / "train.words.grc").read_text(encoding="utf-8").splitlines()
+    train_tgt = (data_dir / "train.words.en").read_text(encoding="utf-8").splitlines()
+    sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
+    references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
+    copies = nearest_verse_translations(train_src, train_tgt, [s for d in sources.values() for s in d])
+    hyp_docs, k = [], 0
+    for doc in sources.values():
+        hyp_docs.append(copies[k:k + len(doc)])
+        k += len(doc)
+    ref_docs = list(references.values())
+    test_src = (data_dir / "test.words.grc").read_text(encoding="utf-8").splitlines()
+    test_tgt = (data_dir / "test.words.en").read_text(encoding="utf-8").splitlines()
+    lengths = [(len(s.split()), len(t.split())) for s, t in zip(test_src, test_tgt)]
+    gold = aer_lib.read_gold(data_dir / "test.gold.align", base=0)
+    return {"nearest_verse": {"s_bleu": corpus_sbleu(copies, [s for d in ref_docs for s in d]).score,
+                              "d_bleu": corpus_dbleu(hyp_docs, ref_docs).score},
+            "diagonal": {"aer": diagonal_aer(lengths, gold).aer}}
+
+
+def alignment_and_stats(o: DemoOptions, checkpoints: Dict[str, Path], data_dir: Path, report_dir: Path) -> dict:
+    """AER per layer against the gold verse alignments, and attention statistics, all models at once."""
+    from reluformer_mt.evaluation.align import run_align
+    from reluformer_mt.evaluation.attn_stats import run_attn_stats
+
+    names, paths = list(checkpoints), [str(p) for p in checkpoints.values()]
+    text = dict(src=str(data_dir / "test.words.grc"), tgt=str(data_dir / "test.words.en"))
+    aer = run_align(paths, names=names, data=str(data_dir), gold=str(data_dir / "test.gold.align"), gold_base=0,
+                    layer="all", plot=str(report_dir / "aer_per_layer.png"), device=o.device, **text)
+    stats = run_attn_stats(paths, names=names, data=str(data_dir), split=None, kinds=("encoder_self", "decoder_self", "cross"),
+                           plot=str(report_dir / "sparsity_per_layer.png"), device=o.device, **text)
+    return {"aer": aer, "attn_stats": stats}
+
+
+def best_layer(aer_per_layer: dict) -> tuple:
+    """(mode, layer index, AER) of the head average with the lowest AER, normal or shifted."""
+    return min(((mode, i, value) for mode in ("normal", "shifted")
+                for i, value in enumerate(aer_per_layer[mode]["head_average"])), key=lambda item: item[2])
+
+
+def plot_verse_alignment(o: DemoOptions, checkpoints: Dict[str, Path], aer: Dict[str, dict], data_dir: Path,
+                         path: Path) -> Path:
+    """Word-level cross-attention (best layer's head average) of one short held-out verse per model,
+    with the verse's gold links drawn over it."""
+    from reluformer_mt.evaluation import aer as aer_lib
+    from reluformer_mt.evaluation import extract
+    from reluformer_mt.evaluation.plots import plot_word_alignment
+    from reluformer_mt.evaluation.stats import shift_rows, word_attention
+
+    sources = (data_dir / "test.words.grc").read_text(encoding="utf-8").splitlines()
+    targets = (data_dir / "test.words.en").read_text(encoding="utf-8").splitlines()
+    gold = aer_lib.read_gold(data_dir / "test.gold.align", base=0)
+    verse = next((i for i, (s, t) in enumerate(zip(sources, targets))
+                  if 6 <= len(s.split()) <= 12 and 6 <= len(t.split()) <= 14 and gold[i][0]), 0)
+    src, tgt = sources[verse].split(), targets[verse].split()
+    words, subtitles = {}, {}
+    for name, ckpt in checkpoints.items():
+        mode, layer, value = best_layer(aer[name])
+        loaded = extract.load_checkpoint(str(ckpt), str(data_dir), device=o.device)
+        pair = extract.encode_pairs(loaded, [src], [tgt])[0]
+        cross = extract.attention_of_pairs(loaded, [pair])[0]["cross"][layer].mean(0)  # head average
+        if mode == "shifted":
+            cross = shift_rows(cross)
+        words[name] = word_attention(cross, pair.src_word_ids, pair.tgt_word_ids)
+        subtitles[name] = f"layer {layer + 1}, {mode}, head average (test AER {value:.2f})"
+    sure, possible = gold[verse]
+    return plot_word_alignment(words, src, tgt, sorted(sure), path, gold_possible=sorted(possible - sure),
+                               subtitles=subtitles,
+                               title=f"held-out verse {verse + 1}: cross-attention over words; squares = gold links")
+
+
+def side_by_side(chapter: str, sources: List[str], references: List[str], hypotheses: Dict[str, List[str]],
+                 path: Path) -> Path:
+    """The chapter as a Markdown table: verse, source, reference, each model's translation."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    names = list(hypotheses)
+    lines = [f"# Chapter {chapter}: source, reference and translations", "",
+             "| verse | source (Greek) | reference (BSB) | " + " | ".join(names) + " |",
+             "|---" * (3 + len(names)) + "|"]
+    for k, (src, ref) in enumerate(zip(sources, references)):
+        lines.append(f"| {k + 1} | {cell(src)} | {cell(ref)} | "
+                     + " | ".join(cell(hypotheses[n][k]) for n in names) + " |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def translate_one_chapter(o: DemoOptions, checkpoint: Path, data_dir: Path, report_dir: Path) -> dict:
+    """The user's path: ``reluformer-translate`` on one raw held-out chapter (one verse per line)."""
+    chapter, verses = next(iter(read_split_documents(data_dir, "test", "grc").items()))
+    source = report_dir / f"chapter_{chapter}.grc.txt"
+    target = report_dir / f"chapter_{chapter}.en.txt"
+    source.write_text("\n".join(verses) + "\n", encoding="utf-8")
+    command = [str(Path(sys.executable).parent / "reluformer-translate"), "--checkpoint", str(checkpoint),
+               "--data", str(data_dir), "--beam", str(o.beam), "--device", o.device, "--format", "lines",
+               "--input", str(source), "--output", str(target)]
+    start = time.time()
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"reluformer-translate failed: {result.stderr.strip().splitlines()[-1:]}")
+    return {"chapter": chapter, "verses": len(verses), "seconds": round(time.time() - start, 1),
+            "command": " ".join(command), "source": str(source), "translation": str(target),
+            "summary": result.stderr.strip().splitlines()[-3:]}
+
+
+# ------------------------------------------------------------------------------------ report
+TABLE_HEADERS = ["model", "params", "updates", "train min", "valid loss", "s-BLEU", "d-BLEU", "AER best layer",
+                 "(head avg)", "cross sparsity", "cross null", "fallbacks"]
+
+
+def comparison_rows(results: Dict[str, dict], base: dict) -> List[list]:
+    rows = []
+    for family, r in results.items():
+        aer = r["aer"]
+        best_head = min(min(aer[m]["best_head"]) for m in ("normal", "shifted"))
+        head_avg = min(min(aer[m]["head_average"]) for m in ("normal", "shifted"))
+        rows.append([family, r["params"], r["updates"], round(r["train_seconds"] / 60, 1), r["valid_loss"],
+                     r["s_bleu"], r["d_bleu"], best_head, head_avg, r["cross_sparsity"], r["cross_null"],
+                     f"{r['fallbacks']}/{r['segments']}"])
+    nan = float("nan")
+    rows.append(["baseline: nearest training verse", "", "", "", "", base["nearest_verse"]["s_bleu"],
+                 base["nearest_verse"]["d_bleu"], nan, nan, "", "", ""])
+    rows.append(["baseline: diagonal alignment", "", "", "", "", nan, nan, base["diagonal"]["aer"],
+                 base["diagonal"]["aer"], "", "", ""])
+    return rows
+
+
+DEFINITIONS = {
+    "s_bleu": "sacreBLEU over verses of the held-out chapters (detokenised; the reference is the BSB tokenised as "
+              "the gold alignment's words)",
+    "d_bleu": "sacreBLEU over whole chapters (documents)",
+    "aer": "Och & Ney AER of cross-attention links vs the manual verse alignments, the minimum over layers and over "
+           "normal/shifted; best head chosen on the same gold set, head average needs no choice",
+    "cross_sparsity": "share of exact zeros among visible cross-attention weights",
+    "fallbacks": "segments retranslated (as halves or verse by verse) because the output did not split into the "
+                 "right number of verses / all segments",
+    "baselines": "nearest training verse: the BSB verse whose Greek is most similar (TF-IDF cosine) to the test "
+                 "verse, copied; diagonal alignment: links j -> round(j * n / m)",
+}
+
+
+def run_demo(o: DemoOptions) -> dict:
+    """Every stage; returns the report (also written to ``OUT/report/``)."""
+    import torch
+
+    import reluformer_mt  # noqa: F401  (registers the models; fixes the fairseq traps)
+    from reluformer_mt.evaluation.plots import plot_curves_against_minutes
+    from reluformer_mt.evaluation.reports import format_table, write_json
+
+    report_dir = o.out / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    stages = Stages(total=3 + len(o.families) + 1)
+    started = time.time()
+
+    with stages.stage("prepare the bible corpus (Greek -> English, chapters as documents)"):
+        dirs = prepare_corpus(o)
+
+    results, checkpoints, curves = {}, {}, {}
+    for family in o.families:
+        budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
+            (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
+        with stages.stage(f"train {family} ({budget})"):
+            trained = train_family(o, family, dirs)
+        checkpoints[family] = trained["checkpoint"]
+        curves[family] = trained["learning_curve"]
+        document_valid = [p for p in curves[family]["valid"] if p["phase"] == "document"]
+        results[family] = {"train_seconds": trained["train_seconds"],
+                           "valid_loss": document_valid[-1]["loss"] if document_valid else float("nan"),
+                           "learning_curve": curves[family]}
+
+    with stages.stage("evaluate: translate held-out chapters (s-BLEU, d-BLEU), AER vs gold, attention statistics"):
+        base = baselines(o, dirs["doc"])
+        hypotheses = {}
+        for family, checkpoint in checkpoints.items():
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            results[family]["params"] = sum(v.numel() for k, v in state["model"].items() if not k.endswith("_float_tensor"))
+            results[family]["updates"] = state["optimizer_history"][-1]["num_updates"]
+            bleu = bleu_of_model(o, checkpoint, dirs["doc"])
+            hypotheses[family] = bleu.pop("hypotheses")
+            (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))
+            results[family].update(bleu)
+            print(f"  {family}: s-BLEU {bleu['s_bleu']:.2f}  d-BLEU {bleu['d_bleu']:.2f}  ({bleu['chapters']} chapters, "
+                  f"{bleu['verses']} verses, {bleu['fallbacks']}/{bleu['segments']} segments retranslated, "
+                  f"{bleu['translate_seconds']} s)", flush=True)
+        evaluation = alignment_and_stats(o, checkpoints, dirs["doc"], report_dir)
+        for family in o.families:
+            results[family]["aer"] = evaluation["aer"]["models"][family]["aer_per_layer"]
+            cross = evaluation["attn_stats"]["models"][family]["stats"]["cross"]["all"]
+            results[family]["cross_sparsity"] = cross["sparsity"]
+            results[family]["cross_null"] = cross["null_rate"]
+            results[family]["attention_statistics"] = evaluation["attn_stats"]["models"][family]["stats"]
+        plot_curves_against_minutes(curves, report_dir / "learning_curves.png",
+                                    title=f"{o.preset} preset, {', '.join(o.families)}")
+        plot_verse_alignment(o, checkpoints, {f: results[f]["aer"] for f in o.families}, dirs["doc"],
+                             report_dir / "attention_heatmaps.png")
+        chapter = next(iter(hypotheses[o.families[0]]))
+        side_by_side(chapter, read_split_documents(dirs["doc"], "test", "grc")[chapter],
+                     read_split_documents(dirs["doc"], "test", "en")[chapter],
+                     {f: hypotheses[f][chapter] for f in o.families}, report_dir / f"chapter_{chapter}.side_by_side.md")
+
+    with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
+        translated = translate_one_chapter(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
+        print(f"  chapter {translated['chapter']}: {translated['verses']} verses in {translated['seconds']} s -> "
+              f"{translated['translation']}")
+
+    table = format_table(TABLE_HEADERS, comparison_rows(results, base))
+    total = time.time() - started
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
+    report = {"options": options, "versions": versions(), "stage_seconds": stages.times,
+              "total_seconds": round(total, 1), "data": {k: str(v) for k, v in dirs.items()},
+              "definitions": DEFINITIONS, "baselines": base, "models": results, "translated_chapter": translated,
+              "table": table}
+    write_json(report_dir / "report.json", report, command=" ".join(sys.argv))
+    (report_dir / "table.md").write_text(table + "\n", encoding="utf-8")
+    print("\n" + table)
+    print(f"\nreport: {report_dir}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
+          f"aer_per_layer.png, sparsity_per_layer.png, chapter_{translated['chapter']}.side_by_side.md, "
+          f"{Path(translated['translation']).name}); total {total / 60:.1f} min")
+    return report
+
+
+__all__ = ["DemoOptions", "PRESETS", "run_demo"]
