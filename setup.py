@@ -36,6 +36,7 @@ setup(
             "reluformer-demo=reluformer_mt.cli.demo:main",
             "reluformer-translate=reluformer_mt.cli.translate:main",
             "reluformer-study=reluformer_mt.cli.study:main",
+            "reluformer-sweep=reluformer_mt.cli.sweep:main",
         ],
     },
 )

@@ -1,18 +1,28 @@
 """reluformer-mt: ReLU-attention Transformers for (document-level) machine translation.
 
-``fairseq-train --user-dir reluformer_mt`` imports this package, which registers the models,
-architectures, criteria and tasks, and first neutralises two traps of the Python-3.11 fairseq
-builds (see :mod:`reluformer_mt.fairseq_compat`).
+Importing the package (or ``reluformer_mt.data``, ``.evaluation.aer``, ``.evaluation.bleu``)
+loads neither torch nor fairseq. Registration with fairseq is explicit:
+:func:`reluformer_mt.plugin.register` (also ``reluformer_mt.register``). The one implicit
+caller is fairseq's ``--user-dir reluformer_mt``, which imports this package by its folder: then
+the package registers itself here, as a fairseq plugin must.
 """
-import logging
+import os
+import sys
+
+from reluformer_mt.plugin import register  # noqa: F401  (light: imports fairseq only when called)
 
 __version__ = "0.1.0"
 
-# fairseq's speech task logs an install hint for tensorboardX at import; it is noise for MT
-logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-from reluformer_mt import fairseq_compat as _fairseq_compat
 
-_fairseq_compat.apply()
+def _imported_as_user_dir() -> bool:
+    """Whether fairseq's ``import_user_module`` is importing us: it records the folder's absolute
+    path in its ``memo`` just before the import (and never imports a folder twice)."""
+    fairseq_utils = sys.modules.get("fairseq.utils")
+    memo = getattr(getattr(fairseq_utils, "import_user_module", None), "memo", ())
+    return PACKAGE_DIR in memo
 
-from reluformer_mt import models, criteria, tasks  # noqa: E402,F401  (registration side effects)
+
+if _imported_as_user_dir():
+    register()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from reluformer_mt.cli.inprocess import run_fairseq  # noqa: F401  (re-exported for the tests)
+from reluformer_mt.data.documents import DOC_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "reluformer_mt")
@@ -47,7 +48,7 @@ def read_docmt_pairs(corpus: str = "IWSLT2017", split: str = "dev", limit: int =
         return [l.strip() for l in path.read_text(encoding="utf-8").splitlines()]
     pairs = []
     for en, de in zip(lines("en"), lines("de")):
-        if en == "<d>" or not en or not de:
+        if en == DOC_MARKER or not en or not de:
             continue
         if len(en.split()) > max_words or len(de.split()) > max_words:
             continue

@@ -4,7 +4,6 @@ import math
 import pytest
 import torch
 
-import reluformer_mt  # noqa: F401
 from reluformer_mt.attention import AttentionConfig, AttentionOptionError, ReluformerAttention
 from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS
 

@@ -1,13 +1,31 @@
-"""The hydra presets in configs/ run through fairseq-hydra-train."""
-from pathlib import Path
-
-import pytest
+"""The hydra presets in configs/: every one composes with its setup's base, and one trains through fairseq-hydra-train."""
+import json
+import subprocess
+import sys
 
 from helpers import REPO, USER_DIR, needs_shared_data, run_subprocess
 
-pytestmark = needs_shared_data
-
 CONFIGS = REPO / "configs"
+SETUPS = {"demo": ("tiny", "translation"), "iwslt14_de_en": ("iwslt_de_en", "translation"),
+          "europarl7_doc": ("base", "document_translation")}
+
+# compose every preset the way fairseq-hydra-train does: fairseq's schema stored under the
+# preset's name (hydra_init), hydra 1.1 semantics (fairseq's @hydra.main gives no version_base)
+COMPOSE = """
+import json, sys
+from pathlib import Path
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from fairseq.dataclass.initialize import hydra_init
+out = {}
+for preset in sorted(Path(sys.argv[1]).glob("*/*.yaml")):
+    GlobalHydra.instance().clear()
+    hydra_init(preset.stem)
+    with initialize_config_dir(config_dir=str(preset.parent), version_base="1.1"):
+        out[f"{preset.parent.name}/{preset.stem}"] = OmegaConf.to_container(compose(config_name=preset.stem))
+print(json.dumps(out, default=str))
+"""
 
 
 def test_every_family_has_a_preset_per_setup():
@@ -16,6 +34,26 @@ def test_every_family_has_a_preset_per_setup():
         assert {p.stem for p in (CONFIGS / setup).glob("*.yaml")} == families
 
 
+def test_every_preset_composes_with_its_setup_base():
+    result = subprocess.run([sys.executable, "-c", COMPOSE, str(CONFIGS)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    composed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(composed) == 6 * len(SETUPS)
+    bases = {}
+    for name, cfg in composed.items():
+        setup, family = name.split("/")
+        size, task = SETUPS[setup]
+        assert cfg["model"]["_name"] == f"{family}_{size}", name
+        assert cfg["checkpoint"]["save_dir"] == f"checkpoints/{setup}/{family}", name
+        assert cfg["task"]["_name"] == task and cfg["criterion"]["_name"] == "reluformer_cross_entropy", name
+        # everything else is the setup's base, the same for every family (not fairseq's defaults)
+        rest = {k: v for k, v in cfg.items() if k not in ("model", "checkpoint")}
+        rest["model"] = {k: v for k, v in cfg["model"].items() if k != "_name"}
+        assert bases.setdefault(setup, rest) == rest, name
+    assert bases["demo"]["optimization"]["lr"] == [0.003] and bases["europarl7_doc"]["dataset"]["max_tokens"] == 8192
+
+
+@needs_shared_data
 def test_preset_trains_through_fairseq_hydra_train(sentence_data, tmp_path):
     result = run_subprocess([
         "fairseq-hydra-train", "--config-dir", CONFIGS / "demo", "--config-name", "rela",

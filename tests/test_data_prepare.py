@@ -53,6 +53,15 @@ def test_prepared_directory_contents(prepared):
     infos = read_segment_metadata(sent / "train.segments.tsv")
     assert all(i.n_sentences == 1 for i in infos)
     assert json.loads((sent / "prepared.json").read_text())["level"] == "sentence"
+    # the one reader: sentence level is None; the reused model (one string 'SRC,TGT' or a list) is joint
+    from reluformer_mt.data.prepared import Prepared
+
+    p_doc, p_sent = Prepared.load(doc), Prepared.load(sent)
+    assert (p_doc.segment_tokens, p_sent.segment_tokens, p_sent.level) == (128, None, "sentence")
+    assert p_doc.splits["train"].segments == len(read_segment_metadata(doc / "train.segments.tsv"))
+    assert p_doc.positions == max(m["max_source_positions"], m["max_target_positions"])
+    sp_src, sp_tgt = p_sent.sentencepiece()
+    assert sp_src is sp_tgt and sp_src.piece_to_id(SEPARATOR) != sp_src.unk_id()
 
 
 def test_segments_split_back_into_the_encoded_sentences(prepared):

@@ -6,8 +6,9 @@ import pytest
 
 from reluformer_mt.data.readers import (Report, normalise_space, read_corpus, read_docids, read_doclines, read_docmt,
                                         read_lines, read_mteval_xml, read_plain)
-from reluformer_mt.data.segmentation import greedy_segments, parse_segment_tokens, segment_document, unsegment
-from reluformer_mt.data.segments import join_sentences, split_segment
+from reluformer_mt.data.segmentation import greedy_segments, parse_segment_tokens, segment_document
+from reluformer_mt.data.batching import length_batches
+from reluformer_mt.data.segments import SegmentInfo, join_sentences, segments_to_documents, split_segment
 
 SHARED = Path(os.environ.get("RELUFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 DOCMT = SHARED / "docmt_ende"
@@ -81,7 +82,7 @@ def test_overlong_sentence_is_its_own_segment_and_counted():
     s, t, infos, over = segment_document("d", src, tgt, 5)
     assert over == 1
     assert [i.n_sentences for i in infos] == [1, 1, 1]
-    assert unsegment(s, infos)["d"] == [" ".join(x) for x in src]
+    assert segments_to_documents(s, infos)["d"] == [" ".join(x) for x in src]
 
 
 # ---------------------------------------------------------------- bad input
@@ -216,3 +217,21 @@ def test_invisible_characters_at_sentence_edges_are_counted(tmp_path):
     docs = read_plain(a, b, report, one_document=True)
     assert docs[0].src == ["one", "two"] and docs[0].tgt == ["eins", "zwei"]
     assert report.repaired["invisible characters at sentence edges removed (BOM, zero-width, no-break space)"] == 3
+
+
+def test_segments_to_documents_policies_for_a_wrong_sentence_count():
+    infos = [SegmentInfo("a", 2, 0), SegmentInfo("b", 1, 0), SegmentInfo("a", 1, 2)]
+    assert segments_to_documents(["x <sep> y", "z", "w"], infos) == {"a": ["x", "y", "w"], "b": ["z"]}
+    wrong = ["x", "z", "w <sep> v"]
+    with pytest.raises(ValueError, match=r"document 'a': segment 0 \(sentence 0\) splits into 1 sentences.*has 2"):
+        segments_to_documents(wrong, infos)
+    assert segments_to_documents(wrong, infos, on_mismatch="keep") == {"a": ["x", "w", "v"], "b": ["z"]}
+    assert segments_to_documents(wrong, infos, on_mismatch="fit") == {"a": ["x", "", "w v"], "b": ["z"]}
+    with pytest.raises(ValueError, match="segments of a document must be in order"):
+        segments_to_documents(["w", "x <sep> y"], [infos[2], infos[0]])
+
+
+def test_length_batches_longest_first_within_the_token_budget():
+    assert length_batches([3, 9, 3, 5], max_tokens=10) == [[1], [3, 0], [2]]
+    assert length_batches([2, 2, 2], max_tokens=100, max_items=2) == [[0, 1], [2]]
+    assert length_batches([50], max_tokens=10) == [[0]]  # too long: its own batch, never dropped

@@ -210,12 +210,14 @@ def test_sentencepiece_words(tmp_path, sentence_data):
     import sentencepiece as spm
     from fairseq.data import Dictionary
 
+    from reluformer_mt.data.prepared import Prepared
+
     lines = (sentence_data["raw"] / "train.en").read_text(encoding="utf-8").splitlines()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "spm"), vocab_size=300,
                                    user_defined_symbols=["<sep>"], hard_vocab_limit=False, minloglevel=2)
-    (tmp_path / "prepared.json").write_text(json.dumps({"spm_model": "spm.model", "spm_model_src": "spm.model",
-                                                        "spm_model_tgt": "spm.model"}))
-    sp_src, sp_tgt = extract._load_spm_models(tmp_path, None)
+    Prepared(src_lang="en", tgt_lang="de", segment_tokens=None, spm_src="spm.model", spm_tgt="spm.model").write(tmp_path)
+    sp_src, sp_tgt = Prepared.load(tmp_path).sentencepiece()
+    assert sp_src is sp_tgt  # a joint model is loaded once
     d = Dictionary()
     for i in range(sp_src.get_piece_size()):
         d.add_symbol(sp_src.id_to_piece(i))

@@ -25,5 +25,6 @@ def test_plots_write_pngs(tmp_path):
 
 def test_cli_registry():
     assert {"bleu", "aer"} <= set(SUBCOMMANDS)
-    args = build_parser().parse_args(["aer", "--gold", "g", "--baseline", "diagonal", "--lengths", "l", "--json", "r.json"])
+    args = build_parser().parse_args(["aer", "--gold", "g", "--gold-base", "0", "--baseline", "diagonal", "--lengths", "l",
+                                      "--json", "r.json"])
     assert args.command == "aer" and args.json == "r.json"

@@ -1,14 +1,16 @@
-"""The two traps of the Python-3.11 fairseq builds, neutralised by importing the plugin."""
+"""The two traps of the Python-3.11 fairseq builds, neutralised when the plugin registers."""
 import argparse
 
 import numpy as np
 import pytest
 import torch
 
-import reluformer_mt  # noqa: F401  (applies the fixes)
+from reluformer_mt.plugin import register
 from reluformer_mt import fairseq_compat
 
 from helpers import USER_DIR, needs_shared_data, run_fairseq, run_subprocess
+
+register()  # models, criterion, task and the fairseq fixes: importing the package does not register
 
 pytestmark = needs_shared_data
 

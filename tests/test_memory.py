@@ -5,12 +5,14 @@ import re
 import pytest
 import torch
 
-import reluformer_mt  # noqa: F401
-from reluformer_mt.memory import (DocumentMemory, MemoryOptionError, MipsFfn, TopKMemory, check_memory_options,
+from reluformer_mt.plugin import register
+from reluformer_mt.memory import (MemoryOptionError, MipsFfn, TopKMemory, check_memory_options,
                                   parse_memory_layers, topk_read)
 from reluformer_mt.evaluation.memory_stats import anisotropy, memory_stats_report, top_score_ratio
 
 from helpers import USER_DIR, needs_shared_data, run_fairseq
+
+register()  # models, criterion, task and the fairseq fixes: importing the package does not register
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
         "--decoder-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
@@ -85,23 +87,6 @@ def test_index_refresh_follows_the_keys():
     state["keys.weight"][9] = torch.tensor([100.0, 0, 0, 0])
     mem.load_state_dict(state)
     assert mem.search(q).item() == 9 and mem.num_builds == 3
-
-
-def test_document_memory_reads_previous_segments_of_the_same_document():
-    torch.manual_seed(0)
-    mem = DocumentMemory(16, topk=4)
-    seg1, seg2 = torch.randn(7, 16), torch.randn(5, 16, requires_grad=True)
-    assert mem.read("doc-a", seg2).abs().sum() == 0  # first segment: nothing to read
-    mem.write("doc-a", seg1)
-    out = mem.read("doc-a", seg2)
-    assert out.shape == (5, 16) and out.abs().sum() > 0
-    assert mem.read("doc-b", seg2).abs().sum() == 0
-    out.sum().backward()
-    assert mem.q_proj.weight.grad is not None and mem.k_proj.weight.grad is not None and seg2.grad is not None
-    mem.write("doc-a", seg2)
-    assert mem.entries("doc-a") == 12
-    mem.reset("doc-a")
-    assert len(mem) == 0
 
 
 def test_diagnostics_on_known_rows():

@@ -7,10 +7,12 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
 from fairseq.tasks.translation import TranslationTask
 
-import reluformer_mt  # noqa: F401
+from reluformer_mt.plugin import register
 from reluformer_mt.models import ARCHITECTURES, FAMILIES
 
 from helpers import USER_DIR, run_subprocess
+
+register()  # models, criterion, task and the fairseq fixes: importing the package does not register
 
 DIMS = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
             encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,

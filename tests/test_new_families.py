@@ -7,13 +7,15 @@ import re
 import pytest
 import torch
 
-import reluformer_mt  # noqa: F401  (registers the plugin)
+from reluformer_mt.plugin import register
 from reluformer_mt.attention import AttentionConfig, AttentionOptionError, ReluformerAttention
 from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention.functions import FUNCTIONS, Params, SIGMOID_LEARNED_BIAS_LENGTH
 
 from helpers import run_fairseq, tiny_train_args
 from test_models import build, tiny_task
+
+register()  # models, criterion, task and the fairseq fixes: importing the package does not register
 
 E, H = 16, 2
 

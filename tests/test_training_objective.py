@@ -11,13 +11,15 @@ import torch
 from fairseq import options, tasks
 from fairseq.data import Dictionary, LanguagePairDataset
 
-import reluformer_mt  # noqa: F401  (registers the plugin)
+from reluformer_mt.plugin import register
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention
 from reluformer_mt.attention.multihead import rela_gate_init_range
 from reluformer_mt.criteria.reluformer_criterion import ReluformerCriterion
 
 from helpers import USER_DIR
 from test_models import build, tiny_task
+
+register()  # models, criterion, task and the fairseq fixes: importing the package does not register
 
 E, H = 16, 2
 PATHS = ["reference", "dense", "blocked", "fused"]

@@ -1,9 +1,11 @@
 """Shared checks of the console scripts, so bad input stops with one line, never a traceback:
-argparse types for counts and limits, output paths checked before any work, and write errors
+argparse types for counts and limits, the one ``--spm-model`` and ``--segment-tokens`` syntax,
+output paths checked before any work, and write errors
 (disk full, an unwritable path) turned into ``cannot write PATH: reason``."""
 import argparse
 import math
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +30,38 @@ def non_negative_int(text) -> int:
 
 def non_negative_float(text) -> float:
     return _number(text, float, 0.0, "a finite number >= 0")
+
+
+def segment_tokens(text) -> int:
+    """``--segment-tokens``: a positive integer, or 'sentence' / 0 (sentence level) -> 0."""
+    from reluformer_mt.data.segmentation import parse_segment_tokens
+
+    try:
+        return parse_segment_tokens(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _SpmModels(argparse.Action):
+    """``--spm-model MODEL`` or ``--spm-model SRC_MODEL,TGT_MODEL`` -> a tuple of one or two
+    paths; the old space-separated ``SRC_MODEL TGT_MODEL`` still works, with a note."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from reluformer_mt.data.prepared import parse_spm_models
+
+        if len(values) > 1:
+            print(f"{parser.prog}: note: '{option_string} {' '.join(values)}' is deprecated; "
+                  f"write {option_string} {','.join(values)}", file=sys.stderr)
+        try:
+            setattr(namespace, self.dest, parse_spm_models(values, option_string))
+        except ValueError as e:
+            parser.error(str(e))
+
+
+def add_spm_model_option(parser, default: str) -> None:
+    """The one ``--spm-model`` option of every console script; ``default`` says what is used without it."""
+    parser.add_argument("--spm-model", nargs="+", action=_SpmModels, metavar="MODEL[,TGT_MODEL]",
+                        help=f"SentencePiece model: MODEL (joint) or SRC_MODEL,TGT_MODEL (default: {default})")
 
 
 def check_output_file(path, option: str, creates_folders: bool = False) -> None:

@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
                         stream=sys.stderr)
+    from reluformer_mt.plugin import register
+
+    register()  # the models, criteria and task, and the fairseq fixes
     from reluformer_mt.models import FAMILIES
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]

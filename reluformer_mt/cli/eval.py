@@ -15,12 +15,11 @@ the report dict (so it is callable from Python) and prints its table.
 import argparse
 import logging
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.cli.checks import check_output_file, write_error
+from reluformer_mt.cli.checks import add_spm_model_option, check_output_file, write_error
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
-from reluformer_mt.evaluation.memory_stats import add_memory_stats_args, run_memory_stats
 from reluformer_mt.evaluation.reports import format_table, write_json
 
 LEVELS = {"s": "sentence", "d": "document", "seg": "segment"}
@@ -154,8 +153,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, nargs="+", help="fairseq checkpoint(s) of reluformer models")
     p.add_argument("--names", nargs="+", help="display names of the checkpoints (default: their folder names)")
     p.add_argument("--data", help="data directory with the dictionaries (default: the one the checkpoint was trained on)")
-    p.add_argument("--spm-model", nargs="+", help="SentencePiece model (joint, or source and target); default: the "
-                                                  "ones named in the data directory's prepared.json, else one token per word")
+    add_spm_model_option(p, "the data directory's prepared.json's, else one token per word")
     p.add_argument("--max-tokens", type=int, default=4000, help="force-decoding batch size in tokens")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
 
@@ -190,12 +188,32 @@ def _print_model(name: str, model: dict) -> None:
     print(f"{name}: {model['checkpoint']} ({model['arch']}; {fns}; {model['tokens']})")
 
 
+def parse_layer(text: str):
+    """'all' or a 1-based layer number (checked against the model by the library)."""
+    if str(text).lower() == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--layer: expected 'all' or a layer number, got {text!r}") from None
+
+
+def parse_head(text: str) -> Optional[int]:
+    """'average' (None) or a 1-based head number (checked against the model by the library)."""
+    if str(text).lower() in ("average", "avg", "mean"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--head: expected 'average' or a head number, got {text!r}") from None
+
+
 def run_align(args) -> dict:
     from reluformer_mt.evaluation import align as align_lib
 
     report = align_lib.run_align(
         args.checkpoint, src=args.src, tgt=args.tgt, pairs=args.pairs, data=args.data, spm_models=args.spm_model,
-        layer=args.layer, head=args.head, shifted=args.shifted, output=args.output, gold=args.gold,
+        layer=parse_layer(args.layer), head=parse_head(args.head), shifted=args.shifted, output=args.output, gold=args.gold,
         gold_base=args.gold_base, possible_mark=args.possible_mark, gold_swap=args.gold_swap,
         unchecked_gold=args.unchecked_gold, plot=args.plot, names=args.names, max_tokens=args.max_tokens,
         device=args.device)
@@ -229,6 +247,22 @@ def add_attn_stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="PNG of the sparsity rate per layer (a line per model and attention)")
 
 
+KIND_ALIASES = {"cross": "cross", "decoder_self": "decoder_self", "dec-self": "decoder_self",
+                "decoder": "decoder_self", "encoder_self": "encoder_self", "enc-self": "encoder_self",
+                "encoder": "encoder_self"}
+
+
+def parse_kinds(text: str, order: Sequence[str]) -> List[str]:
+    """'enc-self,cross' -> the library's kind names, in the library's ``order``."""
+    kinds = []
+    for k in text.split(","):
+        k = k.strip()
+        if k not in KIND_ALIASES:
+            raise ValueError(f"--kinds: unknown attention {k!r}, expected a comma list of cross, dec-self, enc-self")
+        kinds.append(KIND_ALIASES[k])
+    return [k for k in order if k in kinds]
+
+
 def run_attn_stats(args) -> dict:
     from reluformer_mt.evaluation import attn_stats as stats_lib
 
@@ -236,7 +270,7 @@ def run_attn_stats(args) -> dict:
         raise ValueError(f"--limit must be positive, got {args.limit}")
     report = stats_lib.run_attn_stats(
         args.checkpoint, data=args.data, split=args.split, src=args.src, tgt=args.tgt, pairs=args.pairs,
-        spm_models=args.spm_model, kinds=stats_lib.parse_kinds(args.kinds), top_percent=args.top_percent,
+        spm_models=args.spm_model, kinds=parse_kinds(args.kinds, stats_lib.extract.KINDS), top_percent=args.top_percent,
         limit=args.limit, names=args.names, plot=args.plot, max_tokens=args.max_tokens, device=args.device)
     print(f"attention statistics on {report['data']}; {report['definitions']}")
     for name, entry in report["models"].items():
@@ -262,7 +296,7 @@ def _add_scoring_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="fairseq checkpoint of a reluformer model")
     p.add_argument("--data", help="prepared directory with dictionaries, prepared.json and SentencePiece model "
                                   "(default: the one the checkpoint was trained on)")
-    p.add_argument("--spm-model", nargs="+", help="SentencePiece model (joint, or source and target) instead of prepared.json's")
+    add_spm_model_option(p, "the data directory's prepared.json's")
     p.add_argument("--max-tokens", type=int, default=4000, help="force-decoding batch size in tokens")
     p.add_argument("--batch-size", type=int, default=64, help="at most this many sequences a batch")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
@@ -326,6 +360,29 @@ def run_cxmi(args) -> dict:
           f"{report['skipped_too_long']} left out (context does not fit the model's positions)")
     print(format_table(*cxmi.table(report), digits=4))
     return report
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+def add_memory_stats_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint of a reluformer model")
+    p.add_argument("--data", required=True, help="fairseq binarised data directory")
+    p.add_argument("--split", default="valid", help="split to run over (default valid)")
+    p.add_argument("--top-percent", default="0.2,1,10", help="comma list of p for the top-p%% score ratio")
+    p.add_argument("--max-tokens", type=int, default=4000)
+    p.add_argument("--max-batches", type=int, help="stop after this many batches")
+    p.add_argument("--max-rows", type=int, default=2000, help="rows per layer used for the anisotropy")
+
+
+def run_memory_stats(args) -> dict:
+    from reluformer_mt.evaluation.memory_stats import memory_stats_report
+
+    try:
+        percents = [float(x) for x in args.top_percent.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--top-percent: got {args.top_percent!r}, expected a comma list of numbers") from None
+    return memory_stats_report(args.checkpoint, args.data, args.split, percents, max_tokens=args.max_tokens,
+                               max_batches=args.max_batches, max_rows=args.max_rows)
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -7,8 +7,11 @@ import contextlib
 import importlib
 import io
 import logging
+import os
 import sys
 from typing import Sequence
+
+from reluformer_mt.plugin import register
 
 
 def _all_loggers():
@@ -29,6 +32,19 @@ def _close_new_file_handlers(before) -> None:
 def run_fairseq(tool: str, argv: Sequence, capture: bool = False) -> str:
     """``fairseq-<tool> argv...`` in this process; returns its standard output when ``capture``."""
     from fairseq import checkpoint_utils
+
+    # fairseq skips a --user-dir whose package this process has imported already (for its data
+    # or evaluation modules): register explicitly, as the user-dir import would
+    if "--user-dir" in [str(a) for a in argv]:
+        register()
+
+    # fairseq's CLIs set the root logger to INFO with logging.basicConfig, which does nothing when
+    # the host process (pytest, an application) configured logging first; the --log-file lines
+    # are INFO records of fairseq's loggers, so give those loggers the CLI's level explicitly
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    for name in ("fairseq", "fairseq_cli"):
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(level)
 
     # fairseq keeps the best validation score of a process on this function attribute: a second
     # training run in the same process would never write a checkpoint_best.pt worse than the first's

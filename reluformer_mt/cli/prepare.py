@@ -19,7 +19,7 @@ import argparse
 import logging
 import sys
 
-from reluformer_mt.cli.checks import non_negative_int, positive_int, write_error
+from reluformer_mt.cli.checks import add_spm_model_option, non_negative_int, positive_int, segment_tokens, write_error
 from reluformer_mt.data.readers import FORMATS
 
 
@@ -42,11 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", nargs="+", action="append", default=[], metavar="FILE", help=f"test corpus, {files}")
     p.add_argument("--valid-from-train", type=non_negative_int, default=0, metavar="K", help="hold out the last K training documents as the valid set")
     p.add_argument("--limit-docs", type=non_negative_int, default=0, metavar="K", help="keep only the first K documents of each split (demos, smoke tests)")
-    p.add_argument("--segment-tokens", "-N", default="sentence", metavar="N",
+    p.add_argument("--segment-tokens", "-N", type=segment_tokens, default="sentence", metavar="N",
                    help="segment length N in subword tokens (separators counted, </s> not); 'sentence' or 0 for sentence level")
     p.add_argument("--vocab-size", type=positive_int, default=8000, help="SentencePiece vocabulary size to train (default 8000)")
     p.add_argument("--spm-per-language", action="store_true", help="train one SentencePiece model per language instead of a joint one")
-    p.add_argument("--spm-model", nargs="+", default=[], metavar="MODEL", help="reuse a SentencePiece model (one joint, or source and target)")
+    add_spm_model_option(p, "train one on the training data; given, it is reused")
     p.add_argument("--joined-dictionary", action="store_true", help="one fairseq dictionary for both languages (for --share-all-embeddings)")
     p.add_argument("--separator", default=None, help="separator token between the sentences of a segment (default <sep>)")
     p.add_argument("--input-separator", default=None, help="for --format doclines: the string between sentences of an input line (default <sep>)")
@@ -78,7 +78,7 @@ def config_from_args(args):
         train=args.train, valid=args.valid, test=args.test,
         valid_from_train=args.valid_from_train, limit_docs=args.limit_docs,
         segment_tokens=args.segment_tokens, vocab_size=args.vocab_size,
-        spm_per_language=args.spm_per_language, spm_models=args.spm_model,
+        spm_per_language=args.spm_per_language, spm_models=list(args.spm_model or ()),
         joined_dictionary=args.joined_dictionary, separator=args.separator or SEPARATOR,
         input_separator=args.input_separator or SEPARATOR,
         bible_root=args.bible_root, bible_books=books,

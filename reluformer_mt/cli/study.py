@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import reluformer_mt  # noqa: F401  (registers the plugin)
+    from reluformer_mt.plugin import register
+
+    register()  # the models, criteria and task, and the fairseq fixes
     from reluformer_mt.experiments.study import RUNS, run_study
 
     names = [n.strip() for n in args.runs.split(",") if n.strip()]

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from reluformer_mt.cli.checks import check_output_file, non_negative_float, non_negative_int, writing, write_error
+from reluformer_mt.cli.checks import (add_spm_model_option, check_output_file, non_negative_float, non_negative_int,
+                                     segment_tokens, writing, write_error)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,9 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", help="language of the sentence splitter for raw input (default: the checkpoint's source language)")
     res = p.add_argument_group("resources (default: beside the checkpoint, then the data directory it was trained on)")
     res.add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, prepared.json, SentencePiece model)")
-    res.add_argument("--spm-model", help="SentencePiece model, joint or 'SRC,TGT' (default: from prepared.json)")
-    res.add_argument("--segment-tokens", help="segment length in source tokens, or 'sentence' "
-                                              "(default: the trained length from prepared.json)")
+    add_spm_model_option(res, "the one prepared.json names")
+    res.add_argument("--segment-tokens", type=segment_tokens, help="segment length in source tokens, or 'sentence' "
+                                                                   "(default: the trained length from prepared.json)")
     gen = p.add_argument_group("search")
     gen.add_argument("--beam", type=int, default=5)
     gen.add_argument("--lenpen", type=float, default=1.0, help="length penalty")
@@ -57,17 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary and warnings on standard error")
     return p
-
-
-def _segment_tokens(value):
-    if value is None:
-        return None
-    from reluformer_mt.data.segmentation import parse_segment_tokens
-
-    try:
-        return parse_segment_tokens(value)
-    except ValueError as e:
-        raise ValueError(f"--segment-tokens: {e}") from None
 
 
 def _side_file(path, option):
@@ -114,7 +104,7 @@ def run(args) -> str:
     translator = DocumentTranslator(
         args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-        segment_tokens=_segment_tokens(args.segment_tokens), spm_model=args.spm_model)
+        segment_tokens=args.segment_tokens, spm_model=args.spm_model)
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
     parsed = parse_input(lines, input_name(args.input), args.format, args.doc_ids,

@@ -1,4 +1,5 @@
-"""One preparation run: read -> SentencePiece -> encode + segment -> binarise -> prepared.json.
+"""One preparation run: read -> SentencePiece -> encode + segment -> binarise -> prepared.json
+(:class:`reluformer_mt.data.prepared.Prepared`).
 
 The output directory is a fairseq data directory (``dict.*.txt``, ``{split}.{src}-{tgt}.*``)
 plus ``{split}.segments.tsv`` (see :mod:`reluformer_mt.data.segments`), the SentencePiece
@@ -25,8 +26,9 @@ from tqdm import tqdm
 from reluformer_mt.data import spm as spm_utils
 from reluformer_mt.data.binarize import preprocess_argv, run_preprocess
 from reluformer_mt.data.readers import Document, Report, read_corpus
+from reluformer_mt.data.prepared import PREPARED_NAME, Prepared, SplitInfo, parse_spm_models
 from reluformer_mt.data.segmentation import parse_segment_tokens, segment_document
-from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR, metadata_path, write_segment_metadata
+from reluformer_mt.data.segments import SEPARATOR, metadata_path, write_segment_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ STEP_DIR = ".steps"
 _SPLIT = "(train|valid|test)"
 _NAME = r"[^./]+"
 OUTPUT_FILES = re.compile(
-    rf"{MANIFEST_NAME.replace('.', '[.]')}|summary[.]txt|preprocess[.]log|dict[.]{_NAME}[.]txt|spm([.]{_NAME})?[.]model"
+    rf"{PREPARED_NAME.replace('.', '[.]')}|summary[.]txt|preprocess[.]log|dict[.]{_NAME}[.]txt|spm([.]{_NAME})?[.]model"
     rf"|{_SPLIT}[.]{_NAME}-{_NAME}[.]{_NAME}[.](bin|idx)|{_SPLIT}[.]segments[.]tsv"
     rf"|{_SPLIT}[.](gold[.]align|verses[.]tsv|words[.]{_NAME})")
 OUTPUT_SUBDIRS = {"text": re.compile(rf"{_SPLIT}[.]{_NAME}"),
@@ -59,7 +61,7 @@ class PrepareConfig:
     segment_tokens: int = 0                 # N; 0 = sentence level
     vocab_size: int = 8000
     spm_per_language: bool = False
-    spm_models: List[str] = field(default_factory=list)    # reuse: one joint model or src, tgt
+    spm_models: List[str] = field(default_factory=list)    # reuse: one joint model or src, tgt (or 'SRC,TGT')
     joined_dictionary: bool = False
     separator: str = SEPARATOR
     input_separator: str = SEPARATOR        # doclines input only
@@ -111,7 +113,7 @@ def remove_previous_outputs(out: Path, cfg) -> List[str]:
     """Delete what an earlier run wrote into ``out`` (a folder with prepared.json or stamps):
     only files with the names a run writes, never an input of this run (e.g. ``--spm-model
     OUT/spm.model``); empty subfolders go too. Returns the names of the other files, kept."""
-    if not ((out / MANIFEST_NAME).is_file() or (out / STEP_DIR).is_dir()):
+    if not (Prepared.exists(out) or (out / STEP_DIR).is_dir()):
         return []
     inputs = _input_paths(cfg)
     kept, removed = [], 0
@@ -215,8 +217,6 @@ def _fingerprint(splits) -> str:
 def _spm_step(cfg, out, splits, data_fp):
     spm_dir = out / "spm"
     if cfg.spm_models:
-        if len(cfg.spm_models) not in (1, 2):
-            raise ValueError(f"--spm-model takes one joint model or two (source, target), got {len(cfg.spm_models)}")
         for m in cfg.spm_models:
             spm_utils.load_spm(m, cfg.separator)  # checks existence and the separator piece
         config = {"reuse": [_file_sha(m) for m in cfg.spm_models], "separator": cfg.separator}
@@ -331,9 +331,27 @@ def _binarize_step(cfg, out, splits, spm_result, encode_stats):
 
 # ---------------------------------------------------------------- the run
 
+def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str], report: Report) -> Prepared:
+    """The directory's :class:`Prepared` (prepared.json) from this run's results."""
+    return Prepared(
+        src_lang=cfg.src, tgt_lang=cfg.tgt, segment_tokens=cfg.segment_tokens or None,
+        spm_src=spm_result["spm_model_src"], spm_tgt=spm_result["spm_model_tgt"], separator=cfg.separator,
+        joined_dictionary=cfg.joined_dictionary,
+        # fairseq appends </s>: the model needs one position more than the longest segment
+        max_source_positions=max(st["longest_source"] for st in stats.values()) + 1,
+        max_target_positions=max(st["longest_target"] for st in stats.values()) + 1,
+        splits={split: SplitInfo(**{**st, "overlong_examples": tuple(st["overlong_examples"])}) for split, st in stats.items()},
+        format=cfg.fmt, extras=tuple(extras),
+        report={"counts": dict(report.counts), "repaired": dict(report.repaired), "skipped": dict(report.skipped),
+                "warnings": dict(report.warnings)},
+        options={k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers")},
+    )
+
+
 def prepare(cfg: PrepareConfig) -> Report:
     """Prepare ``cfg.out`` from the configured corpus; prints and returns the summary report."""
     cfg.segment_tokens = parse_segment_tokens(cfg.segment_tokens)
+    cfg.spm_models = list(parse_spm_models(cfg.spm_models))
     if cfg.src == cfg.tgt:
         raise ValueError(f"source and target language are both {cfg.src!r}; fairseq needs two language codes")
     for lang in (cfg.src, cfg.tgt):
@@ -374,29 +392,7 @@ def prepare(cfg: PrepareConfig) -> Report:
     report.counts["needed --max-source-positions"] = longest_src + 1
     report.counts["needed --max-target-positions"] = longest_tgt + 1
 
-    manifest = {
-        "created_by": "reluformer-prepare",
-        "format": cfg.fmt,
-        "src_lang": cfg.src,
-        "tgt_lang": cfg.tgt,
-        "segment_tokens": cfg.segment_tokens,
-        "level": "sentence" if cfg.segment_tokens == 0 else "document",
-        "separator": cfg.separator,
-        "spm_model": spm_result["spm_model_src"] if spm_result["joint"] else None,
-        "spm_model_src": spm_result["spm_model_src"],
-        "spm_model_tgt": spm_result["spm_model_tgt"],
-        "joined_dictionary": cfg.joined_dictionary,
-        "max_source_positions": longest_src + 1,
-        "max_target_positions": longest_tgt + 1,
-        "splits": stats,
-        "extras": extras,
-        "counts": dict(report.counts),
-        "repaired": dict(report.repaired),
-        "skipped": dict(report.skipped),
-        "warnings": dict(report.warnings),
-        "options": {k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers")},
-    }
-    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+    describe(cfg, spm_result, stats, extras, report).write(out)
     summary = report.summary()
     (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     print(summary, flush=True)
@@ -405,9 +401,3 @@ def prepare(cfg: PrepareConfig) -> Report:
           f"--max-source-positions {longest_src + 1} --max-target-positions {longest_tgt + 1} ...", flush=True)
     return report
 
-
-def load_manifest(data_dir) -> dict:
-    path = Path(data_dir) / MANIFEST_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; prepare the directory with reluformer-prepare")
-    return json.loads(path.read_text(encoding="utf-8"))

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.data.documents import BOM, DOC_MARKER, strip_edges
+from reluformer_mt.data.documents import DOC_MARKER, strip_edges
 from reluformer_mt.data.segments import SEPARATOR
+from reluformer_mt.data.textfiles import decode_lines
 
 INVISIBLE_AT_EDGES = "invisible characters at sentence edges removed (BOM, zero-width, no-break space)"
 INVISIBLE_AT_MARKERS = f"invisible characters around {DOC_MARKER} lines removed (BOM, zero-width, no-break space)"
@@ -94,36 +95,17 @@ class Report:
 # ---------------------------------------------------------------- text files
 
 def read_lines(path, report: Report) -> List[str]:
-    """Read a UTF-8 text file as lines without line ends.
-
-    A BOM is removed and CRLF line ends become LF, both counted; invalid UTF-8 is an error naming
-    the file and line. Lines are split on ``\\n`` only (``str.splitlines`` would also split on
-    form feeds and U+2028 inside sentences).
-    """
+    """The lines of a UTF-8 text file (:mod:`reluformer_mt.data.textfiles`); a removed BOM and
+    CRLF line ends are counted as repairs."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column {column}); expected UTF-8 text") from None
-    if text.startswith(BOM):
-        text = text[1:]
+    decoded = decode_lines(path.read_bytes(), path)
+    if decoded.bom_removed:
         report.repair("byte-order mark removed", path)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    n_crlf = 0
-    for i, line in enumerate(lines):
-        if line.endswith("\r"):
-            lines[i] = line[:-1]
-            n_crlf += 1
-    if n_crlf:
-        report.repair("CRLF line end normalised to LF", path, n_crlf)
-    return lines
+    if decoded.crlf:
+        report.repair("CRLF line end normalised to LF", path, decoded.crlf)
+    return decoded.lines
 
 
 def _check_sentence(text, where):

@@ -9,7 +9,7 @@ a model needs ``--max-source-positions``/``--max-target-positions`` >= N + 1.
 """
 from typing import List, Optional, Sequence, Tuple
 
-from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, join_sentences, split_segment
+from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, join_sentences
 
 
 def parse_segment_tokens(value) -> int:
@@ -62,14 +62,3 @@ def segment_document(doc_id: str, src_tokens: List[List[str]], tgt_tokens: List[
         infos.append(SegmentInfo(doc_id, end - start, start))
     overlong = sum(1 for a, b in zip(src_len, tgt_len) if max_tokens and max(a, b) > max_tokens)
     return src_out, tgt_out, infos, overlong
-
-
-def unsegment(segments: List[str], infos: List[SegmentInfo], separator: str = SEPARATOR):
-    """Segments (in order) + their metadata -> {doc_id: sentences}; checks counts and order."""
-    docs = {}
-    for text, info in zip(segments, infos):
-        sentences = docs.setdefault(info.doc_id, [])
-        if info.first_sentence != len(sentences):
-            raise ValueError(f"document {info.doc_id}: segment starts at sentence {info.first_sentence}, expected {len(sentences)}")
-        sentences.extend(split_segment(text, separator, expected=info.n_sentences))
-    return docs

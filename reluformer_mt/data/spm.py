@@ -63,11 +63,6 @@ def encode(sp: spm.SentencePieceProcessor, sentences: Sequence[str], workers: in
     return sp.encode(list(sentences), out_type=str, num_threads=max(1, workers))
 
 
-def decode_pieces(sp: spm.SentencePieceProcessor, text: str) -> str:
-    """A space-separated piece string (one sentence, no separator) back to text."""
-    return sp.decode_pieces(text.split())
-
-
 def spm_vocabulary(sp: spm.SentencePieceProcessor) -> List[str]:
     """Pieces that belong in a fairseq dictionary (no control/unknown symbols)."""
     pieces = []

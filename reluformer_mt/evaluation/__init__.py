@@ -1,8 +1,5 @@
-"""Evaluation: s-BLEU / d-BLEU (bleu), alignment error rate (aer), attention statistics and
-alignments from attention (stats), reports, and plots (imported on demand: ``evaluation.plots``,
-so that importing the package does not load matplotlib)."""
-from reluformer_mt.evaluation.aer import AERResult, corpus_aer, read_gold, read_predictions  # noqa: F401
-from reluformer_mt.evaluation.bleu import (BleuResult, bleu_from_files, corpus_dbleu, corpus_sbleu,  # noqa: F401
-                                           pair_documents, read_fairseq_generate, sentences_from_segments)
-from reluformer_mt.evaluation.stats import (AttentionStats, alignment_from_attention, sentencepiece_word_map,  # noqa: F401
-                                            shift_rows)
+"""Evaluation. Light modules (no torch): ``bleu`` (s-/d-BLEU, chrF), ``aer`` (alignment error
+rate), ``baselines``, ``reports``. On tensors: ``stats`` (attention statistics and word
+alignments from attention), ``extract`` (force-decoded attention of a checkpoint), ``align``,
+``attn_stats``, ``memory_stats``, ``contrastive``, ``cxmi``; ``plots`` loads matplotlib.
+Nothing is imported here, so ``import reluformer_mt.evaluation.aer`` stays light."""

@@ -20,18 +20,14 @@ import re
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence, Set, Tuple
 
+from reluformer_mt.data.textfiles import read_lines  # a BOM is dropped (Biçici's test.de has one)
+
 Link = Tuple[int, int]  # (source index, target index), 0-based
 _SPACE = re.compile(r"[ \t]+")
 
 
 def tokens(line: str) -> List[str]:
     return [t for t in _SPACE.split(line.strip(" \t\r\n")) if t]
-
-
-def _read_lines(path) -> List[str]:
-    # utf-8-sig drops a BOM (Biçici's test.de has one); split on '\n' only
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
-        return [line.rstrip("\r\n") for line in f]
 
 
 def parse_links(text: str, base: int = 0, possible_mark: Optional[str] = "p", where: str = ""
@@ -62,7 +58,7 @@ def parse_links(text: str, base: int = 0, possible_mark: Optional[str] = "p", wh
 
 def read_links(path, base: int = 0, possible_mark: Optional[str] = "p") -> List[Tuple[Set[Link], Set[Link]]]:
     """Read a link file: one (sure, possible-only) pair per line, 0-based."""
-    return [parse_links(line, base, possible_mark, where=f"{path}:{n}") for n, line in enumerate(_read_lines(path), 1)]
+    return [parse_links(line, base, possible_mark, where=f"{path}:{n}") for n, line in enumerate(read_lines(path), 1)]
 
 
 def read_gold(path, base: int = 1, possible_mark: str = "p") -> List[Tuple[Set[Link], Set[Link]]]:
@@ -78,7 +74,7 @@ def read_gold_naacl(path, n_sentences: int, sentence_base: int = 1, word_base: i
     ``de-en.ref.wa`` uses 1-based sentence ids and 0-based word ids (the defaults here).
     """
     gold = [(set(), set()) for _ in range(n_sentences)]
-    for n, line in enumerate(_read_lines(path), 1):
+    for n, line in enumerate(read_lines(path), 1):
         f = line.split()
         if not f:
             continue
@@ -106,13 +102,13 @@ def read_lengths(path, tgt_path=None) -> List[Tuple[int, int]]:
     """Sentence lengths (source, target) from a ``src ||| tgt`` file, or from two token files."""
     if tgt_path is None:
         out = []
-        for n, line in enumerate(_read_lines(path), 1):
+        for n, line in enumerate(read_lines(path), 1):
             if line.count("|||") != 1:
                 raise ValueError(f"{path}:{n}: expected 'source ||| target', found {line.count('|||')} '|||'")
             src, tgt = line.split("|||")
             out.append((len(tokens(src)), len(tokens(tgt))))
         return out
-    src, tgt = _read_lines(path), _read_lines(tgt_path)
+    src, tgt = read_lines(path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise ValueError(f"{path} has {len(src)} lines but {tgt_path} has {len(tgt)}")
     return [(len(tokens(s)), len(tokens(t))) for s, t in zip(src, tgt)]

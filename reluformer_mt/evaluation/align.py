@@ -20,13 +20,14 @@ the inputs): the model then sees one-sentence segments, without document context
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
+from reluformer_mt.data.textfiles import read_lines
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import extract
-from reluformer_mt.evaluation.stats import shift_rows
+from reluformer_mt.evaluation.stats import argmax_links, shift_rows, word_attention
 
 MODES = ("normal", "shifted")
 Link = Tuple[int, int]
@@ -42,7 +43,7 @@ def read_tokenised(src: Optional[str] = None, tgt: Optional[str] = None, pairs: 
         raise ValueError("give --pairs or --src/--tgt, not both")
     if pairs:
         s_words, t_words = [], []
-        for n, line in enumerate(aer_lib._read_lines(pairs), 1):
+        for n, line in enumerate(read_lines(pairs), 1):
             if line.count("|||") != 1:
                 raise ValueError(f"{pairs}:{n}: expected 'source ||| target', found {line.count('|||')} '|||'")
             s, t = line.split("|||")
@@ -51,7 +52,7 @@ def read_tokenised(src: Optional[str] = None, tgt: Optional[str] = None, pairs: 
         return s_words, t_words, str(pairs)
     if not (src and tgt):
         raise ValueError("give the sentence pairs: --src and --tgt token files, or --pairs 'src ||| tgt' file")
-    s_lines, t_lines = aer_lib._read_lines(src), aer_lib._read_lines(tgt)
+    s_lines, t_lines = read_lines(src), read_lines(tgt)
     if len(s_lines) != len(t_lines):
         raise ValueError(f"{src} has {len(s_lines)} lines but {tgt} has {len(t_lines)}")
     return [aer_lib.tokens(x) for x in s_lines], [aer_lib.tokens(x) for x in t_lines], str(src)
@@ -75,31 +76,6 @@ def read_gold_for(path, base: int, possible_mark: str, lengths: Sequence[Tuple[i
 
 
 # ---------------------------------------------------------------------------------------------- links
-
-def _membership(word_ids: Sequence[int]) -> torch.Tensor:
-    """(words, tokens) 0/1 matrix; tokens with word id -1 belong to no word."""
-    ids = torch.as_tensor(list(word_ids), dtype=torch.long)
-    n_words = int(ids.max()) + 1 if len(ids) and int(ids.max()) >= 0 else 0
-    return (ids[None, :] == torch.arange(n_words)[:, None]).double()
-
-
-def word_scores(attn: torch.Tensor, src_word_ids: Sequence[int], tgt_word_ids: Sequence[int]) -> torch.Tensor:
-    """``stats.word_attention`` over any leading dims: (..., T, S) -> (..., target words, source words)."""
-    tgt, src = _membership(tgt_word_ids), _membership(src_word_ids)
-    rows = tgt @ attn.double() / tgt.sum(1, keepdim=True).clamp_min(1)
-    return rows @ src.T
-
-
-def links_from_scores(scores: torch.Tensor) -> List[Set[Link]]:
-    """Argmax source word per target word of every (Wt, Ws) matrix in ``scores`` (flattened
-    leading dims); all-zero rows give no link; ties go to the first source word."""
-    flat = scores.reshape(-1, *scores.shape[-2:])
-    if flat.shape[-1] == 0 or flat.shape[-2] == 0:
-        return [set() for _ in range(flat.shape[0])]
-    best = flat.argmax(-1).tolist()
-    live = (flat != 0).any(-1).tolist()
-    return [{(b[j], j) for j in range(len(b)) if lv[j]} for b, lv in zip(best, live)]
-
 
 def head_variants(cross: torch.Tensor) -> torch.Tensor:
     """(L, H, T, S) -> (modes, L, H + 1, T, S): every head and (last) the head mean, normal and shifted."""
@@ -128,8 +104,8 @@ def induce_links(loaded: "extract.LoadedModel", pairs: Sequence["extract.Pair"],
     out = ModelLinks(name, loaded.describe(), n_layers, n_heads)
     out.links = {m: [[[set() for _ in pairs] for _ in range(n_heads + 1)] for _ in range(n_layers)] for m in MODES}
     for i, attn in extract.iterate_attention(loaded, pairs, ("cross",), max_tokens):
-        scores = word_scores(head_variants(attn["cross"]), pairs[i].src_word_ids, pairs[i].tgt_word_ids)
-        flat = links_from_scores(scores)
+        words = word_attention(head_variants(attn["cross"]), pairs[i].src_word_ids, pairs[i].tgt_word_ids)
+        flat = argmax_links(words)
         k = 0
         for mode in MODES:
             for layer in range(n_layers):
@@ -180,27 +156,22 @@ AER_HEADERS = ["layer", "normal best head", "(head)", "normal head avg", "shifte
 
 # ---------------------------------------------------------------------------------------------- selection
 
-def parse_layer(text: str, n_layers: int) -> List[int]:
-    """'all' or a 1-based layer number -> 0-based layers."""
-    if str(text).lower() == "all":
+ALL_LAYERS = "all"
+
+
+def selected_layers(layer: Union[int, str], n_layers: int) -> List[int]:
+    """``ALL_LAYERS`` or a 1-based layer number -> 0-based layers, checked against the model."""
+    if layer == ALL_LAYERS:
         return list(range(n_layers))
-    try:
-        layer = int(text)
-    except ValueError:
-        raise ValueError(f"--layer: expected 'all' or a layer number 1..{n_layers}, got {text!r}") from None
-    if not 1 <= layer <= n_layers:
+    if not 1 <= int(layer) <= n_layers:
         raise ValueError(f"--layer {layer}: the model has decoder layers 1..{n_layers}")
-    return [layer - 1]
+    return [int(layer) - 1]
 
 
-def parse_head(text: str, n_heads: int) -> Optional[int]:
-    """'average' (None) or a 1-based head number -> 0-based head."""
-    if str(text).lower() in ("average", "avg", "mean"):
+def selected_head(head: Optional[int], n_heads: int) -> Optional[int]:
+    """None (the head average) or a 1-based head number -> 0-based head, checked against the model."""
+    if head is None:
         return None
-    try:
-        head = int(text)
-    except ValueError:
-        raise ValueError(f"--head: expected 'average' or a head number 1..{n_heads}, got {text!r}") from None
     if not 1 <= head <= n_heads:
         raise ValueError(f"--head {head}: the model has heads 1..{n_heads}")
     return head - 1
@@ -235,11 +206,12 @@ def model_names(checkpoints: Sequence[str], names: Optional[Sequence[str]]) -> L
 
 
 def run_align(checkpoints: Sequence[str], src=None, tgt=None, pairs=None, data=None, spm_models=None,
-              layer: str = "all", head: str = "average", shifted: bool = False, output: Optional[str] = None,
+              layer: Union[int, str] = ALL_LAYERS, head: Optional[int] = None, shifted: bool = False, output: Optional[str] = None,
               gold: Optional[str] = None, gold_base: Optional[int] = None, possible_mark: str = "p",
               gold_swap: bool = False, unchecked_gold: bool = False, plot: Optional[str] = None,
               names: Optional[Sequence[str]] = None, max_tokens: int = 4000, device: str = "cpu") -> dict:
-    """The ``align`` pipeline; returns the report (tables are printed by the CLI)."""
+    """The ``align`` pipeline; returns the report (tables are printed by the CLI). ``layer``: a
+    1-based decoder layer or ``ALL_LAYERS``; ``head``: a 1-based head, None = the head average."""
     if gold and gold_base is None:
         raise ValueError("--gold needs --gold-base 0 or 1 (the index base of the gold file; never guessed)")
     if not output and not gold:
@@ -251,7 +223,7 @@ def run_align(checkpoints: Sequence[str], src=None, tgt=None, pairs=None, data=N
     gold_links = read_gold_for(gold, gold_base, possible_mark, lengths, gold_swap, not unchecked_gold) if gold else None
     names = model_names(checkpoints, names)
     report = {"input": where, "sentences": len(lengths), "mode": "shifted" if shifted else "normal",
-              "layer": layer, "head": head, "models": {}}
+              "layer": str(layer), "head": "average" if head is None else str(head), "models": {}}
     if gold:
         report["gold"] = {"path": str(gold), "base": gold_base, "possible_mark": possible_mark, "swapped": gold_swap,
                           "range_checked": not unchecked_gold}
@@ -259,8 +231,8 @@ def run_align(checkpoints: Sequence[str], src=None, tgt=None, pairs=None, data=N
         loaded = extract.load_checkpoint(ckpt, data, spm_models, device)
         encoded = extract.encode_pairs(loaded, src_words, tgt_words, where)
         ml = induce_links(loaded, encoded, name, max_tokens)
-        layers = parse_layer(layer, ml.n_layers)
-        h = parse_head(head, ml.n_heads)
+        layers = selected_layers(layer, ml.n_layers)
+        h = selected_head(head, ml.n_heads)
         mode = "shifted" if shifted else "normal"
         entry = {"model": ml.model, "n_layers": ml.n_layers, "n_heads": ml.n_heads, "outputs": [], "selected": []}
         for lay in layers:
@@ -268,7 +240,7 @@ def run_align(checkpoints: Sequence[str], src=None, tgt=None, pairs=None, data=N
             sel = {"layer": lay + 1, "head": "average" if h is None else h + 1, "mode": mode,
                    "links": sum(len(s) for s in links)}
             if output:
-                path = output_path(output, lay, str(layer).lower() == "all", name if len(checkpoints) > 1 else None)
+                path = output_path(output, lay, layer == ALL_LAYERS, name if len(checkpoints) > 1 else None)
                 write_links(path, links)
                 sel["output"] = str(path)
                 entry["outputs"].append(str(path))

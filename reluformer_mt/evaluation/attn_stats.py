@@ -9,11 +9,12 @@ self-attention are left out, ``</s>`` (and ``<sep>``) are real tokens and count.
 checkpoints on the same data are reported side by side.
 """
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from reluformer_mt.evaluation import extract
+from reluformer_mt.evaluation.align import model_names, read_tokenised
 from reluformer_mt.evaluation import stats as st
 
 STATISTICS = ("sparsity", "null_rate", "entropy", "top_score_ratio", "head_diversity")
@@ -70,25 +71,11 @@ def model_statistics(loaded: "extract.LoadedModel", pairs: Sequence["extract.Pai
     return {k: a.result() for k, a in acc.items()}
 
 
-def parse_kinds(text: str) -> List[str]:
-    aliases = {"cross": "cross", "decoder_self": "decoder_self", "dec-self": "decoder_self", "decoder": "decoder_self",
-               "encoder_self": "encoder_self", "enc-self": "encoder_self", "encoder": "encoder_self"}
-    kinds = []
-    for k in text.split(","):
-        k = k.strip()
-        if k not in aliases:
-            raise ValueError(f"--kinds: unknown attention {k!r}, expected a comma list of cross, dec-self, enc-self")
-        kinds.append(aliases[k])
-    return [k for k in extract.KINDS if k in kinds]
-
-
 def run_attn_stats(checkpoints: Sequence[str], data=None, split: Optional[str] = "test", src=None, tgt=None,
                    pairs=None, spm_models=None, kinds: Sequence[str] = extract.KINDS, top_percent: float = 10.0,
                    limit: Optional[int] = None, names: Optional[Sequence[str]] = None, plot: Optional[str] = None,
                    max_tokens: int = 4000, device: str = "cpu") -> dict:
     """The ``attn-stats`` pipeline over a binarised split (default) or tokenised text files."""
-    from reluformer_mt.evaluation.align import model_names, read_tokenised
-
     text = None
     if src or tgt or pairs:
         text = read_tokenised(src, tgt, pairs)

@@ -20,8 +20,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from reluformer_mt.data import textfiles
 from reluformer_mt.data.documents import DOC_MARKER, is_doc_marker
-from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, split_segment
+from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, read_segment_metadata, segments_to_documents, split_segment
 
 SPM_SPACE = "\u2581"  # SentencePiece's word-start mark '▁'
 
@@ -128,9 +129,8 @@ def chrf_scores(pairs, levels=("sentence", "document"), mismatched: bool = False
 # readers
 
 def read_lines(path) -> List[str]:
-    """Lines as the sacrebleu CLI reads them: split on '\\n' only, trailing whitespace removed."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line.rstrip() for line in f]
+    """Lines as the sacrebleu CLI reads them: split on '\\n' only, trailing whitespace removed, a BOM kept."""
+    return [line.rstrip() for line in textfiles.read_lines(path, strip_bom=False)]
 
 
 def read_d_format(path, marker: str = DOC_MARKER) -> Docs:
@@ -166,19 +166,6 @@ def group_by_doc_ids(lines: Sequence[str], doc_ids: Sequence[str], where: str = 
         docs.setdefault(doc, []).append(line)
         last = doc
     return docs
-
-
-def read_with_doc_ids(path, doc_ids_path) -> Docs:
-    """Sentences one per line plus a file with one document id per line."""
-    lines, ids = read_lines(path), [x.strip() for x in read_lines(doc_ids_path)]
-    if len(lines) != len(ids):
-        raise ValueError(f"{path} has {len(lines)} lines but {doc_ids_path} has {len(ids)} doc ids")
-    return group_by_doc_ids(lines, ids, where=str(doc_ids_path))
-
-
-def is_d_format(path, marker: str = DOC_MARKER) -> bool:
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return is_doc_marker(f.readline(), marker)
 
 
 def split_like(lines: Sequence[str], template: Docs, where: str = "") -> Docs:
@@ -274,27 +261,14 @@ def _texts_by_id(texts: Union[Mapping[int, str], Sequence[str]], n: int, what: s
 
 def sentences_from_segments(texts: Union[Mapping[int, str], Sequence[str]], segments: Sequence[SegmentInfo],
                             separator: str = SEPARATOR, strict: bool = True) -> Docs:
-    """Split translated segments (indexed by sample id) back into the sentences of each document.
-
-    ``segments[i]`` describes sample id i. Sentences come out grouped by doc id, documents in
-    first-appearance order. A segment that splits into a different number of sentences than its
-    metadata says is an error naming the document, the segment and both counts; with
-    ``strict=False`` its pieces are kept as they are, so that document's sentence count differs
-    from the reference (reported by ``pair_documents``) while its text still serves d-BLEU.
-    """
+    """Split translated segments (indexed by sample id; ``segments[i]`` describes sample id i)
+    back into the sentences of each document (``segments_to_documents``). A segment that splits
+    into a different number of sentences than its metadata says is an error naming the document,
+    the segment and both counts; with ``strict=False`` its pieces are kept as they are, so that
+    document's sentence count differs from the reference (reported by ``pair_documents``) while
+    its text still serves d-BLEU."""
     texts = _texts_by_id(texts, len(segments), "segments")
-    docs: Docs = OrderedDict()
-    for sid, (text, seg) in enumerate(zip(texts, segments)):
-        sents = docs.setdefault(seg.doc_id, [])
-        if strict and seg.first_sentence != len(sents):
-            raise ValueError(f"sample {sid}: document {seg.doc_id!r} segment starts at sentence {seg.first_sentence}, "
-                             f"expected {len(sents)} (segments of a document must be in order)")
-        parts = split_segment(text, separator)
-        if strict and len(parts) != seg.n_sentences:
-            raise ValueError(f"document {seg.doc_id!r}: segment {sid} (sentence {seg.first_sentence}) splits into "
-                             f"{len(parts)} sentences in the hypothesis, but the reference has {seg.n_sentences}")
-        sents.extend(parts)
-    return docs
+    return segments_to_documents(texts, segments, separator, "error" if strict else "keep")
 
 
 def segment_texts(texts: Union[Mapping[int, str], Sequence[str]], segments: Sequence[SegmentInfo],
@@ -431,7 +405,6 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
     check the sentence counts per document and score. Returns a report dict with ``scores``
     ({level: BleuResult}), ``mismatches`` and a ``definition`` line.
     """
-    from reluformer_mt.data.segments import read_segment_metadata
     if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
         segments = read_segment_metadata(segments)
     if ref is not None and not ref_from_generate:

@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from reluformer_mt.data.textfiles import read_lines
 from reluformer_mt.evaluation import extract
 
 SUITES = ("contrapro", "discevalmt")
@@ -72,10 +73,7 @@ class Example:
 # ---------------------------------------------------------------------------------------------- readers
 
 def _read_lines(path: Path) -> List[str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: suite file not found")
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line.rstrip("\r\n") for line in f]
+    return read_lines(path, strip_bom=False, missing="suite file not found")
 
 
 def _same_length(files: Dict[Path, List[str]]) -> int:
@@ -235,18 +233,6 @@ class Request:
     tgt: Tuple[int, ...]
 
 
-def model_separator(loaded: "extract.LoadedModel") -> str:
-    """The document separator: prepared.json's, else the task's, else the package default."""
-    from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR
-
-    manifest = Path(loaded.data_dir) / MANIFEST_NAME
-    if manifest.is_file():
-        sep = json.loads(manifest.read_text(encoding="utf-8")).get("separator")
-        if sep:
-            return sep
-    return getattr(loaded.cfg.task, "separator", None) or SEPARATOR
-
-
 class ForcedScorer:
     """Summed log-probabilities (natural log) of target sentences given source and context,
     from one loaded checkpoint (``extract.load_checkpoint``), in padded batches."""
@@ -256,7 +242,7 @@ class ForcedScorer:
         if max_tokens < 1 or batch_size < 1:
             raise ValueError(f"--max-tokens and --batch-size must be positive, got {max_tokens}, {batch_size}")
         self.loaded, self.max_tokens, self.batch_size, self.progress = loaded, max_tokens, batch_size, progress
-        self.separator = separator or model_separator(loaded)
+        self.separator = separator or loaded.separator  # prepared.json's, else the task's, else the default
         self.sep_src, self.sep_tgt = loaded.src_dict.index(self.separator), loaded.tgt_dict.index(self.separator)
         self.max_src, self.max_tgt = (int(x) for x in loaded.model.max_positions())
 
@@ -394,11 +380,9 @@ def run_contrastive(checkpoint, suite: str, suite_dir, context: str = "previous"
                     spm_models=None, limit: Optional[int] = None, max_tokens: int = 4000, batch_size: int = 64,
                     device: str = "cpu", progress: Optional[bool] = None) -> dict:
     """Read the suite, load the checkpoint and score: the report of ``reluformer-eval contrastive``."""
-    from reluformer_mt.inference.translator import pick_device
-
     check_options(context, score)
     examples = read_suite(suite, suite_dir, limit)  # bad options and suite files fail before the model loads
-    loaded = extract.load_checkpoint(checkpoint, data, spm_models, pick_device(device))
+    loaded = extract.load_checkpoint(checkpoint, data, spm_models, device)
     scorer = ForcedScorer(loaded, max_tokens=max_tokens, batch_size=batch_size, progress=progress)
     result = evaluate_examples(scorer, examples, context, score)
     full = limit is None

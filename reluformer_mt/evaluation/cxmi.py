@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from reluformer_mt.data.segments import metadata_path, read_segment_metadata
 from reluformer_mt.evaluation import extract
 from reluformer_mt.evaluation.contrastive import ForcedScorer, Request
 
@@ -46,8 +47,6 @@ def _split_ids(ids, sep: int, eos: int) -> List[List[int]]:
 def document_sentences(loaded: "extract.LoadedModel", split: str, separator: str) -> "OrderedDict[str, List[Sentence]]":
     """The sentences of every document of a prepared, binarised split: its segments split at the
     separator and put in document order with ``{split}.segments.tsv``."""
-    from reluformer_mt.data.segments import metadata_path, read_segment_metadata
-
     meta_path = metadata_path(loaded.data_dir, split)
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: segment metadata not found; CXMI needs a directory prepared by "
@@ -113,13 +112,11 @@ def run_cxmi(checkpoint, data=None, split: str = "test", context_sentences: int 
              limit_docs: Optional[int] = None, max_tokens: int = 4000, batch_size: int = 64, device: str = "cpu",
              n_boot: int = 1000, seed: int = 1, progress: Optional[bool] = None) -> dict:
     """CXMI of one checkpoint on a prepared document-level split: the report of ``reluformer-eval cxmi``."""
-    from reluformer_mt.inference.translator import pick_device
-
     if context_sentences < 1:
         raise ValueError(f"--context-sentences must be at least 1, got {context_sentences}")
     if limit_docs is not None and limit_docs < 1:
         raise ValueError(f"--limit-docs must be positive, got {limit_docs}")
-    loaded = extract.load_checkpoint(checkpoint, data, spm_models, pick_device(device))
+    loaded = extract.load_checkpoint(checkpoint, data, spm_models, device)
     scorer = ForcedScorer(loaded, max_tokens=max_tokens, batch_size=batch_size, progress=progress)
     scorer.check_separator()
     docs = document_sentences(loaded, split, scorer.separator)

@@ -15,141 +15,24 @@ and whose *output* is target token t (``</s>`` for t = T - 1). Keeping the ``</s
 shifted attention (row t + 1 for target token t) reach the last target token.
 
 Text is turned into tokens with the checkpoint's dictionaries: word by word with the
-SentencePiece model(s) named in the data directory's ``prepared.json`` (or given explicitly), or
+SentencePiece model(s) named in the data directory's ``prepared.json`` (or ``--spm-model``), or
 one token per word for a word-level dictionary. Each token carries the index of the word it
 came from, so piece-level attention can be merged to words (``stats.word_attention``).
 """
-import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-KINDS = ("encoder_self", "decoder_self", "cross")
-_MODULE_SUFFIX = {"cross": "encoder_attn", "decoder_self": "self_attn", "encoder_self": "self_attn"}
-_MODULE_STACK = {"cross": "decoder", "decoder_self": "decoder", "encoder_self": "encoder"}
+# the loaded model and its attention modules by kind come from the one checkpoint loader
+from reluformer_mt.checkpoints import KINDS, LoadedModel, load_model  # noqa: F401  (re-exported)
+from reluformer_mt.data.batching import length_batches
 
 
-@dataclass
-class LoadedModel:
-    """A checkpoint ready for force-decoding (eval mode, on ``device``)."""
-    path: str
-    model: torch.nn.Module
-    task: object
-    cfg: object
-    data_dir: str
-    spm_src: Optional[object] = None  # SentencePieceProcessor, or None for a word-level dictionary
-    spm_tgt: Optional[object] = None
-    device: str = "cpu"
-    modules: Dict[str, List[torch.nn.Module]] = field(default_factory=dict)  # kind -> per-layer modules
-
-    @property
-    def src_dict(self):
-        return self.task.source_dictionary
-
-    @property
-    def tgt_dict(self):
-        return self.task.target_dictionary
-
-    @property
-    def n_layers(self) -> Dict[str, int]:
-        return {k: len(v) for k, v in self.modules.items()}
-
-    def describe(self) -> dict:
-        fns = {k: sorted({m.fn for m in mods}) for k, mods in self.modules.items()}
-        return {"checkpoint": self.path, "data": self.data_dir, "arch": getattr(self.cfg.model, "arch", "?"),
-                "attention_functions": {k: "/".join(v) for k, v in fns.items()},
-                "layers": self.n_layers, "heads": {k: mods[0].num_heads for k, mods in self.modules.items() if mods},
-                "tokens": "sentencepiece" if self.spm_src is not None else "words"}
-
-
-def _attention_modules(model) -> Dict[str, List[torch.nn.Module]]:
-    """kind -> modules ordered by layer, from the model's ``ReluformerAttention`` names
-    (``encoder.layers.3.self_attn``, ``decoder.layers.0.encoder_attn``)."""
-    from reluformer_mt.attention.multihead import ReluformerAttention
-
-    found: Dict[str, Dict[int, torch.nn.Module]] = {k: {} for k in KINDS}
-    for name, module in model.named_modules():
-        if not isinstance(module, ReluformerAttention):
-            continue
-        parts = name.split(".")
-        if "layers" not in parts:
-            continue
-        at = parts.index("layers")
-        stack, layer, suffix = parts[at - 1] if at else "", int(parts[at + 1]), parts[-1]
-        for kind in KINDS:
-            if stack == _MODULE_STACK[kind] and suffix == _MODULE_SUFFIX[kind]:
-                found[kind][layer] = module
-    return {k: [v[i] for i in sorted(v)] for k, v in found.items()}
-
-
-def _load_spm_models(data_dir: Path, spm_models: Optional[Sequence[str]]):
-    """(source, target) SentencePiece processors: given paths, else prepared.json's, else None."""
-    import sentencepiece as spm
-
-    from reluformer_mt.data.segments import MANIFEST_NAME
-
-    if spm_models:
-        paths = [Path(p) for p in spm_models]
-    else:
-        manifest = data_dir / MANIFEST_NAME
-        if not manifest.is_file():
-            return None, None  # word-level (or externally tokenised) data: one token per word
-        import json
-
-        info = json.loads(manifest.read_text(encoding="utf-8"))
-        names = [info.get("spm_model_src") or info.get("spm_model"), info.get("spm_model_tgt") or info.get("spm_model")]
-        if not all(names):
-            raise ValueError(f"{manifest}: names no SentencePiece model (spm_model_src/spm_model_tgt)")
-        paths = [data_dir / n for n in names]
-    if len(paths) == 1:
-        paths = paths * 2
-    if len(paths) != 2:
-        raise ValueError(f"--spm-model takes one joint model or two (source, target), got {len(paths)}")
-    for p in paths:
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: SentencePiece model not found")
-    return tuple(spm.SentencePieceProcessor(model_file=str(p)) for p in paths)
-
-
-def load_checkpoint(path, data_dir=None, spm_models: Optional[Sequence[str]] = None, device: str = "cpu",
-                    quiet: bool = True) -> LoadedModel:
-    """Load a reluformer checkpoint with fairseq, its dictionaries from ``data_dir`` (default: the
-    data directory it was trained on)."""
-    import reluformer_mt  # noqa: F401  registers the model, architectures, criterion and task
-    from fairseq import checkpoint_utils
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: checkpoint not found")
-    overrides = {}
-    if data_dir is not None:
-        if not Path(data_dir).is_dir():
-            raise FileNotFoundError(f"{data_dir}: data directory not found (--data)")
-        overrides["data"] = str(data_dir)
-    level = logging.getLogger("fairseq").level
-    if quiet:
-        logging.getLogger("fairseq").setLevel(logging.WARNING)
-    try:
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides=overrides)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{path}: loading needs the data directory's dictionaries, not found "
-                                f"({e}); give the directory with --data") from None
-    except (RuntimeError, EOFError, KeyError, AttributeError, __import__("pickle").UnpicklingError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ValueError(f"{path}: cannot be loaded as a fairseq checkpoint ({type(e).__name__}: {first})") from None
-    finally:
-        logging.getLogger("fairseq").setLevel(level)
-    model = models[0].to(device).eval()
-    modules = _attention_modules(model)
-    if not modules["cross"]:
-        raise ValueError(f"{path}: the model has no ReluformerAttention cross-attention; "
-                         f"train it with --arch reluformer or one of its architectures")
-    data = Path(cfg.task.data.split(":")[0])
-    spm_src, spm_tgt = _load_spm_models(data, spm_models)
-    return LoadedModel(path=str(path), model=model, task=task, cfg=cfg, data_dir=str(data), spm_src=spm_src,
-                       spm_tgt=spm_tgt, device=device, modules=modules)
+def load_checkpoint(path, data_dir=None, spm_models=None, device: str = "cpu", quiet: bool = True) -> LoadedModel:
+    """A reluformer checkpoint for force-decoding (:func:`reluformer_mt.checkpoints.load_model`;
+    refuses a model without ``ReluformerAttention`` cross-attention)."""
+    return load_model(path, data_dir, spm_models, device, need_attention=True, quiet=quiet)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -220,19 +103,9 @@ class BatchAttention:
     tgt_lengths: torch.Tensor
 
 
-def batches(pairs: Sequence[Pair], max_tokens: int = 4000, max_sentences: int = 64) -> Iterator[List[int]]:
-    """Indices grouped by length (longest first) so that B * longest <= max_tokens."""
-    order = sorted(range(len(pairs)), key=lambda i: (-max(len(pairs[i].src), len(pairs[i].tgt)), i))
-    batch, longest = [], 0
-    for i in order:
-        size = max(len(pairs[i].src), len(pairs[i].tgt))
-        if batch and (max(longest, size) * (len(batch) + 1) > max_tokens or len(batch) == max_sentences):
-            yield batch
-            batch, longest = [], 0
-        batch.append(i)
-        longest = max(longest, size)
-    if batch:
-        yield batch
+def batches(pairs: Sequence[Pair], max_tokens: int = 4000, max_sentences: int = 64) -> List[List[int]]:
+    """Indices grouped by length (longest first, the longer side of a pair) so that B * longest <= max_tokens."""
+    return length_batches([max(len(p.src), len(p.tgt)) for p in pairs], max_tokens, max_sentences)
 
 
 def _pad(seqs: Sequence[torch.Tensor], pad: int, left: bool) -> torch.Tensor:

@@ -10,7 +10,6 @@ activation row and its output is H; for a top-k MIPS memory, the k retrieved wei
 slots are zero) and the output of the memory sublayer. Padding positions are left out.
 """
 import math
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -140,18 +139,14 @@ def memory_stats_report(checkpoint, data_dir, split: str = "valid", top_percent:
     Returns a dict (``layers``: one entry per layer; ``mean``: averages over layers) and prints a
     table unless ``quiet``; with ``json_path`` the report is also written as JSON.
     """
-    import reluformer_mt  # noqa: F401  (registers the models)
-    from fairseq import checkpoint_utils
-
+    from reluformer_mt.checkpoints import load_model
     from reluformer_mt.evaluation.reports import format_table, write_json
 
-    if not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"--path: checkpoint {checkpoint} not found")
     for p in top_percent:
         if not 0 < p <= 100:
             raise ValueError(f"--top-percent: got {p}, expected a percentage in (0, 100]")
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data_dir)})
-    model = models[0].eval()
+    loaded = load_model(checkpoint, data_dir)
+    model, cfg, task = loaded.model, loaded.cfg, loaded.task
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset=dataset, max_tokens=max_tokens, max_positions=model.max_positions(),
@@ -183,23 +178,3 @@ def memory_stats_report(checkpoint, data_dir, split: str = "valid", top_percent:
     if json_path:
         write_json(json_path, report)
     return report
-
-
-# ``reluformer-eval memory`` wiring (cli/eval.py owns the registry): add_arguments + run
-def add_memory_stats_args(p) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint of a reluformer model")
-    p.add_argument("--data", required=True, help="fairseq binarised data directory")
-    p.add_argument("--split", default="valid", help="split to run over (default valid)")
-    p.add_argument("--top-percent", default="0.2,1,10", help="comma list of p for the top-p%% score ratio")
-    p.add_argument("--max-tokens", type=int, default=4000)
-    p.add_argument("--max-batches", type=int, help="stop after this many batches")
-    p.add_argument("--max-rows", type=int, default=2000, help="rows per layer used for the anisotropy")
-
-
-def run_memory_stats(args) -> dict:
-    try:
-        percents = [float(x) for x in args.top_percent.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--top-percent: got {args.top_percent!r}, expected a comma list of numbers") from None
-    return memory_stats_report(args.checkpoint, args.data, args.split, percents, max_tokens=args.max_tokens,
-                               max_batches=args.max_batches, max_rows=args.max_rows)

@@ -3,7 +3,7 @@ AER per layer (like the per-layer AER figure of Zhang, Titov & Sennrich 2021, Re
 sparsity (or any statistic) per layer."""
 import math
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 import matplotlib
 
@@ -167,4 +167,22 @@ def plot_curves_against_minutes(curves: Mapping[str, Mapping[str, Sequence[Mappi
     right.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
+def plot_sweep(series: Mapping[str, Mapping[str, Sequence[Tuple[float, Optional[float]]]]], titles: Mapping[str, str],
+               path, xlabel: str, log2_x: bool = True) -> Path:
+    """One panel per measure (``series[measure][line] = [(x, y), ...]``, titled ``titles[measure]``),
+    a line per variant; None is drawn as a gap. The FFN-memory sweep: measures against slots."""
+    fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.4), squeeze=False)
+    for ax, (measure, lines) in zip(axes[0], series.items()):
+        for name, points in lines.items():
+            if points:
+                ax.plot([x for x, _ in points], [math.nan if y is None else y for _, y in points], marker="o", label=name)
+        if log2_x:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_title(titles.get(measure, measure))
+    axes[0][0].legend()
+    fig.tight_layout()
     return _save(fig, path)

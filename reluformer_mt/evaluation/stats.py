@@ -19,7 +19,7 @@ T (and S), so a data set is aggregated exactly by summing counts over sentences
 - top-score ratio: share of a non-null row's mass held by its top p% entries (at least one entry).
 """
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -191,14 +191,13 @@ def _merge_matrix(word_ids: Sequence[int], dtype, device) -> torch.Tensor:
 
 
 def word_attention(attn: torch.Tensor, src_word_ids: Sequence[int], tgt_word_ids: Sequence[int]) -> torch.Tensor:
-    """Merge a (T, S) piece-level attention matrix to (target words, source words).
+    """Merge piece-level attention (..., T, S) to (..., target words, source words).
 
     A target word's row is the mean of its pieces' rows; a source word's column is the sum of its
     pieces' columns (the mass the row gives that word). Pieces with word id -1 are dropped.
+    Leading dims (layers, heads, normal/shifted, ...) are merged alike, in one product.
     """
-    if attn.dim() != 2:
-        raise ValueError(f"expected a (target, source) attention matrix, got shape {tuple(attn.shape)}")
-    if attn.shape != (len(tgt_word_ids), len(src_word_ids)):
+    if attn.dim() < 2 or tuple(attn.shape[-2:]) != (len(tgt_word_ids), len(src_word_ids)):
         raise ValueError(f"attention shape {tuple(attn.shape)} does not match {len(tgt_word_ids)} target and "
                          f"{len(src_word_ids)} source word ids")
     a = attn.double()
@@ -208,20 +207,25 @@ def word_attention(attn: torch.Tensor, src_word_ids: Sequence[int], tgt_word_ids
     return rows @ src.T
 
 
+def argmax_links(words: torch.Tensor) -> List[Set[Tuple[int, int]]]:
+    """The links of every (target words, source words) matrix in ``words`` (leading dims
+    flattened): each target word to its argmax source word, as 0-based (source, target) pairs.
+    An all-zero row (every piece null-attends, or attends only to dropped tokens such as
+    ``</s>``) gives no link; ties go to the first source word."""
+    flat = words.reshape(-1, *words.shape[-2:])
+    if flat.shape[-1] == 0 or flat.shape[-2] == 0:
+        return [set() for _ in range(flat.shape[0])]
+    best = flat.argmax(-1).tolist()
+    live = (flat != 0).any(-1).tolist()
+    return [{(b[j], j) for j in range(len(b)) if lv[j]} for b, lv in zip(best, live)]
+
+
 def alignment_from_attention(attn: torch.Tensor, src_word_ids: Sequence[int], tgt_word_ids: Sequence[int]
                              ) -> List[Tuple[int, int]]:
-    """Link each target word to its argmax source word: sorted 0-based (source, target) pairs.
-
-    Pieces are merged with ``word_attention``. A target word whose merged row is all zero (every
-    piece null-attends, or attends only to dropped tokens such as ``</s>``) gets no link. Ties go
-    to the first source word.
-    """
-    words = word_attention(attn, src_word_ids, tgt_word_ids)
-    if words.shape[1] == 0:
-        return []
-    best = words.argmax(1)
-    live = (words != 0).any(1)
-    return sorted((int(best[j]), j) for j in range(words.shape[0]) if live[j])
+    """Word links of one (T, S) piece-level matrix, sorted: ``argmax_links`` of ``word_attention``."""
+    if attn.dim() != 2:
+        raise ValueError(f"expected a (target, source) attention matrix, got shape {tuple(attn.shape)}")
+    return sorted(argmax_links(word_attention(attn, src_word_ids, tgt_word_ids))[0])
 
 
 def shift_rows(attn: torch.Tensor, shift: int = 1) -> torch.Tensor:

@@ -20,8 +20,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
+from reluformer_mt.data.prepared import Prepared
 from reluformer_mt.experiments.curves import read_learning_curve
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -74,12 +75,12 @@ def prepare_bible(work: Path, level: str, vocab: int, bible_root: Optional[str] 
     sentence_dir = work / "data" / f"sentence.v{vocab}"
     common = dict(fmt="bible", src="grc", tgt="en", vocab_size=vocab, joined_dictionary=True,
                   bible_root=bible_root, workers=2)
-    if not (sentence_dir / "prepared.json").exists():
+    if not Prepared.exists(sentence_dir):
         prepare(PrepareConfig(out=str(sentence_dir), segment_tokens=0, **common))
     if level == "sentence":
         return sentence_dir
     doc_dir = work / "data" / f"doc{level}.v{vocab}"
-    if not (doc_dir / "prepared.json").exists():
+    if not Prepared.exists(doc_dir):
         prepare(PrepareConfig(out=str(doc_dir), segment_tokens=level, spm_models=[str(sentence_dir / "spm.model")],
                               **common))
     return doc_dir
@@ -87,8 +88,7 @@ def prepare_bible(work: Path, level: str, vocab: int, bible_root: Optional[str] 
 
 def train_argv(run: StudyRun, data_dir: Path, save_dir: Path, log_file: Path, budget_minutes: float,
                max_update: int = 0, device: str = "cpu") -> List[str]:
-    manifest = json.loads((data_dir / "prepared.json").read_text(encoding="utf-8"))
-    positions = max(manifest["max_source_positions"], manifest["max_target_positions"])
+    positions = Prepared.load(data_dir).positions
     argv = [str(data_dir), "--user-dir", str(PACKAGE_DIR), "--task", "document_translation",
             "--arch", f"{run.family}_tiny", "--share-all-embeddings",
             "--encoder-embed-dim", str(run.embed), "--decoder-embed-dim", str(run.embed),
@@ -221,7 +221,7 @@ def plot_study(summaries: Sequence[dict], diagonal: float, path: Path) -> Path:
     return path
 
 
-def run_study(out: Path, names: Sequence[str], budget_minutes: float, threads: int = 1, max_update: int = 0,
+def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: float, threads: int = 1, max_update: int = 0,
               device: str = "cpu", bible_root: Optional[str] = None, skip_alignment: bool = False,
               report: bool = True) -> dict:
     """Train every named run not trained yet, score its checkpoints, and (``report``) write
@@ -231,8 +231,9 @@ def run_study(out: Path, names: Sequence[str], budget_minutes: float, threads: i
 
     out.mkdir(parents=True, exist_ok=True)
     summaries = []
-    for name in names:
-        run = RUNS[name]
+    runs = [RUNS[n] if isinstance(n, str) else n for n in names]
+    for run in runs:
+        name = run.name
         run_dir = out / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
         data_dir = prepare_bible(out, run.level, run.vocab, bible_root)
@@ -248,7 +249,7 @@ def run_study(out: Path, names: Sequence[str], budget_minutes: float, threads: i
               f"{summaries[-1]['best_s_bleu_minutes']} min; AER {summaries[-1]['best_aer']}", flush=True)
     if not report:
         return {"runs": summaries}
-    diagonal = diagonal_aer(prepare_bible(out, "sentence", RUNS[names[0]].vocab, bible_root))
+    diagonal = diagonal_aer(prepare_bible(out, "sentence", runs[0].vocab, bible_root))
     table = format_table(TABLE_HEADERS, table_rows(summaries))
     result = {"budget_minutes": budget_minutes, "threads": threads, "diagonal_aer_valid": diagonal,
               "runs": summaries, "table": table}

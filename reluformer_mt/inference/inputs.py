@@ -29,7 +29,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, TextIO, Tuple
 
-from reluformer_mt.data.documents import DOC_MARKER, strip_edges
+from reluformer_mt.data import textfiles
+from reluformer_mt.data.documents import DOC_MARKER, is_doc_marker, strip_edges
 
 FORMATS = ("auto", "lines", "docmt", "docids", "raw")
 STDIN = "-"
@@ -70,31 +71,12 @@ def read_bytes(path) -> bytes:
 
 
 def decode_lines(data: bytes, name: str) -> List[str]:
-    """UTF-8 bytes -> lines without line ends; invalid UTF-8 is an error naming the line.
-
-    Lines are split on ``\\n`` only (``str.splitlines`` also splits on form feeds and U+2028).
-    """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ValueError(f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
-                         "expected UTF-8 text") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    """UTF-8 bytes -> lines without line ends (a BOM dropped); invalid UTF-8 is an error naming the line."""
+    return textfiles.decode_lines(data, name).lines
 
 
 def _blank(line: str) -> bool:
     return not strip_edges(line)[0]
-
-
-def _is_marker(line: str) -> bool:
-    return strip_edges(line)[0] == DOC_MARKER
 
 
 def invisible_note(lines: Sequence[str]) -> List[str]:
@@ -121,7 +103,7 @@ def parse_lines(lines: Sequence[str], name: str) -> ParsedInput:
 def parse_docmt(lines: Sequence[str], name: str) -> ParsedInput:
     docs, current, notes = [], None, []
     for i, line in enumerate(lines, 1):
-        if _is_marker(line):
+        if is_doc_marker(line):
             if current is not None:
                 docs.append(current)
             current = []
@@ -169,7 +151,7 @@ def sentence_splitter(language: str):
 
 def parse_raw(lines: Sequence[str], name: str, language: str = "en") -> ParsedInput:
     split = sentence_splitter(language)
-    markers = any(_is_marker(line) for line in lines)
+    markers = any(is_doc_marker(line) for line in lines)
     docs: List[InputDocument] = []
     current = None if markers else InputDocument(f"{name}.0", [])
     paragraph: List[str] = []
@@ -182,7 +164,7 @@ def parse_raw(lines: Sequence[str], name: str, language: str = "en") -> ParsedIn
             paragraph.clear()
 
     for i, line in enumerate(lines, 1):
-        if _is_marker(line):
+        if is_doc_marker(line):
             if current is not None:
                 end_paragraph()
                 docs.append(current)
@@ -211,7 +193,7 @@ def detect_format_reason(lines: Sequence[str], language: str = "en", sample: int
     text_lines = [line for line in lines if not _blank(line)]
     if not text_lines:
         return "lines", "no text"
-    if _is_marker(text_lines[0]):
+    if is_doc_marker(text_lines[0]):
         return "docmt", f"the first line is {DOC_MARKER}"
     # raw only on strong evidence: reading running text as lines keeps the layout (each line is
     # translated as one long sentence, split to fit if need be), reading lines as raw would merge them

@@ -31,8 +31,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from reluformer_mt.checkpoints import OpenedCheckpoint, open_checkpoint, pick_device  # noqa: F401  (pick_device re-exported)
+from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
+from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
-from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR
 
 logger = logging.getLogger(__name__)
 
@@ -96,127 +98,31 @@ class _Segment:
     level: str             # "segment", "half" or "sentence"
 
 
-# ---------------------------------------------------------------- checkpoint and resources
+# ---------------------------------------------------------------- resources
 
-def _load_state(path: Path) -> dict:
-    import reluformer_mt  # noqa: F401  registers models, tasks and the checkpoint allowlist
-    from fairseq import checkpoint_utils
-
-    if not path.exists():
-        raise TranslationError(f"{path}: checkpoint not found")
-    if path.is_dir():
-        raise TranslationError(f"{path}: is a directory; give the checkpoint file (e.g. {path}/checkpoint_best.pt)")
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
-    except Exception as e:  # torch.load raises many types (pickle, zip, weights_only refusals)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TranslationError(f"{path}: cannot load the checkpoint ({first})") from None
-    if not isinstance(state, dict) or state.get("cfg") is None or "model" not in state:
-        raise TranslationError(f"{path}: not a fairseq checkpoint (no 'cfg' and 'model' entries)")
-    return state
-
-
-def _get(obj, key, default=None):
-    """A config value from a DictConfig or an argparse Namespace (fairseq stores either)."""
-    if obj is None:
-        return default
-    value = getattr(obj, key, None)
-    return default if value is None else value
-
-
-def _check_known(path: Path, cfg) -> None:
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-    from fairseq.tasks import TASK_REGISTRY
-
-    arch = _get(cfg.model, "arch") or _get(cfg.model, "_name")
-    if arch not in ARCH_MODEL_REGISTRY and arch not in MODEL_REGISTRY:
-        ours = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if a.startswith("reluformer"))
-        raise TranslationError(f"{path}: architecture {arch!r} is not known to fairseq or reluformer_mt "
-                               f"(reluformer architectures: {', '.join(ours[:6])}, ...); was it trained with another plugin?")
-    task = _get(cfg.task, "_name")
-    if task not in TASK_REGISTRY:
-        raise TranslationError(f"{path}: task {task!r} is not known to fairseq or reluformer_mt")
-
-
-def _read_manifest(directory: Path) -> Optional[dict]:
-    import json
-
-    path = directory / MANIFEST_NAME
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise TranslationError(f"{path}: not valid JSON ({e})") from None
-
-
-def find_resources(checkpoint: Path, cfg, data=None, spm_model=None, segment_tokens=None) -> Resources:
-    """Dictionaries, SentencePiece model(s), segment length and separator of a checkpoint.
-
-    Looks in ``data`` if given, else beside the checkpoint, then in the checkpoint's stored
-    ``task.data``; the first directory with both dictionaries is used. ``spm_model`` (one joint
-    model or ``src,tgt``) and ``segment_tokens`` override what ``prepared.json`` says.
-    """
-    if data is not None:
-        if not Path(data).is_dir():
-            raise TranslationError(f"--data {data}: directory not found")
-        candidates = [Path(data)]
-    else:
-        stored = str(_get(cfg.task, "data", "") or "").split(":")[0]
-        candidates = [checkpoint.parent] + ([Path(stored)] if stored else [])
-    looked = [str(c) for c in candidates]
-    src = _get(cfg.task, "source_lang")
-    tgt = _get(cfg.task, "target_lang")
-    for directory in candidates:
-        manifest = _read_manifest(directory) or {}
-        s, t = src or manifest.get("src_lang"), tgt or manifest.get("tgt_lang")
-        if not (s and t) and directory.is_dir():
-            from fairseq.data.data_utils import infer_language_pair
-
-            s, t = infer_language_pair(str(directory))  # from fairseq's train.SRC-TGT.* file names
-        if s and t and (directory / f"dict.{s}.txt").is_file() and (directory / f"dict.{t}.txt").is_file():
-            break
-    else:
-        langs = (f"dict.{src}.txt and dict.{tgt}.txt" if src and tgt else
-                 f"the dictionaries and {MANIFEST_NAME} (which names the languages)")
-        raise TranslationError(f"{checkpoint}: cannot find its resources: missing {langs} (looked in {', '.join(looked)}); "
-                               "give --data DIR, the directory prepared by reluformer-prepare")
-    missing = []
-    separator = manifest.get("separator", _get(cfg.task, "separator", SEPARATOR))
+def find_resources(opened: OpenedCheckpoint, spm_model=None, segment_tokens=None) -> Resources:
+    """Segment length and SentencePiece model(s) of an opened checkpoint, from its prepared.json
+    unless ``spm_model`` (``MODEL`` or ``SRC,TGT``) and ``segment_tokens`` override them; the
+    dictionaries' directory is the one :func:`reluformer_mt.checkpoints.find_data_dir` found."""
+    data, prepared, missing = opened.data, opened.data.prepared, []
     if segment_tokens is None:
-        if "segment_tokens" in manifest:
-            segment_tokens = int(manifest["segment_tokens"])
-        elif _get(cfg.task, "_name") == "translation":
-            segment_tokens = 0  # a sentence-level task without a manifest: one sentence per segment
+        if prepared is not None:
+            segment_tokens = prepared.segment_tokens or 0
+        elif opened.cfg.task.get("_name") == "translation":
+            segment_tokens = 0  # a sentence-level task has no segments: one sentence per segment
         else:
-            missing.append(f"the segment length ({MANIFEST_NAME} 'segment_tokens', or --segment-tokens)")
-    if spm_model:
-        paths = [Path(p) for p in str(spm_model).split(",")]
-    else:
-        names = [manifest.get("spm_model_src") or manifest.get("spm_model"), manifest.get("spm_model_tgt") or manifest.get("spm_model")]
-        paths = [directory / n for n in names if n]
-        if len(paths) != 2:
-            missing.append(f"the SentencePiece model ({MANIFEST_NAME} 'spm_model', or --spm-model)")
-    for p in paths:
-        if not p.is_file():
-            missing.append(f"the SentencePiece model {p}")
+            missing.append(f"the segment length ({PREPARED_NAME} 'segment_tokens', or --segment-tokens)")
+    paths = [Path(p) for p in parse_spm_models(spm_model)]
+    if not paths and prepared is not None:
+        paths = list(dict.fromkeys(prepared.spm_paths()))
+    elif not paths:
+        missing.append(f"the SentencePiece model ({PREPARED_NAME} 'spm_model', or --spm-model)")
+    missing += [f"the SentencePiece model {p}" for p in paths if not p.is_file()]
     if missing:
-        raise TranslationError(f"{checkpoint}: resources found in {directory} but missing {'; '.join(missing)}")
-    if len(paths) == 1:
-        paths = paths * 2
-    if len(paths) != 2:
-        raise TranslationError(f"--spm-model takes one joint model or 'SRC,TGT', got {len(paths)} paths")
-    return Resources(directory, s, t, int(segment_tokens), separator, paths[0], paths[1], looked)
-
-
-def pick_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise TranslationError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise TranslationError(f"--device: expected cpu, cuda, cuda:N or auto, got {device!r}")
-    return device
+        raise TranslationError(f"{opened.path}: resources found in {data.path} but missing {'; '.join(missing)}")
+    src_spm, tgt_spm = paths[0], paths[-1]
+    return Resources(data.path, data.src_lang, data.tgt_lang, int(segment_tokens), opened.separator, src_spm, tgt_spm,
+                     data.looked_in)
 
 
 # ---------------------------------------------------------------- the translator
@@ -228,43 +134,17 @@ class DocumentTranslator:
     def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 5, lenpen: float = 1.0,
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
                  segment_tokens=None, spm_model=None, quiet: bool = True):
-        from fairseq import checkpoint_utils
-        from omegaconf import open_dict
-
-        from reluformer_mt.data.spm import load_spm
-
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
         self.checkpoint = Path(checkpoint)
         self.device = pick_device(device)
-        state = _load_state(self.checkpoint)
-        cfg = state["cfg"]
-        _check_known(self.checkpoint, cfg)
-        self.resources = find_resources(self.checkpoint, cfg, data, spm_model, segment_tokens)
-        with open_dict(cfg):
-            cfg.task.data = str(self.resources.data_dir)
-            # fairseq infers the pair from binarised train files, which a resource directory may lack
-            cfg.task.source_lang, cfg.task.target_lang = self.resources.src_lang, self.resources.tgt_lang
-            if "eval_bleu" in cfg.task:
-                cfg.task.eval_bleu = False  # validation-only machinery (tokenizers, its own generator)
-        level = logging.getLogger("fairseq").level
-        if quiet:
-            logging.getLogger("fairseq").setLevel(logging.WARNING)
-        try:
-            models, self.cfg, self.task = checkpoint_utils.load_model_ensemble_and_task([str(self.checkpoint)], state=state)
-        except Exception as e:  # fairseq raises bare Exceptions too; any of them means "cannot build"
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TranslationError(f"{self.checkpoint}: cannot build the model ({first})") from None
-        finally:
-            logging.getLogger("fairseq").setLevel(level)
-        self.model = models[0].to(self.device).eval()
-        self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
-        res = self.resources
-        try:
-            self.sp_src = load_spm(res.spm_src, res.separator)
-            self.sp_tgt = self.sp_src if res.spm_tgt == res.spm_src else load_spm(res.spm_tgt, res.separator)
-        except (ValueError, FileNotFoundError) as e:
-            raise TranslationError(str(e)) from None
+        opened = open_checkpoint(self.checkpoint, data)
+        self.resources = res = find_resources(opened, spm_model, segment_tokens)
+        loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
+                             check_separator=True, quiet=quiet)
+        self.model, self.cfg, self.task = loaded.model, loaded.cfg, loaded.task
+        self.src_dict, self.tgt_dict = loaded.src_dict, loaded.tgt_dict
+        self.sp_src, self.sp_tgt = loaded.spm_src, loaded.spm_tgt
         self.max_src = int(self.model.max_positions()[0])
         self.segment_tokens = res.segment_tokens
         if self.segment_tokens and self.segment_tokens > self.max_src - 1:
@@ -284,7 +164,7 @@ class DocumentTranslator:
 
     def describe(self) -> str:
         r = self.resources
-        arch = _get(self.cfg.model, "arch") or _get(self.cfg.model, "_name", "?")
+        arch = getattr(self.cfg.model, "arch", None) or getattr(self.cfg.model, "_name", "?")
         level = f"segments of <= {self.segment_tokens} tokens" if self.segment_tokens else "sentence by sentence"
         return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
                 f"{level}, device {self.device}")
@@ -389,17 +269,7 @@ class DocumentTranslator:
     # ------------------------------------------------------------ generation
 
     def _batches(self, lengths: Sequence[int]) -> List[List[int]]:
-        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-        batches, batch, longest = [], [], 0
-        for i in order:
-            if batch and (max(longest, lengths[i]) * (len(batch) + 1) > self.max_tokens or len(batch) == self.batch_size):
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(i)
-            longest = max(longest, lengths[i])
-        if batch:
-            batches.append(batch)
-        return batches
+        return length_batches(lengths, self.max_tokens, self.batch_size)
 
     @torch.no_grad()
     def generate(self, sources: Sequence[torch.Tensor], progress=None) -> List[dict]:

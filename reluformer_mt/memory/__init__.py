@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from reluformer_mt.memory.ffn import (FFN_VARIANTS, LayerNormedLinear, MemoryOptionError, check_ffn_variant,
                                       ffn_activation, ffn_readout, softmax_over_slots)
-from reluformer_mt.memory.mips import (MEMORY_ACTIVATIONS, MEMORY_INDEXES, DocumentMemory, MipsFfn, MipsIndex,
+from reluformer_mt.memory.mips import (MEMORY_ACTIVATIONS, MEMORY_INDEXES, MipsFfn, MipsIndex,
                                        TopKMemory, check_memory_options, topk_read)
 
 MEMORY_DEFAULTS = {
@@ -105,8 +105,3 @@ def attach_memory_layers(layers, args, side: str) -> None:
                             refresh_updates=args.memory_refresh_updates)
         layer.fc2 = nn.Identity()
         layer.activation_fn = _identity
-
-
-def memory_modules(model: nn.Module):
-    """Every (name, TopKMemory) of a model."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, TopKMemory)]

@@ -12,11 +12,9 @@ The index holds a copy of the keys, so it goes stale as they train: it is rebuil
 ``refresh_updates`` updates (fairseq calls ``set_num_updates`` on every module), after a
 checkpoint load, and on first use. Retrieval with a stale index is approximate, but the
 scores and gradients always use the current keys.
-
-:class:`DocumentMemory` uses the same search on states of the previous segments of a document.
 """
 import math
-from typing import Dict, Hashable, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -199,73 +197,3 @@ class MipsFfn(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.memory(self.query_proj(x))
-
-
-class DocumentMemory(nn.Module):
-    """A per-document memory: keys and values encoded from the previous segments of the document.
-
-    ``write(doc, states)`` stores a segment's (detached) states and indexes their keys
-    ``W_k h``; ``read(doc, x)`` retrieves each query's top-k stored states by MIPS and returns
-    the activation-weighted sum of their values ``W_v h``. Keys and values are recomputed from
-    the retrieved rows, so ``W_q``, ``W_k`` and ``W_v`` train through the k retrieved entries;
-    the stored states themselves are constants (encoded once, as in EMAT). Older entries are
-    dropped beyond ``max_entries``, so a segment reads context beyond its own length at a
-    bounded cost.
-    """
-
-    def __init__(self, embed_dim: int, key_dim: Optional[int] = None, topk: int = 8, activation: str = "softmax",
-                 max_entries: int = 4096, index: str = "exact"):
-        super().__init__()
-        if activation not in MEMORY_ACTIVATIONS:
-            raise MemoryOptionError(f"--memory-activation: got {activation!r}, expected one of {', '.join(MEMORY_ACTIVATIONS)}")
-        key_dim = key_dim or embed_dim
-        self.topk, self.activation, self.max_entries, self.index_kind = topk, activation, max_entries, index
-        self.q_proj = nn.Linear(embed_dim, key_dim)
-        self.k_proj = nn.Linear(embed_dim, key_dim)
-        self.v_proj = nn.Linear(embed_dim, embed_dim)
-        self.store: Dict[Hashable, torch.Tensor] = {}
-        self.indexes: Dict[Hashable, MipsIndex] = {}
-
-    def reset(self, doc: Optional[Hashable] = None) -> None:
-        """Forget one document, or all of them."""
-        if doc is None:
-            self.store.clear()
-            self.indexes.clear()
-        else:
-            self.store.pop(doc, None)
-            self.indexes.pop(doc, None)
-
-    def __len__(self):
-        return len(self.store)
-
-    def entries(self, doc: Hashable) -> int:
-        return 0 if doc not in self.store else self.store[doc].shape[0]
-
-    @torch.no_grad()
-    def write(self, doc: Hashable, states: torch.Tensor) -> None:
-        """Append a segment's states (T, d) (padding rows removed by the caller) and re-index."""
-        states = states.detach()
-        if doc in self.store:
-            states = torch.cat([self.store[doc], states], dim=0)
-        states = states[-self.max_entries:]
-        self.store[doc] = states
-        keys = self.k_proj(states).float().cpu().numpy()
-        self.indexes[doc] = MipsIndex(self.index_kind).build(keys)
-
-    def read(self, doc: Hashable, x: torch.Tensor) -> torch.Tensor:
-        """Read (T, d) for queries x (T, d); zeros when the document has no previous segment."""
-        if doc not in self.store:
-            return x.new_zeros(x.shape)
-        states = self.store[doc]
-        q = self.q_proj(x)
-        k = min(self.topk, states.shape[0])
-        _, ids = self.indexes[doc].search(q.detach().float().cpu().numpy(), k)
-        ids = torch.from_numpy(ids).to(x.device)
-        valid = ids >= 0
-        sel = states[ids.clamp(min=0)]  # (T, k, d): constants
-        scores = torch.einsum("td,tkd->tk", q, self.k_proj(sel))
-        if self.activation == "relu":
-            weights = F.relu(scores) * valid
-        else:
-            weights = torch.nan_to_num(F.softmax(scores.float().masked_fill(~valid, float("-inf")), -1)).type_as(scores)
-        return torch.einsum("tk,tkd->td", weights, self.v_proj(sel))

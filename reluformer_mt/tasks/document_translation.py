@@ -13,12 +13,10 @@ Reads a directory prepared by ``reluformer-prepare``: the binarised segments, an
   sentences at the separator) and ``d_bleu`` (BLEU over whole documents, Liu et al. 2020),
   plus ``sep_mismatch``, the number of hypothesis segments whose sentence count is wrong.
 """
-import json
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 from fairseq import metrics, utils
@@ -26,7 +24,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.fairseq_task import FairseqTask
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from reluformer_mt.data.segments import MANIFEST_NAME, SEPARATOR, metadata_path, read_segment_metadata, split_segment
+from reluformer_mt.data.prepared import SPM_MODEL_SYNTAX, Prepared, load_sentencepiece, parse_spm_models
+from reluformer_mt.data.segments import SEPARATOR, metadata_path, read_segment_metadata, segments_to_documents, split_segment
+from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +36,10 @@ class DocumentTranslationConfig(TranslationConfig):
     separator: str = field(default=SEPARATOR, metadata={"help": "separator token between the sentences of a segment"})
     eval_bleu_spm: str = field(
         default="auto",
-        metadata={"help": "SentencePiece model for decoding hypotheses and references before s-/d-BLEU; "
-                          "'auto' = the target model named in prepared.json, 'none' = score pieces"},
+        metadata={"help": "SentencePiece model for decoding hypotheses and references before s-/d-BLEU: "
+                          f"'auto' = the target model named in prepared.json, 'none' = score pieces, or {SPM_MODEL_SYNTAX} "
+                          "(the target model is used)"},
     )
-
-
-def _fit_count(parts: List[str], n: int) -> List[str]:
-    """Make a hypothesis split into exactly n sentences: extra parts merge into the last one,
-    missing ones are empty (the usual convention for s-BLEU of doc-to-doc output)."""
-    if len(parts) > n:
-        parts = parts[: n - 1] + [" ".join(parts[n - 1:])]
-    return parts + [""] * (n - len(parts))
 
 
 def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[int, str], infos, separator=SEPARATOR):
@@ -58,28 +51,17 @@ def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[
     parts merge into its last sentence, missing ones are empty. Documents are rebuilt from the
     segments present, in sentence order.
     """
-    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
-
-    hyp_sents, ref_sents, mismatch = [], [], 0
-    docs: Dict[str, list] = {}
-    for idx in sorted(hyp_segments):
-        info = infos[idx]
-        hyp_parts = split_segment(hyp_segments[idx], separator)
-        ref_parts = split_segment(ref_segments[idx], separator)
-        if len(hyp_parts) != info.n_sentences:
-            mismatch += 1
-        hyp_parts = _fit_count(hyp_parts, info.n_sentences)
-        hyp_sents += hyp_parts
-        ref_sents += ref_parts
-        docs.setdefault(info.doc_id, []).append((info.first_sentence, hyp_parts, ref_parts))
-    if not hyp_sents:
+    ids = sorted(hyp_segments)
+    if not ids:
         return 0.0, 0.0, 0
-    doc_hyps, doc_refs = [], []
-    for parts in docs.values():
-        parts.sort(key=lambda p: p[0])
-        doc_hyps.append([s for _, h, _ in parts for s in h if s])
-        doc_refs.append([s for _, _, r in parts for s in r if s])
-    return corpus_sbleu(hyp_sents, ref_sents).score, corpus_dbleu(doc_hyps, doc_refs).score, mismatch
+    segments = [infos[i] for i in ids]
+    hyp_docs = segments_to_documents([hyp_segments[i] for i in ids], segments, separator, on_mismatch="fit")
+    ref_docs = segments_to_documents([ref_segments[i] for i in ids], segments, separator, on_mismatch="keep")
+    mismatch = sum(len(split_segment(hyp_segments[i], separator)) != infos[i].n_sentences for i in ids)
+    s_bleu = corpus_sbleu([s for d in hyp_docs.values() for s in d], [s for d in ref_docs.values() for s in d])
+    # the empty sentences fitted in for s-BLEU are no text of the document
+    d_bleu = corpus_dbleu([[s for s in d if s] for d in hyp_docs.values()], [[s for s in d if s] for d in ref_docs.values()])
+    return s_bleu.score, d_bleu.score, mismatch
 
 
 @register_task("document_translation", dataclass=DocumentTranslationConfig)
@@ -92,7 +74,7 @@ class DocumentTranslationTask(TranslationTask):
         self._split_of_dataset = {}   # id(dataset) -> split
         self._valid_split = None
         self._valid_outputs = {}      # split -> {example index: (hyp, ref)}
-        self.manifest = {}
+        self.prepared = None          # the data directory's Prepared (prepared.json), if any
         self.spm = None
 
     @classmethod
@@ -102,11 +84,10 @@ class DocumentTranslationTask(TranslationTask):
                              "document; re-prepare with a smaller --segment-tokens instead")
         task = super().setup_task(cfg, **kwargs)
         data_dir = utils.split_paths(cfg.data)[0]
-        manifest = Path(data_dir) / MANIFEST_NAME
-        if manifest.is_file():
-            task.manifest = json.loads(manifest.read_text(encoding="utf-8"))
-            if task.manifest.get("separator", cfg.separator) != cfg.separator:
-                raise ValueError(f"{manifest}: prepared with separator {task.manifest['separator']!r} but --separator is {cfg.separator!r}")
+        task.prepared = Prepared.load_if_present(data_dir)
+        if task.prepared is not None and task.prepared.separator != cfg.separator:
+            raise ValueError(f"{Prepared.path(data_dir)}: prepared with separator {task.prepared.separator!r} but "
+                             f"--separator is {cfg.separator!r}")
         for name, d in (("source", task.src_dict), ("target", task.tgt_dict)):
             if d.index(cfg.separator) == d.unk():
                 raise ValueError(f"{data_dir}: the {name} dictionary has no {cfg.separator!r} entry, so segments cannot "
@@ -189,17 +170,15 @@ class DocumentTranslationTask(TranslationTask):
         return model
 
     def _load_spm(self):
-        import sentencepiece as spm
-
-        path = self.cfg.eval_bleu_spm
-        if path == "auto":
-            name = self.manifest.get("spm_model_tgt") or self.manifest.get("spm_model")
-            if not name:
+        """The target SentencePiece model that detokenises for BLEU (None: score pieces)."""
+        if self.cfg.eval_bleu_spm == "auto":
+            if self.prepared is None:
                 return None
-            path = os.path.join(utils.split_paths(self.cfg.data)[0], name)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--eval-bleu-spm: {path} not found")
-        return spm.SentencePieceProcessor(model_file=path)
+            return self.prepared.sentencepiece(check_separator=False)[1]
+        target = parse_spm_models(self.cfg.eval_bleu_spm, "--eval-bleu-spm")[-1]
+        if not os.path.isfile(target):
+            raise FileNotFoundError(f"--eval-bleu-spm: {target} not found")
+        return load_sentencepiece([target])[1]
 
     def _detok_segment(self, tokens, escape_unk):
         pieces = self.tgt_dict.string(tokens.int().cpu(), unk_string=("UNKNOWNTOKENINREF" if escape_unk else "UNKNOWNTOKENINHYP"))

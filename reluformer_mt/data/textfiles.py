@@ -1,0 +1,53 @@
+"""UTF-8 text files as lines: the one reader behind corpora, translate input, BLEU, AER and the
+contrastive suites.
+
+Lines are split on ``\\n`` only (``str.splitlines`` would also split on form feeds and U+2028
+inside sentences); a CRLF line end loses its ``\\r``; invalid UTF-8 is an error naming the file,
+line and column. Whether a byte-order mark is dropped is the caller's choice: the corpus and
+translate readers drop it, BLEU keeps it as the ``sacrebleu`` command line does.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+from reluformer_mt.data.documents import BOM
+
+
+@dataclass
+class DecodedLines:
+    lines: List[str]
+    bom_removed: bool = False
+    crlf: int = 0  # lines whose \r\n end became \n
+
+
+def decode_utf8(data: bytes, name) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
+                         "expected UTF-8 text") from None
+
+
+def decode_lines(data: bytes, name, strip_bom: bool = True) -> DecodedLines:
+    """UTF-8 bytes -> lines without line ends, and what was repaired on the way."""
+    text = decode_utf8(data, name)
+    bom = strip_bom and text.startswith(BOM)
+    lines = (text[1:] if bom else text).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    crlf = 0
+    for i, line in enumerate(lines):
+        if line.endswith("\r"):
+            lines[i] = line[:-1]
+            crlf += 1
+    return DecodedLines(lines, bom, crlf)
+
+
+def read_lines(path, strip_bom: bool = True, missing: str = "file not found") -> List[str]:
+    """The lines of a UTF-8 file; a missing file is FileNotFoundError('PATH: ``missing``')."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {missing}")
+    return decode_lines(path.read_bytes(), path, strip_bom).lines
