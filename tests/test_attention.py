@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from reluformer_mt.attention import AttentionConfig, AttentionOptionError, ReluformerAttention
+from reluformer_mt.attention import (AttentionConfig, AttentionOptionError, ReluformerAttention, capture_attention,
+                                    record_attention)
 from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS
 
 E, H = 16, 4
@@ -250,17 +251,72 @@ def test_rela_null_attention_gives_zero_not_nan():
 
 def test_stats_recording_counts_zeros_and_null_rows():
     module = make("relu")
-    module.record_stats = module.regularise = True
     x = torch.randn(6, 2, E)
-    _, w = module(x, x, x, need_head_weights=True)
-    stats = module.pop_stats()
+    with record_attention(module, regularise=True) as record:
+        _, w = module(x, x, x, need_head_weights=True)
+    stats = record.totals()
     assert int(stats["visible"]) == w.numel()
     assert int(stats["zeros"]) == int((w == 0).sum())
     assert int(stats["null_rows"]) == int((w.sum(-1) == 0).sum())
     mass = w.sum(-1)
     live = mass > 0
     torch.testing.assert_close(stats["norm_loss"], torch.log(mass[live]).abs().sum())
-    assert module.stats == {}
+    assert record.statistics(module) == stats
+    assert module._recorder is None
+
+
+# --------------------------------------------------------------------------- recording API
+def test_recording_is_cleared_after_an_exception():
+    relu, softmax = make("relu"), make("softmax")
+    x = torch.randn(5, 2, E)
+    with pytest.raises(KeyError):
+        with record_attention([relu, softmax], regularise=True), capture_attention(relu):
+            relu(x, x, x)
+            raise KeyError("inside the block")
+    assert relu._recorder is None and softmax._recorder is None
+    # nothing records any more, and softmax runs fairseq's forward again (no per-head weights)
+    assert relu(x, x, x, need_weights=False)[1] is None
+    assert softmax(x, x, x)[1].dim() == 3
+
+
+def test_repeated_and_nested_recordings():
+    module = make("relu")
+    x, y = torch.randn(5, 2, E), torch.randn(7, 2, E)
+    with record_attention(module) as first:
+        module(x, x, x)
+    with record_attention(module) as again:
+        module(x, x, x)
+    assert first.totals().keys() == {"zeros", "visible", "null_rows", "rows"}
+    assert {k: int(v) for k, v in first.totals().items()} == {k: int(v) for k, v in again.totals().items()}
+    with pytest.raises(RuntimeError, match="one with-block"):
+        with first:
+            pass
+
+    with record_attention(module, statistics=False, regularise=True) as outer:
+        module(x, x, x)
+        with capture_attention(module) as captured, record_attention(module, statistics=True) as inner:
+            _, w = module(y, y, y, need_head_weights=True)
+            assert module._recorder is inner
+        assert module._recorder is outer
+        module(x, x, x)
+    assert module._recorder is None
+    # every recording saw the calls of its own block: the outer one all three, with regularisers
+    torch.testing.assert_close(captured.weights(module), w)
+    assert int(inner.totals()["rows"]) == H * 2 * 7 and "norm_loss" not in inner.totals()
+    assert int(outer.totals()["rows"]) == H * 2 * (5 + 7 + 5) and int(outer.totals()["reg_rows"]) > 0
+    with pytest.raises(RuntimeError, match="not captured"):
+        capture_attention(make("relu")).weights(module)
+
+
+def test_regularise_selects_modules_by_function_and_captures_by_kind():
+    relu, rela = make("relu"), make("rela")
+    x = torch.randn(4, 1, E)
+    with record_attention({"a": [relu], "b": [rela]}, regularise={"relu"}) as record, \
+            capture_attention({"layers": [relu, rela]}) as captured:
+        relu(x, x, x)
+        rela(x, x, x)
+    assert "norm_loss" in record.statistics(relu) and "norm_loss" not in record.statistics(rela)
+    assert captured.weights("layers").shape == (2, H, 1, 4, 4)
 
 
 @pytest.mark.parametrize("options,message", [

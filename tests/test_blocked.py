@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from reluformer_mt.attention import AttentionConfig, ReluformerAttention
+from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention
 from reluformer_mt.attention.blocked import tiled_attention
 
 E, H = 16, 2
@@ -58,10 +58,10 @@ def run(module, causal, padding, regularise=False, seed=1):
         kpm = torch.zeros(3, src, dtype=torch.bool)
         kpm[1, -5:] = True
         kpm[2, 3:] = True
-    module.record_stats = module.regularise = regularise
-    out, _ = module(query, key, key, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
+    with record_attention(module, regularise=regularise, statistics=regularise) as record:
+        out, _ = module(query, key, key, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
     loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum()
-    stats = module.pop_stats()
+    stats = record.totals()
     if regularise:
         loss = loss + stats["norm_loss"] + stats["entropy_margin"]
     inputs = [query] if causal else [query, key]
@@ -160,8 +160,9 @@ def test_auto_threshold_and_option_override():
     gelu = ReluformerAttention(E, H, AttentionConfig(fn="pointwise", pointwise_activation="gelu", impl="blocked"),
                                self_attention=True)
     assert gelu._attention_path(9, 9, None, False) == "blocked"
-    gelu.regularise = True  # negative weights: the row entropy is the reference's definition
-    assert gelu._attention_path(9, 9, None, False) == "reference"
+    with record_attention(gelu, regularise=True):  # negative weights: the row entropy is the reference's definition
+        assert gelu._attention_path(9, 9, None, False) == "reference"
+    assert gelu._attention_path(9, 9, None, False) == "blocked"
     assert path("auto", 5000, 5000, fn="entmax15") == "reference"
     assert path("auto", 5000, 5000, fn="softpick") == "reference"
     assert path("auto", 63, 63, fn="sigmoid") == "dense"

@@ -12,7 +12,7 @@ from fairseq import options, tasks
 from fairseq.data import Dictionary, LanguagePairDataset
 
 from reluformer_mt.plugin import register
-from reluformer_mt.attention import AttentionConfig, ReluformerAttention
+from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention
 from reluformer_mt.attention.multihead import rela_gate_init_range
 from reluformer_mt.criteria.reluformer_criterion import ReluformerCriterion
 
@@ -32,15 +32,20 @@ def attention(fn="relu", path="dense", seed=0, **options):
     module = ReluformerAttention(E, H, config, self_attention=True)
     if path == "reference":
         module._attention_path = lambda *args, **kwargs: "reference"
-    module.record_stats = module.regularise = True
     return module
+
+
+def recorded(module, *args, **kwargs):
+    """The module's output and what it recorded, regularisers included."""
+    with record_attention(module, regularise=True) as record:
+        out, _ = module(*args, need_weights=False, **kwargs)
+    return out, record.totals()
 
 
 def stats_of(module, x, kpm, causal):
     T = x.size(0)
     mask = torch.triu(torch.full((T, T), float("-inf")), 1) if causal else None
-    module(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
-    return {k: float(v) for k, v in module.pop_stats().items()}
+    return {k: float(v) for k, v in recorded(module, x, x, x, key_padding_mask=kpm, attn_mask=mask)[1].items()}
 
 
 # --------------------------------------------------------------------------- padded query rows
@@ -122,8 +127,7 @@ def test_regularisers_are_finite_and_accurate_in_half_precision(path, dtype):
         mask = torch.triu(torch.full((40, 40), float("-inf")), 1)
         context = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
         with context:
-            out, _ = module(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
-            stats = module.pop_stats()
+            out, stats = recorded(module, x, x, x, key_padding_mask=kpm, attn_mask=mask)
             loss = out.float().sum() + stats["norm_loss"] + stats["entropy_margin"]
         grad, = torch.autograd.grad(loss, [x])
         return stats, grad
@@ -179,12 +183,10 @@ def test_criterion_on_a_real_batch_under_fp16_and_bf16_autocast(sentence_data):
 def test_float64_inputs_get_float64_row_factor_and_sums():
     module = attention(path="blocked").double()
     x = torch.randn(30, 2, E, dtype=torch.float64)
-    module(x, x, x, need_weights=False)
-    stats = module.pop_stats()
+    _, stats = recorded(module, x, x, x)
     assert stats["norm_loss"].dtype == torch.float64
-    reference = attention(path="reference").double()
-    reference(x, x, x, need_weights=False)
-    torch.testing.assert_close(stats["entropy_margin"], reference.pop_stats()["entropy_margin"], rtol=1e-12, atol=1e-12)
+    _, reference = recorded(attention(path="reference").double(), x, x, x)
+    torch.testing.assert_close(stats["entropy_margin"], reference["entropy_margin"], rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- gamma, ReLA gate
@@ -200,7 +202,7 @@ def test_learned_gamma_stays_positive_and_fast_paths_follow_the_formula(mode):
         assert bool((module._gamma(torch.float32) > 0).all())
         torch.manual_seed(4)
         x = torch.randn(9, 2, E)
-        outs.append(module(x, x, x, need_weights=False)[0])
+        outs.append(recorded(module, x, x, x)[0])
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], atol=1e-5, rtol=1e-5)
 
@@ -248,7 +250,6 @@ def test_length_factor_ablation():
     outs = []
     for path in PATHS:
         module = attention(path=path, relu_length_scale=False, relu_gamma=2.0).eval()
-        module.record_stats = module.regularise = False
         torch.manual_seed(5)
         x = torch.randn(12, 2, E)
         out, _ = module(x, x, x, need_weights=False)

@@ -13,6 +13,8 @@ how a call runs, from what the function declares: functions without a row normal
 rela, pointwise, sigmoid) run the dense or memory-bounded blocked kernel of
 :mod:`reluformer_mt.attention.blocked`, h = relu also the C++ kernel of
 :mod:`reluformer_mt.attention.fused` (same results; ``--attn-impl``, see docs/PERFORMANCE.md).
+What a forward records (counts, regularisers, per-head weights) goes to the recording of
+:mod:`reluformer_mt.attention.recording` active around it, and to nothing when there is none.
 """
 from contextlib import contextmanager
 from typing import Dict, Optional, Tuple
@@ -23,7 +25,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
-from reluformer_mt.attention.blocked import count_visible, regularisers_from_rows, tiled_attention
+from reluformer_mt.attention.blocked import count_visible, tiled_attention
 from reluformer_mt.attention import fused as fused_kernel
 from reluformer_mt.attention.config import AttentionConfig
 from reluformer_mt.attention.functions import RELA_EPS, rela_gate_init_range  # noqa: F401  (re-exported)
@@ -38,9 +40,10 @@ class ReluformerAttention(MultiheadAttention):
     returned per head (heads x batch x tgt x src) with ``need_head_weights`` and averaged over
     heads with ``need_weights``, as in fairseq.
 
-    Recording (off by default, so training pays nothing for it): set ``record_stats`` to make
-    each forward add counts of zero weights, null rows and (with ``regularise``) ReLUFormer's
-    row losses into ``self.stats``; the criterion reads and clears them.
+    Recording (off by default, so training pays nothing for it) is the business of
+    :mod:`reluformer_mt.attention.recording`: its with-blocks install a recorder as
+    ``_recorder`` and remove it on exit; the forward hands it counts, ReLUFormer's row losses or
+    per-head weights. Nothing else sets attributes on the module.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, config: AttentionConfig, kdim=None, vdim=None,
@@ -67,16 +70,12 @@ class ReluformerAttention(MultiheadAttention):
         # hybrid-norm (Ramapuram et al. 2024): LayerNorm on the sublayer output, before the residual
         self.output_norm = nn.LayerNorm(embed_dim) if config.output_norm else None
 
-        self.record_stats = False
-        self.regularise = False
-        self.entropy_margin_ratio = 0.7
-        self.stats: Dict[str, Tensor] = {}
+        # the active recording of attention.recording, None when nothing records; only its
+        # with-blocks set and clear it
+        self._recorder = None
         # cross-attention cannot see which decoder positions are padding; the decoder layer
         # lends it the target padding mask for one call (``padded_queries``)
         self._query_padding: Optional[Tensor] = None
-        # evaluation (alignment, attention statistics) asks for every head's weights of every call
-        self.capture_weights = False
-        self.captured: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -165,7 +164,7 @@ class ReluformerAttention(MultiheadAttention):
             return "reference"
         if self.training and self.dropout_module.p > 0:
             return "reference"
-        if self.regularise and function.signed(config):
+        if self._recorder is not None and self._recorder.regularises(self) and function.signed(config):
             return "reference"
         fusable = function.fused_relu(config) and not want_weights
         if config.impl == "fused" and fusable:
@@ -185,6 +184,8 @@ class ReluformerAttention(MultiheadAttention):
         and ReLUFormer's regularisers (padding rows would otherwise count and get gradients).
         """
         function, params = self.function, self._params()
+        recorder = self._recorder
+        counting = recorder is not None and recorder.records_statistics(self)
         scale_logits = function.scale_logits(self.config)
         path = self._attention_path(q.size(2), k.size(2), additive, want_weights, q)
         if path != "reference":
@@ -195,59 +196,19 @@ class ReluformerAttention(MultiheadAttention):
                 row_factor=function.row_factor(n_visible, params, q.dtype),
                 row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible,
                 blocked=path != "dense", block_q=self.config.block_size, block_k=self.config.block_size,
-                want_rows=self.record_stats, want_weights=want_weights, fused=path == "fused")
+                want_rows=counting, want_weights=want_weights, fused=path == "fused")
             if rows is not None:
-                self._record_rows(*rows, live_queries=live_queries)
+                recorder.add_rows(self, *rows, live_queries=live_queries)
             return out, weights
         scores = torch.matmul(q * self.scaling if scale_logits else q, k.transpose(-1, -2))
         if additive is not None:
             scores = scores + additive
         n_visible = keep.sum(-1, keepdim=True)
         weights = function.weights(scores, keep, n_visible, params)
-        if self.record_stats:
-            self._record(weights, keep, n_visible, live_queries)
+        if counting:
+            recorder.add_weights(self, weights, keep, n_visible, live_queries)
         out = torch.matmul(self.dropout_module(weights), v)
         return out, (weights if want_weights else None)
-
-    def _record_rows(self, mass: Tensor, xlogx: Tensor, nonzero: Tensor, n_visible: Tensor,
-                     live_queries: Optional[Tensor] = None) -> None:
-        """``_record`` from per-row sums of the fast paths (B, H, T each): same keys and values."""
-        if live_queries is not None:  # padding rows: as if they saw no key
-            n_visible = n_visible * live_queries
-            mass = mass * live_queries
-        live_rows = n_visible > 0
-        add = {
-            "zeros": n_visible.sum() - (nonzero * live_rows).sum(),
-            "visible": n_visible.sum(),
-            "null_rows": (live_rows & (nonzero == 0)).sum(),
-            "rows": live_rows.sum(),
-        }
-        if self.regularise:
-            norm_loss, margin, used = regularisers_from_rows(mass, xlogx, n_visible, self.entropy_margin_ratio)
-            add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
-        self._add_stats(add)
-
-    def _record(self, weights: Tensor, keep: Tensor, n_visible: Tensor, live_queries: Optional[Tensor] = None) -> None:
-        if live_queries is not None:  # padding rows: as if they saw no key
-            keep = keep & live_queries.unsqueeze(-1)
-        keep_full = keep.expand_as(weights)
-        live_rows = keep_full.any(-1)
-        nonzero = weights.detach() != 0
-        add = {
-            "zeros": (~nonzero & keep_full).sum(),
-            "visible": keep_full.sum(),
-            "null_rows": (live_rows & ~nonzero.any(-1)).sum(),
-            "rows": live_rows.sum(),
-        }
-        if self.regularise:
-            norm_loss, margin, used = F_attn.row_regularisers(weights, keep, n_visible,
-                                                              self.entropy_margin_ratio)
-            add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
-        self._add_stats(add)
-
-    def _add_stats(self, add: Dict[str, Tensor]) -> None:
-        for key, value in add.items():
-            self.stats[key] = self.stats.get(key, 0) + value
 
     def _output_transform(self, out: Tensor, query: Tensor) -> Tensor:
         """The function's own transform (ReLA's RMSNorm + gate), ReLU-ViT's gated unit, the output
@@ -265,15 +226,20 @@ class ReluformerAttention(MultiheadAttention):
                 need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
                 before_softmax: bool = False, need_head_weights: bool = False):
         asked_head_weights, asked_weights = need_head_weights, need_weights
-        need_head_weights = need_head_weights or self.capture_weights
+        recorder = self._recorder
+        capture = recorder is not None and recorder.captures(self)
+        counting = recorder is not None and recorder.records_statistics(self)
+        need_head_weights = need_head_weights or capture
         # fairseq's fused path averages the heads, so per-head weights take the generic path
         if self.uses_fairseq_forward and not before_softmax and not need_head_weights:
             out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
                                            incremental_state=incremental_state, need_weights=need_weights,
                                            static_kv=static_kv, attn_mask=attn_mask,
                                            need_head_weights=need_head_weights)
-            if self.record_stats:
-                self._record_dense_rows(query.size(0), query.size(1), key_padding_mask)
+            if counting:  # softmax rows are never null and never hold exact zeros: count real rows
+                live = self._live_queries(query.size(0), key_padding_mask)
+                rows = live.sum() if live is not None else torch.tensor(query.size(0) * query.size(1))
+                recorder.add_softmax_rows(self, rows)
             return out, weights
         if before_softmax:
             raise ValueError("before_softmax is only defined for softmax attention")
@@ -314,7 +280,7 @@ class ReluformerAttention(MultiheadAttention):
                 key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
 
         keep, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, query.device)
-        live_queries = self._live_queries(tgt_len, key_padding_mask) if self.record_stats else None
+        live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
         out, weights = self._attend(q, k, v, keep, additive, need_weights, live_queries)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
@@ -322,8 +288,8 @@ class ReluformerAttention(MultiheadAttention):
 
         if weights is not None:
             weights = weights.float().transpose(0, 1)  # heads x batch x tgt x src
-            if self.capture_weights:
-                self.captured = weights.detach()
+            if capture:
+                recorder.add_head_weights(self, weights)
             if not asked_head_weights:
                 weights = weights.mean(0) if asked_weights else None
         return out, weights
@@ -344,12 +310,6 @@ class ReluformerAttention(MultiheadAttention):
         saved["prev_key_padding_mask"] = key_padding_mask
         return k, v, key_padding_mask
 
-    def _record_dense_rows(self, tgt_len: int, bsz: int, key_padding_mask: Optional[Tensor]) -> None:
-        """Softmax rows are never null and never hold exact zeros: count real query rows only."""
-        live = self._live_queries(tgt_len, key_padding_mask)
-        rows = live.sum() if live is not None else torch.tensor(tgt_len * bsz)
-        self._add_stats({"rows": rows * self.num_heads, "zeros": torch.tensor(0), "null_rows": torch.tensor(0)})
-
     def upgrade_state_dict_named(self, state_dict, name):
         """Checkpoints from before gamma was kept as log(gamma) stored ``gamma`` itself."""
         super().upgrade_state_dict_named(state_dict, name)
@@ -360,7 +320,3 @@ class ReluformerAttention(MultiheadAttention):
                 raise ValueError(f"{old_key}: a learned ReLUFormer gamma must be > 0, the checkpoint has {gamma.tolist()}")
             if self.log_gamma is not None:
                 state_dict[old_key.replace(".gamma", ".log_gamma") if name else "log_gamma"] = gamma.log()
-
-    def pop_stats(self) -> Dict[str, Tensor]:
-        stats, self.stats = self.stats, {}
-        return stats

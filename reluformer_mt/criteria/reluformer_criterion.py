@@ -14,7 +14,7 @@ cross-entropy (``--best-checkpoint-metric nll_loss`` selects checkpoints on tran
 Per update the criterion also logs, for every attention sublayer, the sparsity rate (share of
 exact zeros among visible weights), the null-attention rate (share of query rows with no
 non-zero weight) and the two regularisers (row means), so fairseq's progress lines and
-validation show them.
+validation show them. Both come from ``attention.record_attention`` around the model's forward.
 """
 import argparse
 import math
@@ -26,7 +26,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion, LabelSmoothedCrossEntropyCriterionConfig)
 from fairseq.logging import metrics
 
-from reluformer_mt.attention import ATTENTION_FUNCTIONS, ReluformerAttention
+from reluformer_mt.attention import ATTENTION_FUNCTIONS, record_attention
 
 STAT_KEYS = ("zeros", "visible", "null_rows", "rows", "norm_loss", "entropy_margin", "reg_rows")
 
@@ -103,25 +103,14 @@ class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
         self.entropy_margin_ratio = entropy_margin_ratio
         self.attention_stats = attention_stats
 
-    def _attention_modules(self, model):
-        return [m for m in model.modules() if isinstance(m, ReluformerAttention)]
-
     def forward(self, model, sample, reduce=True):
-        modules = self._attention_modules(model)
         regularising = self.norm_loss_weight > 0 or self.entropy_margin_weight > 0
-        for m in modules:
-            m.regularise = regularising and m.fn in self.regularise_fns
-            m.record_stats = self.attention_stats or m.regularise
-            m.entropy_margin_ratio = self.entropy_margin_ratio
-            m.stats = {}
-
-        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
-
+        with record_attention(model, regularise=self.regularise_fns if regularising else False,
+                              entropy_margin_ratio=self.entropy_margin_ratio,
+                              statistics=self.attention_stats) as record:
+            loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         totals = {k: 0 for k in STAT_KEYS}
-        for m in modules:
-            for k, v in m.pop_stats().items():
-                totals[k] = totals[k] + v
-            m.record_stats = m.regularise = False
+        totals.update(record.totals())
 
         reg_loss = 0.0
         if torch.is_tensor(totals["reg_rows"]) and totals["reg_rows"] > 0:

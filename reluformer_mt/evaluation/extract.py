@@ -1,9 +1,9 @@
 """Attention weights of a trained checkpoint by force-decoding references (teacher forcing).
 
 The model reads the source and, as decoder input, ``[eos] + target`` (fairseq's
-``prev_output_tokens``); every ``ReluformerAttention`` is asked to keep its per-head weights of
-that one forward (``capture_weights``), which works for every attention function, softmax
-included. Weights come back per layer and head:
+``prev_output_tokens``); ``attention.capture_attention`` returns the per-head weights of every
+``ReluformerAttention`` of the kinds asked for in that one forward, which works for every attention
+function, softmax included. Weights come back per layer and head:
 
 - ``cross``: decoder cross-attention, (layers, heads, T, S)
 - ``decoder_self``: decoder self-attention, (layers, heads, T, T), causal
@@ -126,6 +126,8 @@ def forward_batch(loaded: LoadedModel, pairs: Sequence[Pair], indices: Sequence[
 
     Padding follows training: source left-padded (``--left-pad-source`` default), target right-padded.
     """
+    from reluformer_mt.attention import capture_attention  # loads fairseq: after the loader registered
+
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"unknown attention kind {kind!r}, expected one of {', '.join(KINDS)}")
@@ -138,20 +140,9 @@ def forward_batch(loaded: LoadedModel, pairs: Sequence[Pair], indices: Sequence[
     tgt_lengths = torch.tensor([len(t) for t in tgts])
     prev = _pad([torch.cat([t.new_tensor([eos]), t[:-1]]) for t in tgts], loaded.tgt_dict.pad(), False).to(loaded.device)
 
-    wanted = [m for kind in kinds for m in loaded.modules[kind]]
-    for m in wanted:
-        m.capture_weights, m.captured = True, None
-    try:
+    with capture_attention({kind: loaded.modules[kind] for kind in kinds}) as captured:
         loaded.model(src_tokens, src_lengths.to(loaded.device), prev)
-        weights = {}
-        for kind in kinds:
-            mods = loaded.modules[kind]
-            if any(m.captured is None for m in mods):
-                raise RuntimeError(f"{kind} attention was not captured (is the layer skipped?)")
-            weights[kind] = torch.stack([m.captured.float().cpu() for m in mods])
-    finally:
-        for m in wanted:
-            m.capture_weights, m.captured = False, None
+    weights = {kind: captured.weights(kind).cpu() for kind in kinds}
 
     S, T = src_tokens.shape[1], prev.shape[1]
     pos_s, pos_t = torch.arange(S), torch.arange(T)

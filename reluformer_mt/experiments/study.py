@@ -63,6 +63,8 @@ RUNS: Dict[str, StudyRun] = {run.name: run for run in [
     StudyRun("small-sent-v4k", vocab=4000, embed=128, ffn=512, layers=3, lr=2e-3, warmup=200, dropout=0.2),
     StudyRun("small-doc128-v2k", level="128", vocab=2000, embed=128, ffn=512, layers=3, lr=2e-3, warmup=200,
              dropout=0.2),
+    StudyRun("tiny-sent-v1k", vocab=1000, embed=64, ffn=128, layers=2, lr=3e-3, warmup=100),
+    StudyRun("tiny-sent-v2k-lr5", vocab=2000, embed=64, ffn=128, layers=2, lr=5e-3, warmup=200),
     StudyRun("base256-sent-v2k", vocab=2000, embed=256, ffn=1024, layers=3, lr=1e-3, warmup=400, dropout=0.3),
 ]}
 
