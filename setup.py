@@ -11,7 +11,7 @@ setup(
     include_package_data=True,
     package_data={"reluformer_mt": ["attention/csrc/*.cpp"]},  # the fused kernel, compiled on first use
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.4",  # torch.serialization.add_safe_globals: the checkpoint allowlist
         # a fairseq 0.12 build that imports on Python 3.11/3.12; never plain `fairseq`
         # (0.12.2 fails on 3.11). `fairseq-fixed` is the same code as an sdist for other platforms.
         "ve-fairseq>=0.12.3",

@@ -1,7 +1,7 @@
 """Binarise tokenised text with fairseq-preprocess, in-process (no subprocess, same Python)."""
 import logging
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List
 
 
 def preprocess_argv(src: str, tgt: str, text_dir, dest_dir, splits: List[str], src_dict, tgt_dict,

@@ -47,7 +47,7 @@ def parse_links(text: str, base: int = 0, possible_mark: Optional[str] = "p", wh
     for tok in text.split():
         m = pattern.fullmatch(tok)
         if not m:
-            expected = f"'i-j'" + (f" or 'i{possible_mark}j'" if possible_mark else "")
+            expected = "'i-j'" + (f" or 'i{possible_mark}j'" if possible_mark else "")
             raise ValueError(f"{where}: malformed link {tok!r}, expected {expected} with integer indices")
         i, j = int(m.group(1)) - base, int(m.group(3)) - base
         if i < 0 or j < 0:

@@ -10,7 +10,7 @@ activation row and its output is H; for a top-k MIPS memory, the k retrieved wei
 slots are zero) and the output of the memory sublayer. Padding positions are left out.
 """
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 

@@ -31,19 +31,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import fairseq
+import sacrebleu
+import torch
+
+import reluformer_mt
+from reluformer_mt.checkpoints import checkpoint_info
 from reluformer_mt.cli.inprocess import run_fairseq
+from reluformer_mt.data.prepare import PrepareConfig, prepare
+from reluformer_mt.data.prepared import Prepared
+from reluformer_mt.evaluation import aer as aer_lib
+from reluformer_mt.evaluation import extract
+from reluformer_mt.evaluation.align import run_align
+from reluformer_mt.evaluation.attn_stats import run_attn_stats
+from reluformer_mt.evaluation.baselines import diagonal_aer, nearest_verse_translations
+from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+from reluformer_mt.evaluation.plots import plot_curves_against_minutes, plot_word_alignment
+from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
+from reluformer_mt.inference.translator import DocumentTranslator
+from reluformer_mt.plugin import register
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_FAMILIES = ("reluformer", "rela", "softmax")
 
 # Options a preset fills when the command line does not give them. ``quick`` (``make demo``) comes
 # from the quality study (docs/QUALITY_STUDY.md): on 2 CPU cores the 64-dim 2+2 model on a
-# 2,000-piece vocabulary, trained on sentences first, learns most per minute; a short document
-# phase then teaches it the separators, so the document translator rarely falls back.
+# 2,000-piece vocabulary, trained on sentences first with lr 5e-3, learns most per minute; a short
+# document phase then teaches it the separators, so the document translator rarely falls back.
 PRESETS: Dict[str, dict] = {
     "quick": dict(embed_dim=64, ffn_dim=128, layers=2, heads=4, segment_tokens="128", vocab_size=2000,
-                  sentence_updates=1500, max_update=400, lr=3e-3, warmup_updates=100, dropout=0.1, max_tokens=4096,
+                  sentence_updates=1800, max_update=700, lr=5e-3, warmup_updates=200, dropout=0.1, max_tokens=4096,
                   beam=4, validations=3),
     "long": dict(embed_dim=256, ffn_dim=1024, layers=3, heads=4, segment_tokens="512", vocab_size=2000,
                  sentence_updates=2500, max_update=600, lr=1e-3, warmup_updates=400, dropout=0.3, max_tokens=4096,
@@ -63,12 +82,12 @@ class DemoOptions:
     heads: int = 4
     segment_tokens: str = "128"
     vocab_size: int = 2000
-    sentence_updates: int = 1500
-    max_update: int = 400
+    sentence_updates: int = 1800
+    max_update: int = 700
     budget_minutes: float = 0.0
     max_tokens: int = 4096
-    lr: float = 3e-3
-    warmup_updates: int = 100
+    lr: float = 5e-3
+    warmup_updates: int = 200
     dropout: float = 0.1
     beam: int = 4
     validations: int = 3
@@ -96,12 +115,6 @@ class Stages:
 
 
 def versions() -> Dict[str, str]:
-    import fairseq
-    import sacrebleu
-    import torch
-
-    import reluformer_mt
-
     return {"reluformer_mt": reluformer_mt.__version__, "fairseq": fairseq.__version__, "torch": torch.__version__,
             "sacrebleu": sacrebleu.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": str(os.cpu_count())}
@@ -110,8 +123,6 @@ def versions() -> Dict[str, str]:
 # ------------------------------------------------------------------------------------ data
 def prepare_corpus(o: DemoOptions) -> Dict[str, Path]:
     """Document-level and sentence-level directories sharing one SentencePiece model."""
-    from reluformer_mt.data.prepare import PrepareConfig, prepare
-
     doc_dir, sent_dir = o.out / f"data/doc{o.segment_tokens}.v{o.vocab_size}", o.out / f"data/sentence.v{o.vocab_size}"
     common = dict(fmt="bible", src="grc", tgt="en", vocab_size=o.vocab_size, joined_dictionary=True,
                   bible_root=o.bible_root, force=o.force, workers=2)
@@ -138,8 +149,6 @@ def limit_chapters(docs: Dict[str, List[str]], k: int) -> Dict[str, List[str]]:
 
 def positions(dirs: Dict[str, Path]) -> int:
     """One position budget for both phases, so a sentence-level model fine-tunes on segments."""
-    from reluformer_mt.data.prepared import Prepared
-
     return max(Prepared.load(d).positions for d in dirs.values())
 
 
@@ -161,12 +170,16 @@ def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_
                  "--encoder-ffn-embed-dim", str(o.ffn_dim), "--decoder-ffn-embed-dim", str(o.ffn_dim),
                  "--encoder-layers", str(o.layers), "--decoder-layers", str(o.layers),
                  "--encoder-attention-heads", str(o.heads), "--decoder-attention-heads", str(o.heads)]
+    # validate (greedy s-BLEU costs seconds) and save only every `interval` updates, not also at
+    # every epoch end as fairseq does by default (a sentence-level epoch here is ~116 updates)
+    interval = 200 if o.budget_minutes else max(1, max_update // max(1, o.validations))
+    argv += ["--validate-interval", "1000000", "--save-interval", "1000000",
+             "--validate-interval-updates", str(interval), "--save-interval-updates", str(interval),
+             "--keep-interval-updates", "1"]
     if o.budget_minutes:
-        argv += ["--stop-time-hours", str(o.budget_minutes / 60), "--max-update", "1000000",
-                 "--validate-interval-updates", "200"]
+        argv += ["--stop-time-hours", str(o.budget_minutes / 60), "--max-update", "1000000"]
     else:
-        argv += ["--max-update", str(max_update),
-                 "--validate-interval-updates", str(max(1, max_update // max(1, o.validations)))]
+        argv += ["--max-update", str(max_update)]
     if init_from is not None:  # G-Transformer's recipe: sentence-level weights, fresh optimizer and schedule
         argv += ["--finetune-from-model", str(init_from)]
     if o.device == "cpu":
@@ -221,9 +234,6 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
 # ------------------------------------------------------------------------------------ evaluation
 def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path) -> dict:
     """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU."""
-    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
-    from reluformer_mt.inference.translator import DocumentTranslator
-
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
     translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam)
@@ -247,10 +257,6 @@ def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path) -> dict:
 
 def baselines(o: DemoOptions, data_dir: Path) -> dict:
     """What no learning gets: copying the nearest training verse (BLEU), the diagonal (AER)."""
-    from reluformer_mt.evaluation import aer as aer_lib
-    from reluformer_mt.evaluation.baselines import diagonal_aer, nearest_verse_translations
-    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
-
     train_src = (data_dir / "train.words.grc").read_text(encoding="utf-8").splitlines()
     train_tgt = (data_dir / "train.words.en").read_text(encoding="utf-8").splitlines()
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
@@ -272,9 +278,6 @@ def baselines(o: DemoOptions, data_dir: Path) -> dict:
 
 def alignment_and_stats(o: DemoOptions, checkpoints: Dict[str, Path], data_dir: Path, report_dir: Path) -> dict:
     """AER per layer against the gold verse alignments, and attention statistics, all models at once."""
-    from reluformer_mt.evaluation.align import run_align
-    from reluformer_mt.evaluation.attn_stats import run_attn_stats
-
     names, paths = list(checkpoints), [str(p) for p in checkpoints.values()]
     text = dict(src=str(data_dir / "test.words.grc"), tgt=str(data_dir / "test.words.en"))
     aer = run_align(paths, names=names, data=str(data_dir), gold=str(data_dir / "test.gold.align"), gold_base=0,
@@ -294,11 +297,6 @@ def plot_verse_alignment(o: DemoOptions, checkpoints: Dict[str, Path], aer: Dict
                          path: Path) -> Path:
     """Word-level cross-attention (best layer's head average) of one short held-out verse per model,
     with the verse's gold links drawn over it."""
-    from reluformer_mt.evaluation import aer as aer_lib
-    from reluformer_mt.evaluation import extract
-    from reluformer_mt.evaluation.plots import plot_word_alignment
-    from reluformer_mt.evaluation.stats import shift_rows, word_attention
-
     sources = (data_dir / "test.words.grc").read_text(encoding="utf-8").splitlines()
     targets = (data_dir / "test.words.en").read_text(encoding="utf-8").splitlines()
     gold = aer_lib.read_gold(data_dir / "test.gold.align", base=0)
@@ -367,7 +365,8 @@ def comparison_rows(results: Dict[str, dict], base: dict) -> List[list]:
         aer = r["aer"]
         best_head = min(min(aer[m]["best_head"]) for m in ("normal", "shifted"))
         head_avg = min(min(aer[m]["head_average"]) for m in ("normal", "shifted"))
-        rows.append([family, r["params"], r["updates"], round(r["train_seconds"] / 60, 1), r["valid_loss"],
+        updates = f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else r["updates"]
+        rows.append([family, r["params"], updates, round(r["train_seconds"] / 60, 1), r["valid_loss"],
                      r["s_bleu"], r["d_bleu"], best_head, head_avg, r["cross_sparsity"], r["cross_null"],
                      f"{r['fallbacks']}/{r['segments']}"])
     nan = float("nan")
@@ -403,12 +402,7 @@ PAPER_POINTS = [
 
 def run_demo(o: DemoOptions) -> dict:
     """Every stage; returns the report (also written to ``OUT/report/``)."""
-    from reluformer_mt.checkpoints import checkpoint_info
-
-    from reluformer_mt.plugin import register
     register()  # the models, criteria and task, and the fairseq fixes
-    from reluformer_mt.evaluation.plots import plot_curves_against_minutes
-    from reluformer_mt.evaluation.reports import format_table, write_json
 
     report_dir = o.out / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -437,6 +431,8 @@ def run_demo(o: DemoOptions) -> dict:
         for family, checkpoint in checkpoints.items():
             info = checkpoint_info(checkpoint)
             results[family]["params"], results[family]["updates"] = info.parameters, info.updates
+            # the document phase counts its own updates (fresh optimizer); the sentence phase's come first
+            results[family]["sentence_updates"] = o.sentence_updates if not o.budget_minutes else 0
             bleu = bleu_of_model(o, checkpoint, dirs["doc"])
             hypotheses[family] = bleu.pop("hypotheses")
             (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))

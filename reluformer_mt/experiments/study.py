@@ -23,6 +23,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 from reluformer_mt.data.prepared import Prepared
+from reluformer_mt.data.prepare import PrepareConfig, prepare
+from reluformer_mt.evaluation import aer as aer_lib
+from reluformer_mt.evaluation.align import run_align
+from reluformer_mt.evaluation.baselines import diagonal_aer as diagonal
+from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.curves import read_learning_curve
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -72,8 +77,6 @@ RUNS: Dict[str, StudyRun] = {run.name: run for run in [
 def prepare_bible(work: Path, level: str, vocab: int, bible_root: Optional[str] = None) -> Path:
     """The bible corpus at ``level`` with a joint SentencePiece model of ``vocab`` pieces (shared by
     every level of the same vocabulary, so sentence- and document-level runs compare)."""
-    from reluformer_mt.data.prepare import PrepareConfig, prepare
-
     sentence_dir = work / "data" / f"sentence.v{vocab}"
     common = dict(fmt="bible", src="grc", tgt="en", vocab_size=vocab, joined_dictionary=True,
                   bible_root=bible_root, workers=2)
@@ -134,10 +137,6 @@ def train(run: StudyRun, data_dir: Path, run_dir: Path, budget_minutes: float, t
 
 def alignment_curve(run_dir: Path, data_dir: Path, device: str = "cpu") -> List[dict]:
     """AER of every kept checkpoint's cross-attention on the validation chapters' gold links."""
-    import torch
-
-    from reluformer_mt.evaluation.align import run_align
-
     points = []
     checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint_*_*.pt"),
                          key=lambda p: int(p.stem.rsplit("_", 1)[1]))
@@ -155,9 +154,6 @@ def alignment_curve(run_dir: Path, data_dir: Path, device: str = "cpu") -> List[
 
 def diagonal_aer(data_dir: Path, split: str = "valid") -> float:
     """AER of the trivial diagonal alignment on the same gold links: the line to beat."""
-    from reluformer_mt.evaluation import aer as aer_lib
-    from reluformer_mt.evaluation.baselines import diagonal_aer as diagonal
-
     src = (data_dir / f"{split}.words.grc").read_text(encoding="utf-8").splitlines()
     tgt = (data_dir / f"{split}.words.en").read_text(encoding="utf-8").splitlines()
     lengths = [(len(s.split()), len(t.split())) for s, t in zip(src, tgt)]
@@ -229,8 +225,6 @@ def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: 
     """Train every named run not trained yet, score its checkpoints, and (``report``) write
     study.json / study.md / study.png over the named runs. Several processes may train different
     runs of one ``out`` at once (``report=False``); a last call with every name writes the report."""
-    from reluformer_mt.evaluation.reports import format_table, write_json
-
     out.mkdir(parents=True, exist_ok=True)
     summaries = []
     runs = [RUNS[n] if isinstance(n, str) else n for n in names]
