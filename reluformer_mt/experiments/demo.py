@@ -50,6 +50,7 @@ from reluformer_mt.evaluation.plots import plot_curves_against_minutes, plot_wor
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
+from reluformer_mt.experiments.model_args import size_args
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
@@ -166,10 +167,7 @@ def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_
             "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
             "--log-format", "json", "--log-interval", "20", "--log-file", str(log_file)]
     if o.size is None:  # the preset's dimensions on top of the tiny architecture
-        argv += ["--encoder-embed-dim", str(o.embed_dim), "--decoder-embed-dim", str(o.embed_dim),
-                 "--encoder-ffn-embed-dim", str(o.ffn_dim), "--decoder-ffn-embed-dim", str(o.ffn_dim),
-                 "--encoder-layers", str(o.layers), "--decoder-layers", str(o.layers),
-                 "--encoder-attention-heads", str(o.heads), "--decoder-attention-heads", str(o.heads)]
+        argv += size_args(o.embed_dim, o.ffn_dim, o.layers, o.heads)
     # validate (greedy s-BLEU costs seconds) and save only every `interval` updates, not also at
     # every epoch end as fairseq does by default (a sentence-level epoch here is ~116 updates)
     interval = 200 if o.budget_minutes else max(1, max_update // max(1, o.validations))

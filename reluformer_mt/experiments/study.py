@@ -29,6 +29,7 @@ from reluformer_mt.evaluation.align import run_align
 from reluformer_mt.evaluation.baselines import diagonal_aer as diagonal
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.curves import read_learning_curve
+from reluformer_mt.experiments.model_args import size_args
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -96,10 +97,7 @@ def train_argv(run: StudyRun, data_dir: Path, save_dir: Path, log_file: Path, bu
     positions = Prepared.load(data_dir).positions
     argv = [str(data_dir), "--user-dir", str(PACKAGE_DIR), "--task", "document_translation",
             "--arch", f"{run.family}_tiny", "--share-all-embeddings",
-            "--encoder-embed-dim", str(run.embed), "--decoder-embed-dim", str(run.embed),
-            "--encoder-ffn-embed-dim", str(run.ffn), "--decoder-ffn-embed-dim", str(run.ffn),
-            "--encoder-layers", str(run.layers), "--decoder-layers", str(run.layers),
-            "--encoder-attention-heads", str(run.heads), "--decoder-attention-heads", str(run.heads),
+            *size_args(run.embed, run.ffn, run.layers, run.heads),
             "--dropout", str(run.dropout), "--max-source-positions", str(positions),
             "--max-target-positions", str(positions),
             "--criterion", "reluformer_cross_entropy", "--label-smoothing", str(run.label_smoothing),
