@@ -39,6 +39,7 @@ from torch import Tensor
 
 from reluformer_mt.attention.functions import (POINTWISE_ACTIVATIONS, Params, accumulation_dtype,
                                                entropy_margin_target, get_function)
+from reluformer_mt.attention.visibility import Visibility, as_visibility, count_visible
 
 # dense mode: rows per tile = this / key length (1 MB of float32 per head: the L2 cache here)
 DENSE_TILE_ELEMENTS = 2 ** 18
@@ -48,24 +49,21 @@ def _activation(name: str) -> Callable[[Tensor], Tensor]:
     return POINTWISE_ACTIVATIONS[name]
 
 
-def _tile_plan(T: int, S: int, block_q: int, block_k: int, keep: Optional[Tensor]) -> List[tuple]:
+def _tile_plan(T: int, S: int, block_q: int, block_k: int, visible: Optional[Visibility]) -> List[tuple]:
     """(i0, i1, j0, j1, keep_tile or None) for every tile that has a visible key.
 
-    Tiles whose keys are all masked (the upper triangle of a causal mask, padding) are skipped;
-    tiles with nothing masked get no mask at all.
+    Tiles whose keys are all hidden (the upper triangle of a causal mask, padding) are skipped;
+    tiles with nothing hidden get no mask at all; only mixed tiles build their (small) mask.
     """
     plan = []
     for i0 in range(0, T, block_q):
         i1 = min(T, i0 + block_q)
         for j0 in range(0, S, block_k):
             j1 = min(S, j0 + block_k)
-            tile = None if keep is None else keep[:, :, i0:i1, j0:j1]
-            if tile is not None:
-                if not bool(tile.any()):
-                    continue
-                if bool(tile.all()):
-                    tile = None
-            plan.append((i0, i1, j0, j1, tile))
+            kind = 1 if visible is None else visible.tile_kind(i0, i1, j0, j1)
+            if kind == 0:
+                continue
+            plan.append((i0, i1, j0, j1, visible.tile(i0, i1, j0, j1) if kind == 2 else None))
     return plan
 
 
@@ -116,19 +114,19 @@ class _TiledAttention(torch.autograd.Function):
     """out = (c * h(q k^T + b) masked) v in tiles; optional per-row mass, sum a log a, non-zeros.
 
     q (N, T, D) already scaled, k (N, S, D), v (N, S, Dv), N = batch * heads; c and b (N, T, 1)
-    or None; keep (B or 1, 1, T, S) bool, True where a key is visible, or None (all visible).
+    or None; ``visible`` a Visibility, or None (all keys visible).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, c, b, keep, act, heads, block_q, block_k, dense, want_rows, keep_weights):
+    def forward(ctx, q, k, v, c, b, visible, act, heads, block_q, block_k, dense, want_rows, keep_weights):
         N, T, _ = q.shape
         S = k.size(1)
         full = None
         if dense:  # whole key rows, ~1 MB per head per tile (measured 1.6x faster than one bmm at L = 1024)
             block_q, block_k = max(16, DENSE_TILE_ELEMENTS // max(S, 1)), S
             if keep_weights:  # for backward or for the caller; else tiles are temporaries
-                full = q.new_zeros(N, T, S) if keep is not None else q.new_empty(N, T, S)
-        plan = _tile_plan(T, S, block_q, block_k, keep)
+                full = q.new_zeros(N, T, S) if visible is not None else q.new_empty(N, T, S)
+        plan = _tile_plan(T, S, block_q, block_k, visible)
         out = q.new_zeros(N, T, v.size(2))
         acc = accumulation_dtype(q.dtype)
         mass = q.new_zeros((N, T) if want_rows else (0,), dtype=acc)
@@ -202,23 +200,16 @@ class _TiledAttention(torch.autograd.Function):
                 None, None, None, None, None, None, None, None)
 
 
-def count_visible(keep: Tensor, rows: int = 256) -> Tensor:
-    """keep.sum(-1, keepdim=True) in row chunks: summing a bool tensor first converts it to
-    int64 (8 bytes per entry; 2 GB at T = S = 16384), which the memory profile showed."""
-    T = keep.size(-2)
-    if T <= rows:
-        return keep.sum(-1, keepdim=True)
-    return torch.cat([keep[..., i:i + rows, :].sum(-1, keepdim=True) for i in range(0, T, rows)], dim=-2)
-
-
-def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, activation: str = "relu",
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = "relu",
                     scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
                     row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
                     blocked: bool = False, block_q: int = 512, block_k: int = 512,
                     want_rows: bool = False, want_weights: bool = False, fused: bool = False):
     """out_i = sum_j c_i h(s_ij + b_i) v_j without the T x S intermediates of the reference path.
 
-    q (B, H, T, D), k/v (B, H, S, D); keep (B or 1, 1, T, S) bool; ``activation`` h, a key of
+    q (B, H, T, D), k/v (B, H, S, D); ``keep`` the visible keys: a
+    :class:`~reluformer_mt.attention.visibility.Visibility` (key ranges and a causal flag, O(B + T)
+    memory) or a (B or 1, 1, T, S) bool mask; ``activation`` h, a key of
     ``POINTWISE_ACTIVATIONS``; ``scaling`` multiplies the logits (1/sqrt(d_h)) or is None;
     ``row_factor`` c_i > 0 and ``row_bias`` b_i broadcastable to (B, H, T, 1) or None (gradients
     flow to both); ``n_visible`` (B|1, 1, T, 1) if the caller counted it already.
@@ -234,9 +225,10 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, activation
     act = activation
     if want_weights and blocked:
         raise ValueError("the blocked path never materialises the weights; use dense mode")
+    keep = as_visibility(keep)
     if n_visible is None:
-        n_visible = count_visible(keep)  # (B|1, 1, T, 1)
-    visible = None if bool(keep.all()) else keep
+        n_visible = keep.n_visible(q.device)  # (B|1, 1, T, 1)
+    visible = None if keep.all_visible else keep
     c = None if row_factor is None else row_factor.to(q.dtype).expand(B, H, T, 1)
     b = None if row_bias is None else row_bias.to(q.dtype).expand(B, H, T, 1)
     if scaling is not None:
@@ -260,7 +252,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, activation
     return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
 
 
-def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: str, scaling: Optional[float],
+def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, fn: str, scaling: Optional[float],
                           gamma: Optional[Tensor] = None, length_scale: bool = True, alpha: float = 1.0,
                           activation: str = "relu", **options):
     """The former entry point (benchmarks/run.py): ``tiled_attention`` with the activation, row
@@ -271,7 +263,8 @@ def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, *, fn: 
     config = AttentionConfig(fn=fn, relu_length_scale=length_scale, pointwise_alpha=alpha,
                              pointwise_activation=activation)
     params = Params(config, {} if gamma is None else {"log_gamma": torch.as_tensor(gamma).log()})
-    n_visible = count_visible(keep)
+    keep = as_visibility(keep)
+    n_visible = keep.n_visible(q.device)
     return tiled_attention(q, k, v, keep, activation=function.activation(config), scaling=scaling,
                            row_factor=function.row_factor(n_visible, params, q.dtype),
                            row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible, **options)

@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.visibility import Visibility
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "relu_attention.cpp"
 # one head's tile: 256 x 256 float32 = 256 KB; the logits and their gradient tiles fit a 1 MB L2 cache
 # (measured: 256 x 256 about 3 % faster than 128 x 512 on a Zen core; tile shape hardly matters)
@@ -73,40 +75,62 @@ def supports(q: Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and available()
 
 
+def _kernel_visibility(visible: Optional[Visibility], like: Tensor):
+    """The kernel's visibility arguments: (mask, starts, ends, causal, offset); empty tensors for
+    'none given'. Ranges are passed as they are (O(B)); only a pattern ranges cannot express
+    passes its bool mask."""
+    empty_bool, empty_long = like.new_zeros(0, dtype=torch.bool), like.new_zeros(0, dtype=torch.long)
+    if visible is None:
+        return empty_bool, empty_long, empty_long, False, 0
+    if visible.mask is not None:
+        return visible.mask, empty_long, empty_long, False, 0
+    starts = visible.starts if visible.starts is not None else like.new_zeros(1, dtype=torch.long)
+    ends = visible.ends if visible.ends is not None else torch.full((1,), visible.src_len, dtype=torch.long)
+    causal = visible.causal_offset is not None
+    return empty_bool, starts.contiguous(), ends.contiguous(), causal, visible.causal_offset if causal else 0
+
+
 class FusedReluAttention(torch.autograd.Function):
     """out = (relu(q k^T) masked) v and the per-row (mass, sum a log a, non-zeros) when wanted.
 
-    q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv), keep (B or 1, 1, T, S) bool
-    or None. The outputs match ``blocked._ReluFamilyAttention`` (act = relu, c = None).
+    q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv), ``visible`` a
+    :class:`~reluformer_mt.attention.visibility.Visibility` or None (all keys visible). The
+    outputs match ``blocked._TiledAttention`` (act = relu, c = None).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, keep, heads, want_rows, block_q, block_k):
+    def forward(ctx, q, k, v, visible, heads, want_rows, block_q, block_k):
         ext = load()
-        keep_t = keep if keep is not None else q.new_zeros(0, dtype=torch.bool)
-        out, mass, xlogx, nonzero = ext.forward(q, k, v, keep_t, heads, block_q, block_k, want_rows)
+        mask, starts, ends, causal, offset = _kernel_visibility(visible, q)
+        out, mass, xlogx, nonzero = ext.forward(q, k, v, mask, starts, ends, causal, offset, heads, block_q, block_k,
+                                                want_rows)
         ctx.mark_non_differentiable(nonzero)
-        ctx.save_for_backward(q, k, v, keep_t)
+        ctx.save_for_backward(q, k, v, mask, starts, ends)
+        ctx.causal, ctx.offset = causal, offset
         ctx.heads, ctx.blocks = heads, (block_q, block_k)
         return out, mass, xlogx, nonzero
 
     @staticmethod
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
-        q, k, v, keep = ctx.saved_tensors
+        q, k, v, mask, starts, ends = ctx.saved_tensors
         empty = q.new_zeros(0)
         if g_out is None:
             g_out = torch.zeros(q.size(0), q.size(1), v.size(2), dtype=q.dtype)
-        dq, dk, dv = load().backward(g_out, q, k, v, keep,
+        dq, dk, dv = load().backward(g_out, q, k, v, mask, starts, ends, ctx.causal, ctx.offset,
                                      empty if g_mass is None or g_mass.numel() == 0 else g_mass,
                                      empty if g_xlogx is None or g_xlogx.numel() == 0 else g_xlogx,
                                      ctx.heads, *ctx.blocks)
         return dq, dk, dv, None, None, None, None, None
 
 
-def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int,
+def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, visible, heads: int,
                          want_rows: bool = False, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
-    """(out, mass, xlogx, nonzero) as ``blocked._ReluFamilyAttention`` returns them for h = relu."""
-    return FusedReluAttention.apply(q, k, v, keep, heads, want_rows, block_q, block_k)
+    """(out, mass, xlogx, nonzero) as ``blocked._TiledAttention`` returns them for h = relu.
+
+    ``visible``: a Visibility, a (B or 1, 1, T, S) bool mask, or None (every key visible)."""
+    if visible is not None and not isinstance(visible, Visibility):
+        visible = Visibility.from_mask(visible)
+    return FusedReluAttention.apply(q, k, v, visible, heads, want_rows, block_q, block_k)
 
 
 __all__ = ["available", "build_directory", "fused_relu_attention", "load", "supports"]

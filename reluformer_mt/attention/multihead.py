@@ -25,12 +25,18 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
-from reluformer_mt.attention.blocked import count_visible, tiled_attention
+from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention import fused as fused_kernel
 from reluformer_mt.attention.config import AttentionConfig
 from reluformer_mt.attention.functions import RELA_EPS, rela_gate_init_range  # noqa: F401  (re-exported)
+from reluformer_mt.attention.visibility import Visibility, is_causal_mask
 
 PATHS = ("reference", "dense", "blocked", "fused")
+
+
+def causal_float_mask(tgt_len: int, src_len: int, like: Tensor) -> Tensor:
+    """fairseq's (T, S) 0 / -inf causal mask, for its own softmax forward (which needs one)."""
+    return torch.full((tgt_len, src_len), float("-inf"), dtype=like.dtype, device=like.device).triu_(src_len - tgt_len + 1)
 
 
 class ReluformerAttention(MultiheadAttention):
@@ -124,26 +130,29 @@ class ReluformerAttention(MultiheadAttention):
         return self.function.weights(scores, keep, n_visible, self._params())
 
     def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
-                      key_padding_mask: Optional[Tensor], device) -> Tuple[Tensor, Optional[Tensor]]:
-        """Bool mask (B or 1, 1, T, S) of keys each query may see, and an additive float mask.
+                      key_padding_mask: Optional[Tensor], is_causal: bool = False) -> Tuple[Visibility, Optional[Tensor]]:
+        """The keys each query may see, and an additive float mask (or None).
 
         fairseq gives the causal mask as a float (T, S) tensor of 0 / -inf (or a bool one);
-        finite non-zero entries (e.g. a bias) are returned separately to add to the logits.
+        recognised as the causal pattern (checked once per mask buffer), it becomes a flag, so
+        nothing of size T x S is built here (``visibility.py``). Other masks are kept as masks;
+        their finite non-zero entries (e.g. a bias) are returned separately to add to the logits.
         """
-        keep = torch.ones(1, 1, tgt_len, src_len, dtype=torch.bool, device=device)
-        additive = None
-        if attn_mask is not None:
+        additive, hidden = None, None
+        causal = is_causal
+        if attn_mask is not None and not is_causal_mask(attn_mask, tgt_len, src_len):
             if attn_mask.dtype == torch.bool:
-                blocked = attn_mask
+                hidden = attn_mask
             else:
-                blocked = torch.isneginf(attn_mask)
-                finite = attn_mask.masked_fill(blocked, 0.0)
+                hidden = torch.isneginf(attn_mask)
+                finite = attn_mask.masked_fill(hidden, 0.0)
                 if finite.any():
                     additive = finite.view(1, 1, tgt_len, src_len)
-            keep = keep & ~blocked.view(1, 1, tgt_len, src_len)
-        if key_padding_mask is not None:
-            keep = keep & ~key_padding_mask.bool().view(-1, 1, 1, src_len)
-        return keep, additive
+            if not bool(hidden.any()):
+                hidden = None
+        elif attn_mask is not None:
+            causal = True
+        return Visibility.from_padding(tgt_len, src_len, key_padding_mask, causal, hidden), additive
 
     # ------------------------------------------------------------------ attention core
     def _attention_path(self, tgt_len: int, src_len: int, additive: Optional[Tensor], want_weights: bool,
@@ -176,7 +185,7 @@ class ReluformerAttention(MultiheadAttention):
         blocked = config.impl in ("blocked", "fused") or (config.impl == "auto" and src_len >= config.blocked_min_len and tgt_len > 1)
         return "blocked" if blocked and not want_weights else "dense"
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor, additive: Optional[Tensor],
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, visible: Visibility, additive: Optional[Tensor],
                 want_weights: bool, live_queries: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted.
 
@@ -188,10 +197,10 @@ class ReluformerAttention(MultiheadAttention):
         counting = recorder is not None and recorder.records_statistics(self)
         scale_logits = function.scale_logits(self.config)
         path = self._attention_path(q.size(2), k.size(2), additive, want_weights, q)
+        n_visible = visible.n_visible(q.device)
         if path != "reference":
-            n_visible = count_visible(keep)
             out, rows, weights = tiled_attention(
-                q, k, v, keep, activation=function.activation(self.config),
+                q, k, v, visible, activation=function.activation(self.config),
                 scaling=self.scaling if scale_logits else None,
                 row_factor=function.row_factor(n_visible, params, q.dtype),
                 row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible,
@@ -203,7 +212,7 @@ class ReluformerAttention(MultiheadAttention):
         scores = torch.matmul(q * self.scaling if scale_logits else q, k.transpose(-1, -2))
         if additive is not None:
             scores = scores + additive
-        n_visible = keep.sum(-1, keepdim=True)
+        keep = visible.dense(q.device)
         weights = function.weights(scores, keep, n_visible, params)
         if counting:
             recorder.add_weights(self, weights, keep, n_visible, live_queries)
@@ -224,7 +233,11 @@ class ReluformerAttention(MultiheadAttention):
                 key_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
                 need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
-                before_softmax: bool = False, need_head_weights: bool = False):
+                before_softmax: bool = False, need_head_weights: bool = False, is_causal: bool = False):
+        """fairseq's MultiheadAttention.forward; ``is_causal`` (our addition, for callers other than
+        fairseq's decoder) asks for the causal pattern without passing a (T, S) mask."""
+        if is_causal and attn_mask is None and self.uses_fairseq_forward:
+            attn_mask = causal_float_mask(query.size(0), (key if key is not None else query).size(0), query)
         asked_head_weights, asked_weights = need_head_weights, need_weights
         recorder = self._recorder
         capture = recorder is not None and recorder.captures(self)
@@ -279,9 +292,9 @@ class ReluformerAttention(MultiheadAttention):
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
 
-        keep, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, query.device)
+        visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
         live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
-        out, weights = self._attend(q, k, v, keep, additive, need_weights, live_queries)
+        out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self._output_transform(out, query)

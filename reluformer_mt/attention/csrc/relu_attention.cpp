@@ -20,36 +20,83 @@ namespace {
 
 constexpr double kTiny = 1e-30;  // log stand-in at a = 0 (as blocked._safe_log), so a log a = 0
 
-// 0: no visible key in the tile (skip it), 1: all visible (no mask pass), 2: mixed
-int tile_kind(const bool* keep, int64_t S, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  if (keep == nullptr) return 1;
-  bool any = false, all = true;
-  for (int64_t i = i0; i < i1; ++i) {
-    const bool* row = keep + i * S;
-    for (int64_t j = j0; j < j1; ++j) {
-      any |= row[j];
-      all &= row[j];
+// Which keys query i of head n sees. Either key ranges (start_b <= j < end_b, and j <= i + offset
+// when causal: every mask fairseq builds for translation, O(B) memory) or, for other patterns, a
+// (B or 1, 1, T, S) bool mask. See reluformer_mt/attention/visibility.py.
+struct Visible {
+  const bool* mask = nullptr;  // the mask of this batch row, or null
+  int64_t S = 0, start = 0, end = 0, offset = 0;
+  bool ranged = false, causal = false;
+
+  // [lo, hi) of the keys query i sees (ranged mode)
+  int64_t lo() const { return start; }
+  int64_t hi(int64_t i) const { return causal ? std::min(end, i + offset + 1) : end; }
+
+  // 0: no visible key in the tile (skip it), 1: all visible (no mask pass), 2: mixed
+  int tile_kind(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    if (ranged) {
+      if (std::max(lo(), j0) >= std::min(hi(i1 - 1), j1)) return 0;
+      return (lo() <= j0 && hi(i0) >= j1) ? 1 : 2;
     }
-    if (any && !all) return 2;
+    if (mask == nullptr) return 1;
+    bool any = false, all = true;
+    for (int64_t i = i0; i < i1; ++i) {
+      const bool* row = mask + i * S;
+      for (int64_t j = j0; j < j1; ++j) {
+        any |= row[j];
+        all &= row[j];
+      }
+      if (any && !all) return 2;
+    }
+    return any ? (all ? 1 : 2) : 0;
   }
-  return any ? (all ? 1 : 2) : 0;
+};
+
+// Visibility of head n: batch row b = n / heads of the ranges or the mask.
+Visible visible_of(const at::Tensor& keep, const at::Tensor& starts, const at::Tensor& ends, bool causal,
+                   int64_t offset, int64_t n, int64_t heads, int64_t T, int64_t S) {
+  Visible v;
+  v.S = S;
+  if (keep.defined() && keep.numel() > 0) {
+    int64_t b = keep.size(0) == 1 ? 0 : n / heads;
+    v.mask = keep.data_ptr<bool>() + b * T * S;
+    return v;
+  }
+  v.ranged = true;
+  v.causal = causal;
+  v.offset = offset;
+  v.start = 0;
+  v.end = S;
+  if (starts.numel() > 0) {
+    int64_t b = starts.numel() == 1 ? 0 : n / heads;
+    v.start = starts.data_ptr<int64_t>()[b];
+    v.end = ends.data_ptr<int64_t>()[b];
+  }
+  return v;
 }
 
-const bool* mask_of(const at::Tensor& keep, int64_t n, int64_t heads, int64_t T, int64_t S) {
-  if (!keep.defined() || keep.numel() == 0) return nullptr;
-  int64_t b = keep.size(0) == 1 ? 0 : n / heads;
-  return keep.data_ptr<bool>() + b * T * S;
+// Columns [a, b) of tile row i (absolute) that are visible, relative to the tile's first key j0;
+// only for ranged visibility. The mask form is handled by the callers.
+inline void visible_columns(const Visible& vis, int64_t i, int64_t j0, int64_t cols, int64_t* a, int64_t* b) {
+  *a = std::clamp(vis.lo() - j0, int64_t(0), cols);
+  *b = std::clamp(vis.hi(i) - j0, *a, cols);
 }
 
 // a = relu(s) masked, in place over a (rows x cols) tile with leading dimension ld;
 // optionally adds the row sums m_i, sum a log a and the non-zero count.
 template <typename scalar_t>
-void relu_mask_rows(scalar_t* s, int64_t rows, int64_t cols, int64_t ld, const bool* keep, int64_t S,
+void relu_mask_rows(scalar_t* s, int64_t rows, int64_t cols, int64_t ld, const Visible* vis,
                     int64_t i0, int64_t j0, scalar_t* mass, scalar_t* xlogx, int64_t* nonzero) {
   for (int64_t r = 0; r < rows; ++r) {
     scalar_t* x = s + r * ld;
-    const bool* k = keep ? keep + (i0 + r) * S + j0 : nullptr;
-    if (k) {
+    const bool* k = (vis && vis->mask) ? vis->mask + (i0 + r) * vis->S + j0 : nullptr;
+    if (vis && vis->ranged) {  // zero the hidden columns at both ends, ReLU between
+      int64_t a, b;
+      visible_columns(*vis, i0 + r, j0, cols, &a, &b);
+      std::fill(x, x + a, scalar_t(0));
+      std::fill(x + b, x + cols, scalar_t(0));
+      for (int64_t c = a; c < b; ++c) x[c] = std::max(x[c], scalar_t(0));
+    } else if (k) {
       for (int64_t c = 0; c < cols; ++c) x[c] = k[c] ? std::max(x[c], scalar_t(0)) : scalar_t(0);
     } else {
       for (int64_t c = 0; c < cols; ++c) x[c] = std::max(x[c], scalar_t(0));
@@ -101,14 +148,18 @@ void relu_grad_row(scalar_t* __restrict__ x, scalar_t* __restrict__ y, int64_t c
 
 }  // namespace
 
-// q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv), keep (B or 1, 1, T, S) bool or
-// empty. Returns out (N, T, Dv), and mass, xlogx (N, T), nonzero (N, T) when want_rows.
+// q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv); visibility: keep (B or 1, 1, T, S)
+// bool, or (when keep is empty) key ranges starts / ends (B,) int64 (empty: all keys) and, when
+// causal, j <= i + offset. Returns out (N, T, Dv), and mass, xlogx (N, T), nonzero (N, T) when want_rows.
 std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
-                                               const at::Tensor& keep_, int64_t heads, int64_t block_q,
+                                               const at::Tensor& keep_, const at::Tensor& starts_,
+                                               const at::Tensor& ends_, bool causal, int64_t offset, int64_t heads, int64_t block_q,
                                                int64_t block_k, bool want_rows) {
   // detached: the GEMMs run on OpenMP threads, where autograd's thread-local no-grad mode is not set
   auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
   auto keep = keep_.numel() ? keep_.contiguous() : keep_;
+  auto starts = starts_.numel() ? starts_.to(at::kLong).contiguous() : starts_;
+  auto ends = ends_.numel() ? ends_.to(at::kLong).contiguous() : ends_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1), Dv = v.size(2);
   auto out = at::zeros({N, T, Dv}, q.options());
   auto mass = want_rows ? at::zeros({N, T}, q.options()) : at::zeros({0}, q.options());
@@ -120,16 +171,16 @@ std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::T
       auto tile = at::empty({block_q, block_k}, q.options());
       for (int64_t w = begin; w < end; ++w) {
         const int64_t n = w / n_iblocks, i0 = (w % n_iblocks) * block_q, i1 = std::min(T, i0 + block_q);
-        const bool* keep_n = mask_of(keep, n, heads, T, S);
+        const Visible vis = visible_of(keep, starts, ends, causal, offset, n, heads, T, S);
         auto qi = q[n].narrow(0, i0, i1 - i0);
         auto oi = out[n].narrow(0, i0, i1 - i0);
         for (int64_t j0 = 0; j0 < S; j0 += block_k) {
           const int64_t j1 = std::min(S, j0 + block_k);
-          int kind = tile_kind(keep_n, S, i0, i1, j0, j1);
+          int kind = vis.tile_kind(i0, i1, j0, j1);
           if (kind == 0) continue;
           auto s = tile.narrow(0, 0, i1 - i0).narrow(1, 0, j1 - j0);
           at::mm_out(s, qi, k[n].narrow(0, j0, j1 - j0).t());
-          relu_mask_rows<scalar_t>(s.data_ptr<scalar_t>(), i1 - i0, j1 - j0, block_k, kind == 2 ? keep_n : nullptr, S,
+          relu_mask_rows<scalar_t>(s.data_ptr<scalar_t>(), i1 - i0, j1 - j0, block_k, kind == 2 ? &vis : nullptr,
                                    i0, j0, want_rows ? mass[n].data_ptr<scalar_t>() : nullptr,
                                    want_rows ? xlogx[n].data_ptr<scalar_t>() : nullptr,
                                    want_rows ? nonzero[n].data_ptr<int64_t>() : nullptr);
@@ -145,11 +196,14 @@ std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::T
 // may be empty. d a_ij gets g_out_i . v_j + g_mass_i + g_xlogx_i (log a_ij + 1), cut where a_ij = 0.
 std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const at::Tensor& q_, const at::Tensor& k_,
                                                 const at::Tensor& v_, const at::Tensor& keep_,
-                                                const at::Tensor& g_mass_, const at::Tensor& g_xlogx_, int64_t heads,
+                                                const at::Tensor& starts_, const at::Tensor& ends_, bool causal,
+                                                int64_t offset, const at::Tensor& g_mass_, const at::Tensor& g_xlogx_, int64_t heads,
                                                 int64_t block_q, int64_t block_k) {
   auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
   auto g_out = g_out_.detach().contiguous();
   auto keep = keep_.numel() ? keep_.contiguous() : keep_;
+  auto starts = starts_.numel() ? starts_.to(at::kLong).contiguous() : starts_;
+  auto ends = ends_.numel() ? ends_.to(at::kLong).contiguous() : ends_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1);
   const bool has_m = g_mass_.numel() > 0, has_e = g_xlogx_.numel() > 0;
   auto g_mass = has_m ? g_mass_.detach().contiguous() : g_mass_;
@@ -161,7 +215,7 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
       auto tile_s = at::empty({block_q, block_k}, q.options());
       auto tile_d = at::empty({block_q, block_k}, q.options());
       for (int64_t n = begin; n < end; ++n) {
-        const bool* keep_n = mask_of(keep, n, heads, T, S);
+        const Visible vis = visible_of(keep, starts, ends, causal, offset, n, heads, T, S);
         const scalar_t* gm = has_m ? g_mass[n].data_ptr<scalar_t>() : nullptr;
         const scalar_t* ge = has_e ? g_xlogx[n].data_ptr<scalar_t>() : nullptr;
         for (int64_t i0 = 0; i0 < T; i0 += block_q) {
@@ -169,9 +223,10 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
           auto qi = q[n].narrow(0, i0, rows), gi = g_out[n].narrow(0, i0, rows), dqi = dq[n].narrow(0, i0, rows);
           for (int64_t j0 = 0; j0 < S; j0 += block_k) {
             const int64_t j1 = std::min(S, j0 + block_k), cols = j1 - j0;
-            int kind = tile_kind(keep_n, S, i0, i1, j0, j1);
+            int kind = vis.tile_kind(i0, i1, j0, j1);
             if (kind == 0) continue;
-            const bool* km = kind == 2 ? keep_n : nullptr;
+            const bool* km = (kind == 2 && vis.mask) ? vis.mask : nullptr;
+            const bool ranged = kind == 2 && vis.ranged;
             auto kj = k[n].narrow(0, j0, cols), vj = v[n].narrow(0, j0, cols);
             auto s = tile_s.narrow(0, 0, rows).narrow(1, 0, cols);
             auto d = tile_d.narrow(0, 0, rows).narrow(1, 0, cols);
@@ -182,8 +237,20 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
             // one pass: a = relu(s) masked (into s), ds = [a > 0] (da + row terms) (into d)
             for (int64_t r = 0; r < rows; ++r) {
               const scalar_t add = (gm ? gm[i0 + r] : scalar_t(0)) + (ge ? ge[i0 + r] : scalar_t(0));
-              relu_grad_row<scalar_t>(sp + r * block_k, dp + r * block_k, cols,
-                                      km ? km + (i0 + r) * S + j0 : nullptr, add, ge ? ge[i0 + r] : scalar_t(0));
+              scalar_t* x = sp + r * block_k;
+              scalar_t* y = dp + r * block_k;
+              const scalar_t g = ge ? ge[i0 + r] : scalar_t(0);
+              if (ranged) {  // hidden columns at both ends: a = 0 and no gradient there
+                int64_t a, b;
+                visible_columns(vis, i0 + r, j0, cols, &a, &b);
+                std::fill(x, x + a, scalar_t(0));
+                std::fill(y, y + a, scalar_t(0));
+                std::fill(x + b, x + cols, scalar_t(0));
+                std::fill(y + b, y + cols, scalar_t(0));
+                relu_grad_row<scalar_t>(x + a, y + a, b - a, nullptr, add, g);
+              } else {
+                relu_grad_row<scalar_t>(x, y, cols, km ? km + (i0 + r) * S + j0 : nullptr, add, g);
+              }
             }
             dv[n].narrow(0, j0, cols).addmm_(s.t(), gi);
             dqi.addmm_(d, kj);

@@ -1,0 +1,236 @@
+"""Which keys each query may see, kept as key ranges and a causal flag instead of a T x S mask.
+
+Every mask fairseq hands an attention sublayer in translation is one of two simple patterns or
+their combination: padding, which hides a contiguous run of keys at the start (left-padded
+source) or end (right-padded target) of each sentence, and the decoder's causal mask, under which
+query i (at absolute position S - T + i while decoding step by step) sees keys j <= S - T + i.
+So query i of sentence b sees exactly the keys
+
+    start_b <= j < min(end_b, i + offset + 1)          (offset = S - T when causal)
+
+which :class:`Visibility` stores as two (B,) vectors and one integer: O(B + T) memory at any
+length, where a bool mask costs T x S bytes (256 MB at L = 16384) and its int64 row sums eight
+times that. Tiles of the blocked path and the C++ kernel are classified in O(1) (skipped when
+nothing is visible, unmasked when everything is) and masked by column ranges per row.
+
+A pattern the ranges cannot express (padding in the middle of a sentence, a custom bool mask)
+keeps the full mask (``mask``), so every caller stays correct; only such calls pay T x S.
+"""
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+# fairseq's decoder reuses one future-mask buffer for every call (``buffered_future_mask``):
+# whether a given tensor is the causal pattern is checked once per buffer, not once per call.
+# The entries keep their tensors alive, so a data pointer cannot be reused by another tensor
+# while its entry exists, and the version counter catches in-place changes.
+_CAUSAL_CHECKS: dict = {}
+_CAUSAL_CHECKS_MAX = 8
+_CHECK_ROWS = 256  # rows per chunk when checking a mask: no T x S temporary
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Visible keys of a (B, T queries, S keys) attention call; see the module docstring.
+
+    ``starts`` / ``ends`` are (B,) int64 tensors on the keys' device (None: 0 / S for every
+    sentence); ``causal_offset`` is S - T for causal self-attention, None otherwise; ``mask``,
+    when set, is the whole truth: a (B or 1, 1, T, S) bool tensor for patterns ranges cannot express.
+    """
+
+    tgt_len: int
+    src_len: int
+    starts: Optional[Tensor] = None
+    ends: Optional[Tensor] = None
+    causal_offset: Optional[int] = None
+    mask: Optional[Tensor] = None
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def from_padding(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor] = None,
+                     causal: bool = False, extra_mask: Optional[Tensor] = None) -> "Visibility":
+        """From fairseq's (B, S) key padding mask (True = padding), a causal flag and an optional
+        bool (T, S) mask of further hidden keys (True = hidden) that is not the causal pattern."""
+        offset = src_len - tgt_len if causal else None
+        starts = ends = None
+        if key_padding_mask is not None:
+            ranges = padding_ranges(key_padding_mask)
+            if ranges is None:  # padding inside a sentence: keep the mask
+                keep = ~key_padding_mask.bool().view(-1, 1, 1, src_len)
+                vis = Visibility(tgt_len, src_len, causal_offset=offset)
+                mask = vis.dense(keep.device) & keep
+                return vis._with_mask(mask if extra_mask is None else mask & ~extra_mask.view(1, 1, tgt_len, src_len))
+            starts, ends = ranges
+        vis = Visibility(tgt_len, src_len, starts, ends, offset)
+        if extra_mask is not None:
+            return vis._with_mask(vis.dense(extra_mask.device) & ~extra_mask.view(1, 1, tgt_len, src_len))
+        return vis
+
+    @staticmethod
+    def from_mask(keep: Tensor) -> "Visibility":
+        """From a (B or 1, 1, T, S) bool mask, True where a key is visible."""
+        return Visibility(keep.size(-2), keep.size(-1), mask=keep)
+
+    def _with_mask(self, mask: Tensor) -> "Visibility":
+        return Visibility(self.tgt_len, self.src_len, mask=mask)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def batch(self) -> int:
+        """Rows of the pattern: B, or 1 when it is the same for every sentence."""
+        if self.mask is not None:
+            return self.mask.size(0)
+        return self.starts.numel() if self.starts is not None else 1
+
+    def _bounds(self) -> Tuple[List[int], List[int]]:
+        """Python lists of starts and ends (one host sync per call, cached)."""
+        cached = self.__dict__.get("_bounds_cache")
+        if cached is None:
+            n = self.batch
+            starts = self.starts.tolist() if self.starts is not None else [0] * n
+            ends = self.ends.tolist() if self.ends is not None else [self.src_len] * n
+            cached = (starts, ends)
+            object.__setattr__(self, "_bounds_cache", cached)
+        return cached
+
+    def row_end(self, i: int, end: int) -> int:
+        """One past the last key query i sees, for a sentence whose keys end at ``end``."""
+        return end if self.causal_offset is None else min(end, i + self.causal_offset + 1)
+
+    @property
+    def all_visible(self) -> bool:
+        """True when every query sees every key (no mask needed at all)."""
+        cached = self.__dict__.get("_all_cache")
+        if cached is None:
+            if self.mask is not None:
+                cached = bool(self.mask.all())
+            else:
+                starts, ends = self._bounds()
+                cached = (all(s == 0 for s in starts) and all(e == self.src_len for e in ends)
+                          and self.row_end(0, self.src_len) == self.src_len)
+            object.__setattr__(self, "_all_cache", cached)
+        return cached
+
+    def n_visible(self, device=None) -> Tensor:
+        """(B or 1, 1, T, 1) int64: how many keys each query sees."""
+        if self.mask is not None:
+            return count_visible(self.mask)
+        device = device if device is not None else (self.starts.device if self.starts is not None else None)
+        T, S = self.tgt_len, self.src_len
+        starts = (self.starts if self.starts is not None else torch.zeros(1, dtype=torch.long, device=device)).view(-1, 1)
+        ends = (self.ends if self.ends is not None else torch.full((1,), S, dtype=torch.long, device=device)).view(-1, 1)
+        ends = ends.to(device) if device is not None else ends
+        starts = starts.to(ends.device)
+        if self.causal_offset is not None:
+            positions = torch.arange(T, device=ends.device).view(1, T) + self.causal_offset + 1
+            ends = torch.minimum(ends, positions)
+        counts = (ends - starts).clamp_(min=0)
+        return counts.expand(counts.size(0), T).reshape(-1, 1, T, 1)
+
+    def dense(self, device=None) -> Tensor:
+        """The (B or 1, 1, T, S) bool mask, True where visible (T x S: the reference path only)."""
+        if self.mask is not None:
+            return self.mask
+        return self.tile(0, self.tgt_len, 0, self.src_len, device)
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int, device=None) -> Tensor:
+        """The bool mask of queries i0..i1 x keys j0..j1, shape (B or 1, 1, i1 - i0, j1 - j0)."""
+        if self.mask is not None:
+            return self.mask[:, :, i0:i1, j0:j1]
+        device = device if device is not None else (self.starts.device if self.starts is not None else None)
+        cols = torch.arange(j0, j1, device=device).view(1, 1, 1, -1)
+        keep = torch.ones(1, 1, i1 - i0, j1 - j0, dtype=torch.bool, device=device)
+        if self.starts is not None:
+            keep = keep & (cols >= self.starts.to(cols.device).view(-1, 1, 1, 1))
+        if self.ends is not None:
+            keep = keep & (cols < self.ends.to(cols.device).view(-1, 1, 1, 1))
+        if self.causal_offset is not None:
+            rows = torch.arange(i0, i1, device=device).view(1, 1, -1, 1)
+            keep = keep & (cols <= rows + self.causal_offset)
+        return keep
+
+    def tile_kind(self, i0: int, i1: int, j0: int, j1: int) -> int:
+        """0: no query of the tile sees any of its keys; 1: all see all; 2: mixed."""
+        if self.mask is not None:
+            tile = self.mask[:, :, i0:i1, j0:j1]
+            return 0 if not bool(tile.any()) else (1 if bool(tile.all()) else 2)
+        starts, ends = self._bounds()
+        any_visible = any(max(s, j0) < min(self.row_end(i1 - 1, e), j1) for s, e in zip(starts, ends))
+        if not any_visible:
+            return 0
+        all_visible = all(s <= j0 and self.row_end(i0, e) >= j1 for s, e in zip(starts, ends))
+        return 1 if all_visible else 2
+
+    def repeat_interleave(self, repeats: int) -> "Visibility":
+        """Each sentence's pattern repeated (beam search's copies of one sentence)."""
+        if self.mask is not None:
+            return self._with_mask(self.mask.repeat_interleave(repeats, 0) if self.mask.size(0) > 1 else self.mask)
+        rep = (lambda t: None if t is None else t.repeat_interleave(repeats, 0))
+        return Visibility(self.tgt_len, self.src_len, rep(self.starts), rep(self.ends), self.causal_offset)
+
+
+def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
+    """(starts, ends) of the unpadded keys of each sentence when padding is a run at the start or
+    the end of every row (fairseq's left-padded sources, right-padded targets); None otherwise."""
+    padding = key_padding_mask.bool()
+    S = padding.size(1)
+    n_pad = padding.sum(1)
+    positions = torch.arange(S, device=padding.device).view(1, S)
+    left = positions < n_pad.view(-1, 1)
+    right = positions >= (S - n_pad).view(-1, 1)
+    is_left = (padding == left).all(1)
+    is_right = (padding == right).all(1)
+    if not bool((is_left | is_right).all()):
+        return None
+    starts = torch.where(is_left, n_pad, torch.zeros_like(n_pad))
+    ends = torch.where(is_left, torch.full_like(n_pad, S), S - n_pad)
+    return starts, ends
+
+
+def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
+    """Whether a (T, S) float (0 / -inf) or bool (True = hidden) mask is exactly the causal
+    pattern (key j hidden from query i iff j > i + S - T). Checked in row chunks (no T x S
+    temporary) once per mask buffer, then remembered."""
+    if attn_mask.dim() != 2 or attn_mask.shape != (tgt_len, src_len):
+        return False
+    key = (attn_mask.data_ptr(), attn_mask.dtype, tuple(attn_mask.shape), attn_mask.stride(), attn_mask._version)
+    entry = _CAUSAL_CHECKS.get(key)
+    if entry is not None:
+        return entry[1]
+    offset = src_len - tgt_len
+    cols = torch.arange(src_len, device=attn_mask.device).view(1, -1)
+    answer = True
+    for i0 in range(0, tgt_len, _CHECK_ROWS):
+        chunk = attn_mask[i0:i0 + _CHECK_ROWS]
+        rows = torch.arange(i0, i0 + chunk.size(0), device=attn_mask.device).view(-1, 1)
+        hidden = cols > rows + offset
+        if attn_mask.dtype == torch.bool:
+            ok = bool((chunk == hidden).all())
+        else:
+            ok = bool((torch.isneginf(chunk) == hidden).all()) and bool((chunk.masked_fill(hidden, 0) == 0).all())
+        if not ok:
+            answer = False
+            break
+    if len(_CAUSAL_CHECKS) >= _CAUSAL_CHECKS_MAX:
+        _CAUSAL_CHECKS.pop(next(iter(_CAUSAL_CHECKS)))
+    _CAUSAL_CHECKS[key] = (attn_mask, answer)
+    return answer
+
+
+def count_visible(keep: Tensor, rows: int = 256) -> Tensor:
+    """keep.sum(-1, keepdim=True) in row chunks: summing a bool tensor first converts it to
+    int64 (8 bytes per entry; 2 GB at T = S = 16384), which the memory profile showed."""
+    T = keep.size(-2)
+    if T <= rows:
+        return keep.sum(-1, keepdim=True)
+    return torch.cat([keep[..., i:i + rows, :].sum(-1, keepdim=True) for i in range(0, T, rows)], dim=-2)
+
+
+def as_visibility(keep) -> Visibility:
+    """A Visibility from either a Visibility or a (B or 1, 1, T, S) bool mask (older callers)."""
+    return keep if isinstance(keep, Visibility) else Visibility.from_mask(keep)
+
+
+__all__ = ["Visibility", "as_visibility", "count_visible", "is_causal_mask", "padding_ranges"]

@@ -1,0 +1,166 @@
+"""Visible keys as ranges and a causal flag (``attention/visibility.py``) instead of T x S masks.
+
+The ranges must say exactly what the bool masks they replace said (checked against masks built
+here the plain way, independently of the module), the paths that take them must give the
+reference path's results with left padding, right padding, causal offsets (T < S) and patterns
+ranges cannot express, and a long call must not allocate anything of size T x S.
+"""
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+
+from reluformer_mt.attention import AttentionConfig, ReluformerAttention, fused
+from reluformer_mt.attention.blocked import tiled_attention
+from reluformer_mt.attention.visibility import Visibility, is_causal_mask, padding_ranges
+
+
+def plain_mask(T, S, kpm=None, causal=False, hidden=None):
+    """(B|1, 1, T, S) bool, True = visible, built entry by entry from its definition."""
+    B = kpm.size(0) if kpm is not None else 1
+    keep = torch.ones(B, 1, T, S, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(S):
+                if kpm is not None and kpm[b, j]:
+                    keep[b, 0, i, j] = False
+                if causal and j > i + (S - T):
+                    keep[b, 0, i, j] = False
+                if hidden is not None and hidden[i, j]:
+                    keep[b, 0, i, j] = False
+    return keep
+
+
+def mixed_padding(S):
+    """Sentence 0 full, 1 right-padded, 2 left-padded, 3 all but one key padded."""
+    kpm = torch.zeros(4, S, dtype=torch.bool)
+    kpm[1, -3:] = True
+    kpm[2, :4] = True
+    kpm[3, 1:] = True
+    return kpm
+
+
+@pytest.mark.parametrize("T,S,causal", [(7, 7, True), (3, 9, True), (6, 9, False), (1, 5, True)])
+def test_ranges_state_exactly_what_the_mask_said(T, S, causal):
+    kpm = mixed_padding(S)
+    vis = Visibility.from_padding(T, S, kpm, causal)
+    assert vis.mask is None, "left and right padding must stay ranges"
+    expected = plain_mask(T, S, kpm, causal)
+    assert torch.equal(vis.dense(), expected)
+    assert torch.equal(vis.n_visible(), expected.sum(-1, keepdim=True))
+    for i0 in range(0, T, 2):
+        for j0 in range(0, S, 3):
+            i1, j1 = min(T, i0 + 2), min(S, j0 + 3)
+            tile = expected[:, :, i0:i1, j0:j1]
+            kind = 0 if not tile.any() else (1 if tile.all() else 2)
+            assert vis.tile_kind(i0, i1, j0, j1) == kind, (i0, j0)
+            assert torch.equal(vis.tile(i0, i1, j0, j1).expand_as(tile), tile)
+
+
+def test_padding_inside_a_sentence_and_custom_masks_keep_the_mask():
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, 2] = True  # a hole: no range says this
+    assert padding_ranges(kpm) is None
+    vis = Visibility.from_padding(4, 6, kpm, causal=False)
+    assert vis.mask is not None and torch.equal(vis.dense(), plain_mask(4, 6, kpm))
+    hidden = torch.zeros(5, 5, dtype=torch.bool)
+    hidden[3, 0] = True
+    vis = Visibility.from_padding(5, 5, mixed_padding(5), causal=True, extra_mask=hidden)
+    assert torch.equal(vis.dense(), plain_mask(5, 5, mixed_padding(5), True, hidden))
+
+
+def test_fairseq_future_mask_is_recognised_once_and_changes_are_seen():
+    # fairseq's decoder: one buffer, sliced per call (buffered_future_mask)
+    buffer = torch.triu(torch.full((16, 16), float("-inf")), 1)
+    assert is_causal_mask(buffer[:9, :9], 9, 9)
+    assert is_causal_mask(buffer[:9, :9], 9, 9)  # remembered
+    assert is_causal_mask(torch.ones(4, 4, dtype=torch.bool).triu(1), 4, 4)
+    assert is_causal_mask(torch.ones(3, 6, dtype=torch.bool).triu(4), 3, 6)  # T < S: offset S - T
+    assert not is_causal_mask(torch.ones(4, 4, dtype=torch.bool).triu(2), 4, 4)
+    biased = buffer[:9, :9].clone()
+    biased[5, 2] = -1.0  # a finite bias is not the plain causal mask
+    assert not is_causal_mask(biased, 9, 9)
+    changed = buffer[:9, :9]
+    changed[4, 1] = float("-inf")  # in place: the version counter changes
+    assert not is_causal_mask(changed, 9, 9)
+
+
+def module_pair(fn, impl):
+    torch.manual_seed(0)
+    config = AttentionConfig(fn=fn, impl=impl, block_size=4, blocked_min_len=1)
+    reference = ReluformerAttention(32, 4, config, self_attention=True)
+    reference._attention_path = lambda *args, **kwargs: "reference"
+    torch.manual_seed(0)
+    return reference, ReluformerAttention(32, 4, config, self_attention=True)
+
+
+@pytest.mark.parametrize("impl", ["blocked", "dense"] + (["fused"] if fused.available() else []))
+@pytest.mark.parametrize("fn", ["relu", "rela", "sigmoid"])
+def test_left_and_right_padded_causal_calls_match_the_reference(impl, fn):
+    """Left padding (fairseq's sources) never appeared in the older tests; here both, with a causal
+    mask, forward and backward, and the causal pattern given as a flag instead of a mask."""
+    T = 13
+    kpm = mixed_padding(T)
+    mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+    results = []
+    for module, kwargs in zip(module_pair(fn, impl), ({"attn_mask": mask}, {"is_causal": True})):
+        x = torch.randn(T, 4, 32, generator=torch.Generator().manual_seed(5)).requires_grad_(True)
+        out, _ = module(x, x, x, key_padding_mask=kpm, need_weights=False, **kwargs)
+        out = out.masked_fill(kpm.t().unsqueeze(-1), 0.0)  # padding rows are not compared
+        grad, = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), x)
+        results.append((out.detach(), grad))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not fused.available(), reason="fused kernel not built")
+def test_kernel_ranges_equal_kernel_mask_with_causal_offset_and_float64():
+    torch.manual_seed(2)
+    B, H, T, S, D = 4, 2, 300, 530, 8  # several 256-key tiles, T < S (offset 230)
+    q, k, v = (torch.randn(B * H, n, D, dtype=torch.float64, requires_grad=True) for n in (T, S, S))
+    kpm = mixed_padding(S)
+    vis = Visibility.from_padding(T, S, kpm, causal=True)
+    outs = []
+    for visible in (vis, Visibility.from_mask(vis.dense())):
+        out, mass, xlogx, _ = fused.fused_relu_attention(q, k, v, visible, H, want_rows=True)
+        loss = (out * out).sum() + mass.sum() + 0.1 * xlogx.sum()
+        outs.append((out, mass, xlogx) + torch.autograd.grad(loss, (q, k, v)))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def peak_bytes(fn):
+    """Peak CPU tensor memory allocated while ``fn`` runs (the profiler's memory events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    current = peak = 0
+    for event in sorted(events, key=lambda e: e["ts"]):
+        current += event["args"]["Bytes"]
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.parametrize("impl", ["blocked"] + (["fused"] if fused.available() else []))
+def test_long_padded_causal_call_has_linear_peak_memory(impl):
+    """Causal and padded, L = 2048 and 4096: the call's whole peak (activations included) grows
+    linearly with L and stays below what one T x S bool mask alone would take (16 MB at 4096)."""
+    config = AttentionConfig(fn="relu", impl=impl, block_size=256, blocked_min_len=1)
+    module = ReluformerAttention(16, 2, config, self_attention=True).eval()
+    peaks = {}
+    for L in (2048, 4096):
+        x = torch.randn(L, 2, 16)
+        kpm = torch.zeros(2, L, dtype=torch.bool)
+        kpm[1, :100] = True  # left padding, as fairseq pads sources
+        with torch.no_grad():
+            peaks[L] = peak_bytes(lambda: module(x, x, x, key_padding_mask=kpm, need_weights=False, is_causal=True))
+    assert peaks[4096] < 4096 * 4096, f"peak {peaks[4096] / 2**20:.1f} MB"
+    assert peaks[4096] < 2.5 * peaks[2048], f"peaks {peaks}: not linear in L"
