@@ -331,3 +331,26 @@ def test_bad_options_name_the_option(options, message):
         AttentionConfig(**options).validate()
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("fn", ["sparsemax", "entmax15"])
+def test_partial_sort_is_exact_when_the_support_exceeds_k(fn):
+    """The threshold is searched among the PARTIAL_SORT_K largest logits, re-solved with 2k, 4k...
+    where the support reaches k: rows with flat logits (support > k) and peaked ones (support < k)
+    must both equal the definition."""
+    from reluformer_mt.attention.functions import PARTIAL_SORT_K, entmax15_weights, sparsemax_weights
+
+    S = 4 * PARTIAL_SORT_K
+    torch.manual_seed(4)
+    scores = torch.cat([torch.randn(1, 3, S) * 0.01, torch.randn(1, 3, S) * 5.0], dim=1)  # flat, peaked
+    keep = torch.ones(1, 6, S, dtype=torch.bool)
+    keep[0, 2, -10:] = False
+    weights = (sparsemax_weights if fn == "sparsemax" else entmax15_weights)(scores, keep)
+    naive = naive_sparsemax if fn == "sparsemax" else naive_entmax15
+    support = []
+    for r in range(6):
+        expected = torch.zeros(S)
+        expected[keep[0, r]] = naive(scores[0, r][keep[0, r]])
+        torch.testing.assert_close(weights[0, r], expected, atol=2e-5, rtol=1e-4)
+        support.append(int((weights[0, r] > 0).sum()))
+    assert max(support) > PARTIAL_SORT_K and min(support) < PARTIAL_SORT_K, support

@@ -27,7 +27,12 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
         phases = {p["phase"] for p in r["learning_curve"]["valid"]}
         assert phases == {"sentence", "document"}, "validation points of both phases are parsed from the logs"
         assert all(p["wall"] is not None for p in r["learning_curve"]["valid"])
+        starts = r["learning_curve"]["phase_starts"]  # the plot marks where the document phase begins
+        assert list(starts) == ["sentence", "document"] and starts["sentence"] == 0 < starts["document"]
         assert 0 <= r["fallback_rate"] <= 1
+        free = r["free"]  # the same chapters decoded with --separators free
+        assert free["separators"] == "free" and r["separators"] == "constrained"
+        assert free["segments"] == r["segments"] and 0 <= free["fallbacks"] <= free["segments"]
     baselines = report["baselines"]
     assert 0 < baselines["nearest_verse"]["s_bleu"] < 100 and 0.5 < baselines["diagonal"]["aer"] < 1
     assert report["models"]["softmax"]["cross_sparsity"] == 0
@@ -39,9 +44,24 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
         assert (report_dir / picture).stat().st_size > 1000
     side = (report_dir / f"chapter_{chapter['chapter']}.side_by_side.md").read_text(encoding="utf-8").splitlines()
     assert len(side) == 4 + len(source_lines) and "reference (BSB)" in side[2]
+    summary = json.loads((report_dir / "summary.json").read_text())
+    assert summary["preset"] == "quick" and set(summary["families"]) == {"softmax", "reluformer"}
+    assert summary["families"]["softmax"]["s_bleu"] == round(report["models"]["softmax"]["s_bleu"], 2)
     table = capsys.readouterr().out
-    assert "s-BLEU" in table and "reluformer" in table and "softmax" in table
+    assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
+
+
+def test_reference_run_rows_come_from_its_summary():
+    from reluformer_mt.experiments.demo import TABLE_HEADERS, reference_rows
+
+    reference = {"preset": "long", "families": {"softmax": {
+        "updates": "2500+400", "train_minutes": 60.0, "s_bleu": 9.1, "d_bleu": 14.2, "aer_best_head": 0.6,
+        "aer_head_average": 0.65, "fallbacks": "1/60"}}}
+    (row,) = reference_rows(reference)
+    assert len(row) == len(TABLE_HEADERS) and row[0] == "reference run (long): softmax"
+    assert row[TABLE_HEADERS.index("s-BLEU")] == 9.1 and row[TABLE_HEADERS.index("AER best layer")] == 0.6
+    assert reference_rows(None) == [] and reference_rows({"preset": "long", "families": {}}) == []
 
 
 def test_bad_family_is_a_one_line_error(capsys, tmp_path):

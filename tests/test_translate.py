@@ -224,7 +224,8 @@ def sent_checkpoint(doc_checkpoint, prepared_doc_data, tmp_path_factory):
 @needs_shared_data
 def test_sentence_level_checkpoint_and_forced_fallback(sent_checkpoint, prepared_doc_data, tmp_path):
     """A sentence-level checkpoint translates sentence by sentence; forced to document segments
-    (it never saw a separator) it falls back and still gives one sentence per input sentence."""
+    with free decoding (it never saw a separator) it falls back and still gives one sentence per
+    input sentence."""
     from reluformer_mt.inference import DocumentTranslator
 
     docs = real_docs(2, max_sentences=12)
@@ -233,7 +234,7 @@ def test_sentence_level_checkpoint_and_forced_fallback(sent_checkpoint, prepared
     assert [len(r) for r in res] == [len(d) for d in docs]
     assert t.stats["segments"] == sum(len(d) for d in docs) and "fallbacks: 0" in t.summary()
     forced = DocumentTranslator(sent_checkpoint, data=prepared_doc_data["sent"], beam=1, max_len_a=0, max_len_b=6,
-                                segment_tokens=prepared_doc_data["segment_tokens"])
+                                segment_tokens=prepared_doc_data["segment_tokens"], separators="free")
     res = forced.translate(docs)
     assert [len(r) for r in res] == [len(d) for d in docs]
     assert forced.stats["segments"] < sum(len(d) for d in docs)

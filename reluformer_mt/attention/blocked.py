@@ -204,7 +204,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
                     scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
                     row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
                     blocked: bool = False, block_q: int = 512, block_k: int = 512,
-                    want_rows: bool = False, want_weights: bool = False, fused: bool = False):
+                    want_rows: bool = False, want_weights: bool = False, fused: bool = False, flex: bool = False):
     """out_i = sum_j c_i h(s_ij + b_i) v_j without the T x S intermediates of the reference path.
 
     q (B, H, T, D), k/v (B, H, S, D); ``keep`` the visible keys: a
@@ -215,7 +215,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
     flow to both); ``n_visible`` (B|1, 1, T, 1) if the caller counted it already.
     ``fused``: run the C++ kernel of :mod:`reluformer_mt.attention.fused` where it applies
     (h = relu, no bias, no weights wanted, float CPU tensors, extension built); else the dense or
-    blocked path as ``blocked`` says.
+    blocked path as ``blocked`` says. ``flex``: FlexAttention (:mod:`reluformer_mt.attention.flex`,
+    CUDA) where it applies (h = relu, no bias, no rows or weights wanted, key ranges); else the same.
     Returns (out (B, H, T, D), rows, weights) with rows = (mass, xlogx, nonzero, n_visible) of
     shape (B, H, T) each when ``want_rows`` (else None) and weights (B, H, T, S) when wanted
     (dense mode only).
@@ -235,6 +236,10 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
         q = q * scaling
     if c is not None and act == "relu" and b is None:
         q, c = q * c, None  # c_i relu(q_i.k_j) = relu((c_i q_i).k_j) for c_i > 0
+    if (flex and act == "relu" and c is None and b is None and not want_weights and not want_rows
+            and (visible is None or visible.mask is None)):
+        from reluformer_mt.attention import flex as flex_kernel
+        return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
     q3 = q.reshape(B * H, T, D)
     k3, v3 = k.reshape(B * H, S, D), v.reshape(B * H, S, v.size(-1))
     c3 = None if c is None else c.reshape(B * H, T, 1)

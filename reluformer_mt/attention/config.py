@@ -8,7 +8,7 @@ from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACT
 
 GAMMA_MODES = ("fixed", "layer", "head")
 RELA_VARIANTS = ("gated", "ungated")
-ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused")
+ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused", "flex")
 
 
 def valid_sigmoid_bias(value) -> bool:

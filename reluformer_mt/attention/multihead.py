@@ -26,12 +26,13 @@ from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
 from reluformer_mt.attention.blocked import tiled_attention
+from reluformer_mt.attention import flex as flex_kernel
 from reluformer_mt.attention import fused as fused_kernel
 from reluformer_mt.attention.config import AttentionConfig
 from reluformer_mt.attention.functions import RELA_EPS, rela_gate_init_range  # noqa: F401  (re-exported)
 from reluformer_mt.attention.visibility import Visibility, is_causal_mask
 
-PATHS = ("reference", "dense", "blocked", "fused")
+PATHS = ("reference", "dense", "blocked", "fused", "flex")
 
 
 def causal_float_mask(tgt_len: int, src_len: int, like: Tensor) -> Tensor:
@@ -165,7 +166,8 @@ class ReluformerAttention(MultiheadAttention):
         the reference's), and regularised rows of signed weights (their entropy is the
         reference's definition). ``fused`` needs h = relu (``fused_relu``) and no returned
         weights; ``auto`` takes it from ``fused.AUTO_MIN_LEN`` keys on for float CPU queries
-        ``q`` where the kernel is built, and goes blocked from ``blocked_min_len`` keys on,
+        ``q`` where the kernel is built, ``flex`` (FlexAttention, ``flex.py``) for CUDA queries,
+        and goes blocked from ``blocked_min_len`` keys on,
         except for single-query decoding steps and calls that return the weights.
         """
         function, config = self.function, self.config
@@ -176,6 +178,8 @@ class ReluformerAttention(MultiheadAttention):
         if self._recorder is not None and self._recorder.regularises(self) and function.signed(config):
             return "reference"
         fusable = function.fused_relu(config) and not want_weights
+        if config.impl in ("auto", "flex") and fusable and q is not None and flex_kernel.supports(q):
+            return "flex"  # CUDA: FlexAttention with log relu scores (flex.py); blocked where it cannot serve
         if config.impl == "fused" and fusable:
             return "fused"  # the C++ kernel; blocked if it cannot be built
         long_call = tgt_len > 1 and not want_weights
@@ -205,7 +209,7 @@ class ReluformerAttention(MultiheadAttention):
                 row_factor=function.row_factor(n_visible, params, q.dtype),
                 row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible,
                 blocked=path != "dense", block_q=self.config.block_size, block_k=self.config.block_size,
-                want_rows=counting, want_weights=want_weights, fused=path == "fused")
+                want_rows=counting, want_weights=want_weights, fused=path == "fused", flex=path == "flex")
             if rows is not None:
                 recorder.add_rows(self, *rows, live_queries=live_queries)
             return out, weights

@@ -6,6 +6,7 @@ Options left unset take the values of ``--preset`` (``quick``: about 30 minutes 
 """
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--train-args", default="",
+                   help="further fairseq-train options for every family, quoted, e.g. "
+                        "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")
     return p
 
 
@@ -58,7 +62,7 @@ def options_from_args(args, families) -> DemoOptions:
     return DemoOptions(out=Path(args.out), families=families, preset=args.preset, size=args.size,
                        segment_tokens=str(values.pop("segment_tokens")), budget_minutes=args.budget_minutes,
                        eval_chapters=args.eval_chapters, seed=args.seed, bible_root=args.bible_root,
-                       force=args.force, device=args.device, **values)
+                       force=args.force, device=args.device, train_args=shlex.split(args.train_args), **values)
 
 
 def main(argv=None) -> int:

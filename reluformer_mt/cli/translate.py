@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=4000, help="most source tokens per batch (padded)")
     gen.add_argument("--max-len-a", type=non_negative_float, default=1.2, help="output length limit a * source + b")
     gen.add_argument("--max-len-b", type=non_negative_int, default=10)
+    gen.add_argument("--separators", choices=("constrained", "free"), default="constrained",
+                     help="constrained (default): beam search gives each segment's translation exactly the "
+                          "source's number of sentence separators (no empty sentence), so it splits back "
+                          "without retranslation unless it reaches the length limit; free: plain beam search, "
+                          "which shows how often the model keeps the separators by itself (the summary counts "
+                          "the fallbacks)")
     gen.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
@@ -104,7 +110,7 @@ def run(args) -> str:
     translator = DocumentTranslator(
         args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-        segment_tokens=args.segment_tokens, spm_model=args.spm_model)
+        segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators)
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
     parsed = parse_input(lines, input_name(args.input), args.format, args.doc_ids,

@@ -161,6 +161,12 @@ def plot_curves_against_minutes(curves: Mapping[str, Mapping[str, Sequence[Mappi
             bleu = [(p["wall"] / 60, p["s_bleu"]) for p in valid if p.get("s_bleu") is not None]
             if bleu:
                 right.plot(*zip(*bleu), color=f"C{i}", marker="o", label=name)
+        # where a later phase (the document phase of the sentence-then-document recipe) begins
+        for phase, start in list(curve.get("phase_starts", {}).items())[1:]:
+            for ax in (left, right):
+                ax.axvline(start / 60, color=f"C{i}", linestyle=":", linewidth=1)
+            right.annotate(f"{phase} phase", (start / 60, 0), xycoords=("data", "axes fraction"), xytext=(2, 4),
+                           textcoords="offset points", fontsize=6, color=f"C{i}", rotation=90)
     left.set(xlabel="minutes of training", ylabel="loss (base 2, as optimised)", title="loss")
     right.set(xlabel="minutes of training", ylabel="valid s-BLEU (greedy)", title="quality")
     left.legend(fontsize=7)

@@ -21,13 +21,14 @@ cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the 
 (docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
 """
 import json
+import logging
 import os
 import platform
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -66,8 +67,8 @@ PRESETS: Dict[str, dict] = {
                   sentence_updates=1800, max_update=700, lr=5e-3, warmup_updates=200, dropout=0.1, max_tokens=4096,
                   beam=4, validations=3),
     "long": dict(embed_dim=128, ffn_dim=512, layers=3, heads=4, segment_tokens="512", vocab_size=2000,
-                 sentence_updates=3500, max_update=500, lr=4e-3, warmup_updates=400, dropout=0.2, max_tokens=4096,
-                 beam=5, validations=5),
+                 sentence_updates=2500, max_update=400, lr=4e-3, warmup_updates=400, dropout=0.2, max_tokens=4096,
+                 beam=5, validations=4),
 }
 
 
@@ -97,6 +98,8 @@ class DemoOptions:
     bible_root: Optional[str] = None
     force: bool = False
     device: str = "cpu"
+    # further fairseq-train options for every family, e.g. ["--relu-no-length-scale"] (ablations)
+    train_args: List[str] = field(default_factory=list)
 
 
 class Stages:
@@ -182,7 +185,7 @@ def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_
         argv += ["--finetune-from-model", str(init_from)]
     if o.device == "cpu":
         argv.append("--cpu")
-    return argv
+    return argv + list(o.train_args)
 
 
 def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
@@ -218,6 +221,7 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
         else:
             print(f"  {checkpoint} is finished: skipped (use --force to retrain)")
         phase_curve = read_learning_curve(log_file)
+        curve.setdefault("phase_starts", {})[name] = offset  # seconds; the plot marks where each phase begins
         for part in ("train", "valid"):
             for point in phase_curve[part]:
                 curve[part].append({**point, "phase": name,
@@ -230,12 +234,15 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ evaluation
-def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path) -> dict:
-    """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU."""
+def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: str = "constrained") -> dict:
+    """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU.
+
+    ``separators``: "constrained" (the translator's default) or "free", which shows how often the
+    model keeps the verse separators by itself (the report gives both)."""
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
     # the default separator-constrained decoding: a segment falls back only when its output reaches the length limit
-    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam)
+    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, separators=separators)
     start = time.time()
     results = translator.translate(list(sources.values()), progress=True)
     seconds = time.time() - start
@@ -355,10 +362,49 @@ def translate_one_chapter(o: DemoOptions, checkpoint: Path, data_dir: Path, repo
 
 # ------------------------------------------------------------------------------------ report
 TABLE_HEADERS = ["model", "params", "updates", "train min", "valid loss", "s-BLEU", "d-BLEU", "AER best layer",
-                 "(head avg)", "cross sparsity", "cross null", "fallbacks"]
+                 "(head avg)", "cross sparsity", "cross null", "fallbacks", "free: s-BLEU", "free: d-BLEU",
+                 "free: fallbacks"]
 
 
-def comparison_rows(results: Dict[str, dict], base: dict) -> List[list]:
+# The reference run's numbers (``--preset long``, docs/REFERENCE_RUN.md), written by that run as
+# OUT/report/summary.json and committed here, so that every demo table shows where it stands.
+REFERENCE_SUMMARY = PACKAGE_DIR / "experiments" / "reference_run.json"
+
+
+def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float) -> dict:
+    """The table's numbers per family, small enough to commit (``REFERENCE_SUMMARY``)."""
+    families = {}
+    for family, r in results.items():
+        aer = r["aer"]
+        families[family] = {
+            "updates": f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else str(r["updates"]),
+            "train_minutes": round(r["train_seconds"] / 60, 1), "s_bleu": round(r["s_bleu"], 2),
+            "d_bleu": round(r["d_bleu"], 2),
+            "aer_best_head": round(min(min(aer[m]["best_head"]) for m in ("normal", "shifted")), 3),
+            "aer_head_average": round(min(min(aer[m]["head_average"]) for m in ("normal", "shifted")), 3),
+            "fallbacks": f"{r['fallbacks']}/{r['segments']}"}
+    return {"preset": o.preset, "train_args": list(o.train_args), "total_minutes": round(total_seconds / 60, 1),
+            "commit": git_commit(), "families": families}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PACKAGE_DIR, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def reference_rows(reference: Optional[dict]) -> List[list]:
+    """Rows of the committed reference run, for a table of a shorter run."""
+    if not reference or not reference.get("families"):
+        return []
+    return [[f"reference run ({reference['preset']}): {family}", "", r["updates"], r["train_minutes"], "", r["s_bleu"],
+             r["d_bleu"], r["aer_best_head"], r["aer_head_average"], "", "", r["fallbacks"], "", "", ""]
+            for family, r in reference["families"].items()]
+
+
+def comparison_rows(results: Dict[str, dict], base: dict, reference: Optional[dict] = None) -> List[list]:
     rows = []
     for family, r in results.items():
         aer = r["aer"]
@@ -367,13 +413,15 @@ def comparison_rows(results: Dict[str, dict], base: dict) -> List[list]:
         updates = f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else r["updates"]
         rows.append([family, r["params"], updates, round(r["train_seconds"] / 60, 1), r["valid_loss"],
                      r["s_bleu"], r["d_bleu"], best_head, head_avg, r["cross_sparsity"], r["cross_null"],
-                     f"{r['fallbacks']}/{r['segments']}"])
+                     f"{r['fallbacks']}/{r['segments']}"]
+                    + ([free["s_bleu"], free["d_bleu"], f"{free['fallbacks']}/{free['segments']}"]
+                       if (free := r.get("free")) else ["", "", ""]))
     nan = float("nan")
     rows.append(["baseline: nearest training verse", "", "", "", "", base["nearest_verse"]["s_bleu"],
-                 base["nearest_verse"]["d_bleu"], nan, nan, "", "", ""])
+                 base["nearest_verse"]["d_bleu"], nan, nan, "", "", "", "", "", ""])
     rows.append(["baseline: diagonal alignment", "", "", "", "", nan, nan, base["diagonal"]["aer"],
-                 base["diagonal"]["aer"], "", "", ""])
-    return rows
+                 base["diagonal"]["aer"], "", "", "", "", "", ""])
+    return rows + reference_rows(reference)
 
 
 DEFINITIONS = {
@@ -386,6 +434,8 @@ DEFINITIONS = {
     "fallbacks": "segments retranslated (as halves or verse by verse) because the output did not split into the "
                  "right number of verses / all segments; with the default separator-constrained decoding only an "
                  "output cut at the length limit can fail to split",
+    "free": "the same translation with --separators free (plain beam search): how often the model keeps the verse "
+            "separators by itself, and its BLEU with the fallbacks",
     "baselines": "nearest training verse: the BSB verse whose Greek is most similar (TF-IDF cosine) to the test "
                  "verse, copied; diagonal alignment: links j -> round(j * n / m)",
 }
@@ -403,6 +453,7 @@ PAPER_POINTS = [
 def run_demo(o: DemoOptions) -> dict:
     """Every stage; returns the report (also written to ``OUT/report/``)."""
     register()  # the models, criteria and task, and the fairseq fixes
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq leaves the root logger at DEBUG
 
     report_dir = o.out / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -437,9 +488,13 @@ def run_demo(o: DemoOptions) -> dict:
             hypotheses[family] = bleu.pop("hypotheses")
             (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))
             results[family].update(bleu)
-            print(f"  {family}: s-BLEU {bleu['s_bleu']:.2f}  d-BLEU {bleu['d_bleu']:.2f}  ({bleu['chapters']} chapters, "
-                  f"{bleu['verses']} verses, {bleu['fallbacks']}/{bleu['segments']} segments retranslated, "
-                  f"{bleu['translate_seconds']} s)", flush=True)
+            free = bleu_of_model(o, checkpoint, dirs["doc"], separators="free")
+            free.pop("hypotheses")
+            results[family]["free"] = free
+            for mode, b in (("constrained", bleu), ("free", free)):
+                print(f"  {family} ({mode} separators): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
+                      f"({b['chapters']} chapters, {b['verses']} verses, {b['fallbacks']}/{b['segments']} segments "
+                      f"retranslated, {b['translate_seconds']} s)", flush=True)
         evaluation = alignment_and_stats(o, checkpoints, dirs["doc"], report_dir)
         for family in o.families:
             results[family]["aer"] = evaluation["aer"]["models"][family]["aer_per_layer"]
@@ -461,8 +516,10 @@ def run_demo(o: DemoOptions) -> dict:
         print(f"  chapter {translated['chapter']}: {translated['verses']} verses in {translated['seconds']} s -> "
               f"{translated['translation']}")
 
-    table = format_table(TABLE_HEADERS, comparison_rows(results, base))
     total = time.time() - started
+    reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
+    table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
+    write_json(report_dir / "summary.json", summary(results, o, total))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
     report = {"options": options, "versions": versions(), "stage_seconds": stages.times,
               "total_seconds": round(total, 1), "data": {k: str(v) for k, v in dirs.items()},

@@ -6,7 +6,11 @@ into segments of whole sentences with the segment length N the model was trained
 of a segment joined by the separator token; segments are translated in batches by fairseq's
 ``SequenceGenerator`` (beam search) and the hypotheses split back at the separator.
 
-A hypothesis that does not split into the segment's number of non-empty sentences is
+By default (``separators="constrained"``) the beam search itself keeps the separators: a
+hypothesis gets exactly the segment's number of separators and no empty sentence
+(:mod:`reluformer_mt.inference.separators`); ``separators="free"`` is plain beam search, which shows
+how often the model keeps them by itself. A hypothesis that still does not split into the segment's
+number of non-empty sentences (free decoding, or a constrained one cut at the length limit) is
 translated again as two halves, and a half that fails again sentence by sentence; a single
 sentence always gives one output (stray separators dropped). So the output has exactly one
 sentence per input sentence, always; the fallbacks are counted in :attr:`DocumentTranslator.stats`.
@@ -37,6 +41,8 @@ from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
 
 logger = logging.getLogger(__name__)
+
+SEPARATOR_MODES = ("constrained", "free")  # see reluformer_mt.inference.separators
 
 
 class TranslationError(ValueError):
@@ -133,9 +139,12 @@ class DocumentTranslator:
 
     def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 5, lenpen: float = 1.0,
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
-                 segment_tokens=None, spm_model=None, quiet: bool = True):
+                 segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained"):
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
+        if separators not in SEPARATOR_MODES:
+            raise TranslationError(f"--separators: expected one of {', '.join(SEPARATOR_MODES)}, got {separators!r}")
+        self.separators = separators
         self.checkpoint = Path(checkpoint)
         self.device = pick_device(device)
         opened = open_checkpoint(self.checkpoint, data)
@@ -160,12 +169,22 @@ class DocumentTranslator:
         gen_args = argparse.Namespace(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=1,
                                       unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
         self.generator = self.task.build_generator([self.model], gen_args)
+        # constrained: the same generator with the separator-counting beam search (a dictionary
+        # without the separator has no separators to keep: sentence by sentence, nothing to constrain)
+        self.constraint = None
+        if separators == "constrained" and self.sep_tgt != self.tgt_dict.unk():
+            from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch  # imports fairseq
+
+            self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, self.sep_tgt)
+            self.generator.search = self.constraint
         self.stats: Counter = Counter()
 
     def describe(self) -> str:
         r = self.resources
         arch = getattr(self.cfg.model, "arch", None) or getattr(self.cfg.model, "_name", "?")
         level = f"segments of <= {self.segment_tokens} tokens" if self.segment_tokens else "sentence by sentence"
+        if self.segment_tokens:
+            level += f", {self.separators} separators"
         return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
                 f"{level}, device {self.device}")
 
@@ -275,10 +294,15 @@ class DocumentTranslator:
     def generate(self, sources: Sequence[torch.Tensor], progress=None) -> List[dict]:
         """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
         (target ids without the final </s>), ``positional_scores`` (one per token and the
-        final </s>) and ``attention`` ((target tokens + 1) x source tokens, or None)."""
+        final </s>), ``attention`` ((target tokens + 1) x source tokens, or None) and
+        ``at_length_limit`` (the hypothesis has the most tokens the generator allows)."""
         from fairseq import utils
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
+        if self.constraint is not None:
+            # looked up by sample["id"], i.e. the index into ``sources``
+            self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
+        g = self.generator
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
             sample = dataset.collater([dataset[i] for i in batch])
@@ -286,6 +310,8 @@ class DocumentTranslator:
                 sample = utils.move_to_cuda(sample, device=torch.device(self.device))
             hypos = self.task.inference_step(self.generator, [self.model], sample)
             src_tokens = sample["net_input"]["src_tokens"]
+            # SequenceGenerator's length limit for this batch (padded source length)
+            limit = min(int(g.max_len_a * src_tokens.size(1) + g.max_len_b), g.max_len - 1)
             for b, idx in enumerate(sample["id"].tolist()):
                 best = hypos[b][0]
                 tokens = best["tokens"].cpu()
@@ -296,7 +322,8 @@ class DocumentTranslator:
                 if attn is not None:
                     real = (src_tokens[b] != self.src_dict.pad()).cpu()
                     attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
-                results[idx] = {"tokens": tokens, "positional_scores": scores, "attention": attn}
+                results[idx] = {"tokens": tokens, "positional_scores": scores, "attention": attn,
+                                "at_length_limit": len(tokens) >= limit}
             if progress is not None:
                 progress.update(len(batch))
         return results
@@ -418,6 +445,8 @@ class DocumentTranslator:
                     for i, r in zip(seg.sentences, results):
                         out[seg.doc][i] = r
                     continue
+                if hyp.get("at_length_limit"):
+                    self.stats["fallbacks whose output reached the length limit"] += 1
                 if seg.level == "segment":
                     self.stats["fallbacks: segment retranslated as halves"] += 1
                     half = len(seg.sentences) // 2

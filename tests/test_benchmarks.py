@@ -1,0 +1,79 @@
+"""benchmarks/run.py: the paired-ratio helper, and one in-process run at the smallest sizes."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+RUN_PY = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmarks_run", RUN_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_ratio_median_and_spread(bench):
+    ratio = bench.paired_ratio([1.0, 4.0, 9.0], [1.0, 2.0, 3.0])  # per repetition: 1, 2, 3
+    assert ratio["per_rep"] == [1.0, 2.0, 3.0]
+    assert ratio["median"] == 2.0
+    assert (ratio["q1"], ratio["q3"], ratio["half_iqr"]) == (1.5, 2.5, 0.5)
+    assert (ratio["min"], ratio["max"]) == (1.0, 3.0)
+    assert bench.fmt_ratio(ratio) == "2.00±0.50"
+    # pairing: a slow round that hits both variants alike leaves the ratio at 1
+    assert bench.paired_ratio([1.0, 5.0], [1.0, 5.0])["median"] == 1.0
+
+
+def test_round_robin_rotates_the_order(bench):
+    order = []
+    variants = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    times = bench.round_robin(variants, reps=3, warmup=0)
+    assert order == list("abc" "bca" "cab")
+    assert all(len(t) == 3 for t in times.values())
+
+
+def test_smallest_run(bench, tmp_path, capsys):
+    threads = torch.get_num_threads()
+    try:
+        results = bench.main(["--threads", "1", "--clock", "cpu", "--reps", "2", "--no-memory",
+                              "--kernel-lengths", "64", "--train-lengths", "64", "--infer-lengths", "64",
+                              "--segment-lengths", "48", "--decode-lengths", "8", "--tokens-per-batch", "96",
+                              "--vocab", "64", "--model-size", "1,32,64,2", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    saved = json.loads((tmp_path / "benchmark.json").read_text(encoding="utf-8"))
+    assert saved["summary"]["line"] == results["summary"]["line"]
+    assert saved["git"]["commit"] is None or len(saved["git"]["commit"]) == 40
+    assert "dirty" in saved["git"]
+
+    # every non-reference row has the paired ratio with its spread
+    for table in ("kernel", "sublayer", "training", "decoding"):
+        timed = [r for r in saved[table] if "skipped" not in r]
+        assert all(len(r["times_s"]) == 2 for r in timed), table
+        ratios = [r["ratio"] for r in timed if "ratio" in r]
+        assert ratios, table
+        for ratio in ratios:
+            assert {"median", "q1", "q3", "half_iqr", "min", "max", "per_rep"} <= set(ratio)
+            assert len(ratio["per_rep"]) == 2 and ratio["min"] <= ratio["median"] <= ratio["max"]
+
+    impls = {r["impl"] for r in saved["sublayer"]}
+    assert {"fairseq_softmax_copy", "reluformer_default", "rela_default"} <= impls
+    assert {r["path"] for r in saved["sublayer"] if r["impl"].endswith("_default")} <= {"dense", "blocked", "fused"}
+    assert any(r["auto"] for r in saved["kernel"])
+    copies = [r for r in saved["training"] if r["model"] == "fairseq_transformer_copy"]
+    assert copies and all("ratio" in r for r in copies)
+    assert all("vs_softmax" in r for r in saved["training"] if r["model"] in ("sparsemax", "entmax15"))
+    assert len(saved["summary"]["reference_copy_ratios"]) == 2 + 2 + 1  # sublayer train/infer, 2 settings, 1 length
+
+    summary = [line for line in printed.splitlines() if line.startswith("SUMMARY ")]
+    assert len(summary) == 1 and summary[0] == saved["summary"]["line"]
+    for part in ("kernel fwd ≤1.00", "kernel fwd+bwd ≤1.00", "sublayer train ≤1.00", "sublayer infer ≤1.00",
+                 "training tok/s ≥1.00", "decoding ≥1.00", "sparsemax/entmax15 tok/s of softmax ≥0.80",
+                 "noise check: reference copy"):
+        assert part in summary[0], part
+    assert printed.rstrip().splitlines()[-1] == summary[0]  # the last line
