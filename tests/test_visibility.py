@@ -164,3 +164,15 @@ def test_long_padded_causal_call_has_linear_peak_memory(impl):
             peaks[L] = peak_bytes(lambda: module(x, x, x, key_padding_mask=kpm, need_weights=False, is_causal=True))
     assert peaks[4096] < 4096 * 4096, f"peak {peaks[4096] / 2**20:.1f} MB"
     assert peaks[4096] < 2.5 * peaks[2048], f"peaks {peaks}: not linear in L"
+
+
+def test_padding_ranges_are_remembered_per_mask_and_changes_are_seen():
+    """Decoding hands cross-attention the same encoder mask at every step: found once."""
+    kpm = mixed_padding(9)
+    first = padding_ranges(kpm)
+    assert padding_ranges(kpm) is first
+    kpm[0, -2:] = True  # in place: sentence 0 is now right-padded too
+    starts, ends = padding_ranges(kpm)
+    assert ends[0] == 7 and starts.tolist() == [0, 0, 4, 0]
+    kpm[1, 0] = True  # now padded at both ends: no longer a range
+    assert padding_ranges(kpm) is None

@@ -290,13 +290,15 @@ class ReluformerAttention(MultiheadAttention):
             self._set_input_buffer(incremental_state, saved)
 
         kv_bsz, src_len = k.size(0), k.size(2)
+        # from the encoder's own padding mask: the same tensor at every decoding step, so its key
+        # ranges are found once (visibility.padding_ranges remembers them)
+        visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
         if kv_bsz != bsz:  # beam search shares one copy of the encoder keys per sentence
             repeat = bsz // kv_bsz
             k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-            if key_padding_mask is not None:
+            visible = visible.repeat_interleave(repeat)
+            if key_padding_mask is not None and counting:
                 key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
-
-        visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
         live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
         out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries)
 

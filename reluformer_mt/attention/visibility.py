@@ -27,7 +27,8 @@ from torch import Tensor
 # The entries keep their tensors alive, so a data pointer cannot be reused by another tensor
 # while its entry exists, and the version counter catches in-place changes.
 _CAUSAL_CHECKS: dict = {}
-_CAUSAL_CHECKS_MAX = 8
+_RANGE_CHECKS: dict = {}
+_CACHE_MAX = 8
 _CHECK_ROWS = 256  # rows per chunk when checking a mask: no T x S temporary
 
 
@@ -173,7 +174,31 @@ class Visibility:
 
 def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
     """(starts, ends) of the unpadded keys of each sentence when padding is a run at the start or
-    the end of every row (fairseq's left-padded sources, right-padded targets); None otherwise."""
+    the end of every row (fairseq's left-padded sources, right-padded targets); None otherwise.
+
+    Remembered per mask tensor (as the causal check is): incremental decoding hands the
+    cross-attention the same encoder padding mask at every step."""
+    key = _tensor_key(key_padding_mask)
+    entry = _RANGE_CHECKS.get(key)
+    if entry is None:
+        entry = (key_padding_mask, _padding_ranges(key_padding_mask))
+        _remember(_RANGE_CHECKS, key, entry)
+    return entry[1]
+
+
+def _tensor_key(t: Tensor) -> tuple:
+    """Identity of a tensor's contents for the caches above: storage address, layout and version
+    (in-place changes bump the version; the cache holds the tensor, so the address stays its own)."""
+    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride(), t._version)
+
+
+def _remember(cache: dict, key: tuple, entry: tuple) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.pop(next(iter(cache)))
+    cache[key] = entry
+
+
+def _padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
     padding = key_padding_mask.bool()
     S = padding.size(1)
     n_pad = padding.sum(1)
@@ -195,7 +220,7 @@ def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
     temporary) once per mask buffer, then remembered."""
     if attn_mask.dim() != 2 or attn_mask.shape != (tgt_len, src_len):
         return False
-    key = (attn_mask.data_ptr(), attn_mask.dtype, tuple(attn_mask.shape), attn_mask.stride(), attn_mask._version)
+    key = _tensor_key(attn_mask)
     entry = _CAUSAL_CHECKS.get(key)
     if entry is not None:
         return entry[1]
@@ -213,9 +238,7 @@ def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
         if not ok:
             answer = False
             break
-    if len(_CAUSAL_CHECKS) >= _CAUSAL_CHECKS_MAX:
-        _CAUSAL_CHECKS.pop(next(iter(_CAUSAL_CHECKS)))
-    _CAUSAL_CHECKS[key] = (attn_mask, answer)
+    _remember(_CAUSAL_CHECKS, key, (attn_mask, answer))
     return answer
 
 
