@@ -176,3 +176,18 @@ def test_padding_ranges_are_remembered_per_mask_and_changes_are_seen():
     assert ends[0] == 7 and starts.tolist() == [0, 0, 4, 0]
     kpm[1, 0] = True  # now padded at both ends: no longer a range
     assert padding_ranges(kpm) is None
+
+
+@pytest.mark.parametrize("act,factor,bias", [("relu", True, False), ("sigmoid", False, True), ("gelu", True, False)])
+def test_small_calls_without_gradients_equal_the_tiled_path(act, factor, bias):
+    """Decoding steps take a direct path (no tiling) when nothing needs gradients."""
+    torch.manual_seed(3)
+    B, H, T, S, D = 4, 2, 3, 11, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    vis = Visibility.from_padding(T, S, mixed_padding(S), causal=True)
+    c = torch.rand(B, H, T, 1) + 0.5 if factor else None
+    b = torch.randn(B, H, T, 1) if bias else None
+    with torch.no_grad():
+        direct, _, _ = tiled_attention(q, k, v, vis, activation=act, scaling=0.3, row_factor=c, row_bias=b)
+    tiled, _, _ = tiled_attention(q.requires_grad_(), k, v, vis, activation=act, scaling=0.3, row_factor=c, row_bias=b)
+    torch.testing.assert_close(direct, tiled.detach(), atol=1e-6, rtol=1e-6)

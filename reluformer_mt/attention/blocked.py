@@ -250,6 +250,11 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
             out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
             return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3, b3))
+    if not needs_grad and not blocked and not want_rows and not want_weights and T * S <= DENSE_TILE_ELEMENTS:
+        # small calls without gradients (every incremental decoding step): a few tensor ops,
+        # without the tiling's bookkeeping, which profiling showed costs as much as the math there
+        a, _ = _weights_tile(q3, k3, c3, b3, None if visible is None else visible.dense(q.device), act, H)
+        return _finish(torch.bmm(a, v3), None, None, None, None, n_visible, B, H, T, S, False, False)
     # dense mode keeps the weights for backward only for relu (others recompute their logits)
     keep_weights = not blocked and (want_weights or (needs_grad and act == "relu"))
     out, mass, xlogx, nonzero, weights = _TiledAttention.apply(
