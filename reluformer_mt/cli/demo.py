@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of the update counts: wall-clock minutes per model (not reproducible across machines)")
     p.add_argument("--max-tokens", type=int, help="tokens per batch")
     p.add_argument("--lr", type=float)
+    p.add_argument("--document-lr", type=float,
+                   help="peak learning rate of the document phase (default: the preset's, else --lr)")
     p.add_argument("--warmup-updates", type=int)
     p.add_argument("--dropout", type=float)
     p.add_argument("--beam", type=int)
