@@ -71,7 +71,7 @@ PRESETS: Dict[str, dict] = {
                   beam=4, validations=3),
     "long": dict(embed_dim=64, ffn_dim=128, layers=2, heads=4, segment_tokens="512", vocab_size=2000,
                  sentence_updates=3300, max_update=500, lr=5e-3, warmup_updates=200, dropout=0.1, max_tokens=4096,
-                 beam=5, validations=3, document_lr=5e-4),
+                 beam=5, validations=3),
 }
 
 
@@ -93,9 +93,8 @@ class DemoOptions:
     max_tokens: int = 4096
     lr: float = 5e-3
     warmup_updates: int = 200
-    # the document phase's peak learning rate (None: ``lr``). Fine-tuning the long preset on
-    # 512-token segments at lr 5e-3 undid the sentence phase (valid loss 5.19 -> 5.98, greedy
-    # s-BLEU 6.3 -> 0.4 for softmax): a fresh Adam at the sentence phase's peak is too strong there
+    # the document phase's peak learning rate (None: ``lr``); docs/REFERENCE_RUN.md tried 5e-4
+    # for the 512-token phase of the long preset (it adapted more slowly than 5e-3)
     document_lr: Optional[float] = None
     dropout: float = 0.1
     beam: int = 4
