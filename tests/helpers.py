@@ -14,6 +14,16 @@ USER_DIR = str(REPO / "reluformer_mt")
 SHARED_DATA = Path(os.environ.get("RELUFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
 DOCMT = SHARED_DATA / "docmt_ende"
 
+def load_benchmark_script():
+    """benchmarks/run.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmarks_run", REPO / "benchmarks" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 needs_shared_data = pytest.mark.skipif(
     not DOCMT.is_dir(), reason=f"real data not found at {SHARED_DATA} (set RELUFORMER_SHARED_DATA)")
 

@@ -1,20 +1,15 @@
 """benchmarks/run.py: the paired-ratio helper, and one in-process run at the smallest sizes."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-RUN_PY = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+from helpers import load_benchmark_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_run", RUN_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script()
 
 
 def test_paired_ratio_median_and_spread(bench):

@@ -5,16 +5,13 @@ here the plain way, independently of the module), the paths that take them must 
 reference path's results with left padding, right padding, causal offsets (T < S) and patterns
 ranges cannot express, and a long call must not allocate anything of size T x S.
 """
-import json
-import os
-import tempfile
-
 import pytest
 import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, fused
 from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention.visibility import Visibility, is_causal_mask, padding_ranges
+from helpers import load_benchmark_script
 
 
 def plain_mask(T, S, kpm=None, causal=False, hidden=None):
@@ -131,30 +128,13 @@ def test_kernel_ranges_equal_kernel_mask_with_causal_offset_and_float64():
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
-def peak_bytes(fn):
-    """Peak CPU tensor memory allocated while ``fn`` runs (the profiler's memory events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
-    current = peak = 0
-    for event in sorted(events, key=lambda e: e["ts"]):
-        current += event["args"]["Bytes"]
-        peak = max(peak, current)
-    return peak
-
-
 @pytest.mark.parametrize("impl", ["blocked"] + (["fused"] if fused.available() else []))
 def test_long_padded_causal_call_has_linear_peak_memory(impl):
     """Causal and padded, L = 2048 and 4096: the call's whole peak (activations included) grows
     linearly with L and stays below what one T x S bool mask alone would take (16 MB at 4096)."""
     config = AttentionConfig(fn="relu", impl=impl, block_size=256, blocked_min_len=1)
     module = ReluformerAttention(16, 2, config, self_attention=True).eval()
+    peak_bytes = load_benchmark_script().peak_memory_bytes  # the benchmark's own measurement
     peaks = {}
     for L in (2048, 4096):
         x = torch.randn(L, 2, 16)

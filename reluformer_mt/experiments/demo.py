@@ -248,7 +248,6 @@ def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: 
     model keeps the verse separators by itself (the report gives both)."""
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
-    # the default separator-constrained decoding: a segment falls back only when its output reaches the length limit
     translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, separators=separators)
     start = time.time()
     results = translator.translate(list(sources.values()), progress=True)
@@ -373,22 +372,33 @@ TABLE_HEADERS = ["model", "params", "updates", "train min", "valid loss", "s-BLE
                  "free: fallbacks"]
 
 
-# The reference run's numbers (``--preset long``, docs/REFERENCE_RUN.md), written by that run as
-# OUT/report/summary.json and committed here, so that every demo table shows where it stands.
+# The reference run's numbers (``--preset long``, docs/REFERENCE_RUN.md), in the format of
+# OUT/report/summary.json, committed here so that every demo table shows where it stands. The
+# committed copy holds its sentence-phase models (its document phase made them worse).
 REFERENCE_SUMMARY = PACKAGE_DIR / "experiments" / "reference_run.json"
+
+
+def best_aer(aer_per_layer: dict) -> tuple:
+    """(best head, head average): each the lowest AER over layers and over normal / shifted."""
+    return tuple(min(min(aer_per_layer[mode][kind]) for mode in ("normal", "shifted"))
+                 for kind in ("best_head", "head_average"))
+
+
+def updates_label(r: dict) -> str:
+    """'sentence+document' updates of a two-phase model, else its updates."""
+    return f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else str(r["updates"])
 
 
 def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float) -> dict:
     """The table's numbers per family, small enough to commit (``REFERENCE_SUMMARY``)."""
     families = {}
     for family, r in results.items():
-        aer = r["aer"]
+        best_head, head_avg = best_aer(r["aer"])
         families[family] = {
-            "updates": f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else str(r["updates"]),
+            "updates": updates_label(r),
             "train_minutes": round(r["train_seconds"] / 60, 1), "s_bleu": round(r["s_bleu"], 2),
             "d_bleu": round(r["d_bleu"], 2),
-            "aer_best_head": round(min(min(aer[m]["best_head"]) for m in ("normal", "shifted")), 3),
-            "aer_head_average": round(min(min(aer[m]["head_average"]) for m in ("normal", "shifted")), 3),
+            "aer_best_head": round(best_head, 3), "aer_head_average": round(head_avg, 3),
             "fallbacks": f"{r['fallbacks']}/{r['segments']}"}
     return {"preset": o.preset, "train_args": list(o.train_args), "total_minutes": round(total_seconds / 60, 1),
             "commit": git_commit(), "families": families}
@@ -414,10 +424,8 @@ def reference_rows(reference: Optional[dict]) -> List[list]:
 def comparison_rows(results: Dict[str, dict], base: dict, reference: Optional[dict] = None) -> List[list]:
     rows = []
     for family, r in results.items():
-        aer = r["aer"]
-        best_head = min(min(aer[m]["best_head"]) for m in ("normal", "shifted"))
-        head_avg = min(min(aer[m]["head_average"]) for m in ("normal", "shifted"))
-        updates = f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else r["updates"]
+        best_head, head_avg = best_aer(r["aer"])
+        updates = updates_label(r)
         rows.append([family, r["params"], updates, round(r["train_seconds"] / 60, 1), r["valid_loss"],
                      r["s_bleu"], r["d_bleu"], best_head, head_avg, r["cross_sparsity"], r["cross_null"],
                      f"{r['fallbacks']}/{r['segments']}"]
