@@ -9,7 +9,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["reluformer_mt", "reluformer_mt.*"]),
     include_package_data=True,
-    # the fused kernel (compiled on first use) and the reference run's numbers that demo tables show
+    # the C++ kernels (compiled on first use) and the reference run's numbers that demo tables show
     package_data={"reluformer_mt": ["attention/csrc/*.cpp", "experiments/reference_run.json"]},
     install_requires=[
         "torch>=2.4",  # torch.serialization.add_safe_globals: the checkpoint allowlist

@@ -354,3 +354,24 @@ def test_partial_sort_is_exact_when_the_support_exceeds_k(fn):
         torch.testing.assert_close(weights[0, r], expected, atol=2e-5, rtol=1e-4)
         support.append(int((weights[0, r] > 0).sum()))
     assert max(support) > PARTIAL_SORT_K and min(support) < PARTIAL_SORT_K, support
+
+
+@pytest.mark.parametrize("fn", ["sparsemax", "entmax15", "softpick", "sigmoid", "relu", "pointwise"])
+def test_stats_of_padded_calls_count_only_visible_keys(fn):
+    """The counts come from non-zeros per row and the visible counts: hidden keys must hold exact
+    zeros and must not count as zeros; checked against the weights and the mask directly."""
+    module = make(fn)
+    x = torch.randn(7, 3, E)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, :2] = True  # left padding
+    pad[2, 5:] = True  # right padding
+    with record_attention(module) as record:
+        _, w = module(x, x, x, key_padding_mask=pad, need_head_weights=True)  # w (H, B, T, S)
+    keep = (~pad)[None, :, None, :].expand_as(w)
+    assert torch.all(w[~keep] == 0), "hidden keys hold exact zeros"
+    live = keep & (~pad)[None, :, :, None]  # padding positions are not queries either
+    stats = record.totals()
+    assert int(stats["visible"]) == int(live.sum())
+    assert int(stats["zeros"]) == int(((w == 0) & live).sum())
+    assert int(stats["rows"]) == int(live.any(-1).sum())
+    assert int(stats["null_rows"]) == int((live.any(-1) & ~((w != 0) & live).any(-1)).sum())

@@ -74,3 +74,50 @@ def test_nearest_verse_baseline_copies_the_most_similar_training_verse():
     train_src = ["a b c", "d e f", "a x y"]
     train_tgt = ["first", "second", "third"]
     assert nearest_verse_translations(train_src, train_tgt, ["d e", "a b z", "q"]) == ["second", "first", "first"]
+
+
+def test_every_command_line_option_reaches_the_demo_options():
+    """An option the parser accepts but options_from_args drops would be ignored silently
+    (--document-lr once was): give each a non-default value and find it in DemoOptions."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(demo.DemoOptions)}
+    parser = demo.build_parser()
+    checked = []
+    for action in parser._actions:
+        if action.dest not in fields or action.dest in ("out", "families", "preset"):
+            continue
+        if isinstance(action, type(parser._option_string_actions["--force"])):  # store_true
+            argv, expected = [action.option_strings[0]], True
+        elif action.choices:
+            value = [c for c in action.choices if c != action.default][0]
+            argv, expected = [action.option_strings[0], value], value
+        elif action.dest == "train_args":
+            argv, expected = ["--train-args=--relu-no-length-scale"], ["--relu-no-length-scale"]
+        else:
+            kind = action.type or str
+            value = kind("7") if kind is not str else "256"
+            argv, expected = [action.option_strings[0], str(value)], value
+        options = demo.options_from_args(parser.parse_args(argv), ["softmax"])
+        assert getattr(options, action.dest) == expected, f"{action.option_strings[0]} did not reach DemoOptions"
+        checked.append(action.dest)
+    assert "document_lr" in checked and "lr" in checked and len(checked) >= 20
+
+
+def test_document_phase_learning_rate(tmp_path):
+    """The document phase restarts at --lr unless --document-lr is given (it reaches fairseq-train)."""
+    from pathlib import Path
+
+    from reluformer_mt.experiments import demo as demo_lib
+
+    data = Path(tmp_path)
+
+    def lr_of(argv, init_from):
+        options = demo.options_from_args(demo.build_parser().parse_args(argv), ["softmax"])
+        train = demo_lib.train_argv(options, "softmax", data, data, data / "log", 256, 10, init_from)
+        return float(train[train.index("--lr") + 1])
+
+    lr = demo.PRESETS["quick"]["lr"]
+    assert lr_of([], None) == lr_of([], data / "checkpoint_last.pt") == lr
+    assert lr_of(["--document-lr", "3e-4"], None) == lr  # the sentence phase keeps --lr
+    assert lr_of(["--document-lr", "3e-4"], data / "checkpoint_last.pt") == 3e-4

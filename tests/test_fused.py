@@ -8,6 +8,7 @@ import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention
 from reluformer_mt.attention import fused
+from reluformer_mt.attention.extension import LazyExtension
 from reluformer_mt.attention.blocked import count_visible, tiled_attention
 from test_blocked import assert_same, force_reference, make_module, run
 
@@ -85,9 +86,8 @@ def test_fused_option_and_auto_paths():
 
 
 def test_failed_build_warns_and_falls_back(monkeypatch):
-    monkeypatch.setattr(fused, "_tried", False)
-    monkeypatch.setattr(fused, "_module", None)
-    monkeypatch.setattr(fused, "SOURCE", fused.SOURCE.with_name("missing.cpp"))
+    missing = LazyExtension("missing", fused.SOURCE.with_name("missing.cpp"), fused.KERNEL.what, fused.KERNEL.fallback)
+    monkeypatch.setattr(fused, "KERNEL", missing)
     with pytest.warns(UserWarning, match="fused ReLU attention kernel unavailable"):
         assert fused.load() is None
     q, k, v = (torch.randn(1, 2, 7, 4) for _ in range(3))

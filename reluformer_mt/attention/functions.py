@@ -29,7 +29,8 @@ References:
 - ReLUFormer: Shen et al., "A Study on ReLU and Softmax in Transformer", arXiv:2302.06461.
 - ReLA: Zhang, Titov, Sennrich, "Sparse Attention with Linear Units", EMNLP 2021.
 - Pointwise: Wortsman et al., "Replacing softmax with ReLU in Vision Transformers", arXiv:2309.08586.
-- sparsemax: Martins & Astudillo 2016; 1.5-entmax: Peters et al. 2019 (the ``entmax`` package).
+- sparsemax: Martins & Astudillo 2016; 1.5-entmax: Peters et al. 2019 (``sparse_maps`` kernel on CPU,
+  the ``entmax`` package elsewhere).
 - sigmoid: Ramapuram et al., "Theory, Analysis, and Best Practices for Sigmoid Self-Attention",
   ICLR 2025, arXiv:2409.04431.
 - softpick: Zuhri et al., "Softpick: No Attention Sink, No Massive Activations with Rectified
@@ -45,6 +46,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+from reluformer_mt.attention import sparse_maps
 
 # Finite stand-in for -inf before sparse maps: they need real numbers to find their threshold.
 _NEG_LARGE = -1e4
@@ -114,28 +117,33 @@ def pointwise_weights(scores: Tensor, keep: Tensor, n_visible: Tensor, alpha: fl
     return h(scores).masked_fill(~keep, 0.0) * length_factor
 
 
-# sparsemax / 1.5-entmax find their threshold among the k largest logits of a row (torch.topk)
-# instead of sorting the whole row; the ``entmax`` package re-solves a row with 2k, 4k, ... keys
-# when its support reaches k, so the result is exact for any k. Attention rows are sparse: k = 64
-# made both functions (forward + backward) 3-4x faster than the full sort at 512 and 1024 keys
-# (16 x L x L logits of scale 3, 1 thread; docs/PERFORMANCE.md).
+# sparsemax / 1.5-entmax on CPU: the sort-free row kernel of ``sparse_maps`` (exact; measured
+# 2-4x faster than the ``entmax`` package's top-k search at 512-1024 keys, docs/PERFORMANCE.md).
+# Elsewhere the ``entmax`` package, its threshold searched among the k largest logits of a row
+# (torch.topk instead of a full sort; it re-solves a row with 2k, 4k, ... keys when the support
+# reaches k, so the result is exact for any k; k = 64 was 3-4x faster than the full sort).
 PARTIAL_SORT_K = 64
 
 
-def sparsemax_weights(scores: Tensor, keep: Tensor) -> Tensor:
-    """sparsemax (Martins & Astudillo 2016) from the ``entmax`` package."""
-    from entmax import sparsemax
+def _sparse_map(scores: Tensor, keep: Tensor, name: str) -> Tensor:
+    logits = scores.float()
+    if sparse_maps.supports(logits):  # masks inside the kernel: no masked copies of T x S tensors
+        return sparse_maps.sparse_map(logits, name, keep).type_as(scores)
+    from entmax import entmax15, sparsemax
 
-    logits = scores.float().masked_fill(~keep, _NEG_LARGE)
-    return sparsemax(logits, dim=-1, k=PARTIAL_SORT_K).masked_fill(~keep, 0.0).type_as(scores)
+    logits = logits.masked_fill(~keep, _NEG_LARGE)
+    weights = (sparsemax if name == "sparsemax" else entmax15)(logits, dim=-1, k=PARTIAL_SORT_K)
+    return weights.masked_fill(~keep, 0.0).type_as(scores)
+
+
+def sparsemax_weights(scores: Tensor, keep: Tensor) -> Tensor:
+    """sparsemax (Martins & Astudillo 2016)."""
+    return _sparse_map(scores, keep, "sparsemax")
 
 
 def entmax15_weights(scores: Tensor, keep: Tensor) -> Tensor:
-    """1.5-entmax (Peters, Niculae, Martins 2019) from the ``entmax`` package."""
-    from entmax import entmax15
-
-    logits = scores.float().masked_fill(~keep, _NEG_LARGE)
-    return entmax15(logits, dim=-1, k=PARTIAL_SORT_K).masked_fill(~keep, 0.0).type_as(scores)
+    """1.5-entmax (Peters, Niculae, Martins 2019)."""
+    return _sparse_map(scores, keep, "entmax15")
 
 
 def sigmoid_weights(scores: Tensor, keep: Tensor, bias: Tensor) -> Tensor:

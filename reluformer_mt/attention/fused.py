@@ -6,21 +6,17 @@ tile is one head's ``block_q`` x ``block_k`` block, small enough to stay in cach
 and the regularisers' row sums are applied in one pass between ATen's GEMMs (forward: 2 per tile;
 backward: 5, recomputing the logits). Sources: ``csrc/relu_attention.cpp``.
 
-The extension is compiled on first use with ``torch.utils.cpp_extension.load`` (needs a C++
-compiler and ninja) into ``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or
-``~/.cache/reluformer_mt/torch_extensions``, per torch and Python version, and reused afterwards.
-If it cannot be built, :func:`load` warns once and returns None; callers then use the blocked
-PyTorch path. ``RELUFORMER_NO_FUSED=1`` disables it.
+The extension is compiled on first use (:mod:`reluformer_mt.attention.extension`: needs a C++
+compiler and ninja) and reused afterwards. If it cannot be built, :func:`load` warns once and
+returns None; callers then use the blocked PyTorch path. ``RELUFORMER_NO_FUSED=1`` disables it.
 """
-import os
-import sys
-import warnings
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.extension import LazyExtension
 from reluformer_mt.attention.visibility import Visibility
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "relu_attention.cpp"
@@ -31,39 +27,12 @@ BLOCK_Q, BLOCK_K = 256, 256
 # dense and blocked paths from 512 on, but ~8 % slower forward+backward at 128 (call overheads)
 AUTO_MIN_LEN = 512
 
-_module = None
-_tried = False
-
-
-def build_directory() -> Path:
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    base = Path(root) / "reluformer_mt" if root else Path.home() / ".cache" / "reluformer_mt" / "torch_extensions"
-    tag = "torch%s_py%d%d" % (torch.__version__.replace("+", "_"), *sys.version_info[:2])
-    return base / tag
+KERNEL = LazyExtension("reluformer_relu_attention", SOURCE, "fused ReLU attention kernel", "the blocked PyTorch path")
 
 
 def load(verbose: bool = False):
     """The compiled extension, building it on first use; None (after one warning) if that fails."""
-    global _module, _tried
-    if _tried:
-        return _module
-    _tried = True
-    if os.environ.get("RELUFORMER_NO_FUSED") == "1":
-        return None
-    try:
-        from torch.utils import cpp_extension
-
-        directory = build_directory()
-        directory.mkdir(parents=True, exist_ok=True)
-        _module = cpp_extension.load(
-            name="reluformer_relu_attention", sources=[str(SOURCE)], build_directory=str(directory),
-            extra_cflags=["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=verbose)
-    except Exception as error:  # no compiler, no ninja, a compile error: fall back, never crash
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        warnings.warn(f"reluformer_mt: fused ReLU attention kernel unavailable ({first_line[:200]}); "
-                      "using the blocked PyTorch path")
-        _module = None
-    return _module
+    return KERNEL.load(verbose)
 
 
 def available() -> bool:
@@ -133,4 +102,4 @@ def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, visible, heads: int,
     return FusedReluAttention.apply(q, k, v, visible, heads, want_rows, block_q, block_k)
 
 
-__all__ = ["available", "build_directory", "fused_relu_attention", "load", "supports"]
+__all__ = ["KERNEL", "available", "fused_relu_attention", "load", "supports"]

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="tokens per batch")
     p.add_argument("--lr", type=float)
     p.add_argument("--document-lr", type=float,
-                   help="peak learning rate of the document phase (default: the preset's, else --lr)")
+                   help="peak learning rate of the document phase (default: --lr, with a fresh schedule)")
     p.add_argument("--warmup-updates", type=int)
     p.add_argument("--dropout", type=float)
     p.add_argument("--beam", type=int)
@@ -63,7 +63,8 @@ def options_from_args(args, families) -> DemoOptions:
               for name, default in preset.items()}
     return DemoOptions(out=Path(args.out), families=families, preset=args.preset, size=args.size,
                        segment_tokens=str(values.pop("segment_tokens")), budget_minutes=args.budget_minutes,
-                       eval_chapters=args.eval_chapters, seed=args.seed, bible_root=args.bible_root,
+                       document_lr=args.document_lr, eval_chapters=args.eval_chapters, seed=args.seed,
+                       bible_root=args.bible_root,
                        force=args.force, device=args.device, train_args=shlex.split(args.train_args), **values)
 
 

@@ -22,6 +22,7 @@ cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the 
 """
 import json
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -93,8 +94,9 @@ class DemoOptions:
     max_tokens: int = 4096
     lr: float = 5e-3
     warmup_updates: int = 200
-    # the document phase's peak learning rate (None: ``lr``); docs/REFERENCE_RUN.md tried 5e-4
-    # for the 512-token phase of the long preset (it adapted more slowly than 5e-3)
+    # the document phase's peak learning rate (None: ``lr``, a fresh schedule). Continuing the
+    # sentence phase's decay instead (lr 1.67e-3 for the quick preset) was measured worse on
+    # the test chapters (docs/QUALITY_STUDY.md), as was 5e-4 for the long preset's 512-token phase
     document_lr: Optional[float] = None
     dropout: float = 0.1
     beam: int = 4
@@ -163,6 +165,11 @@ def positions(dirs: Dict[str, Path]) -> int:
 
 
 # ------------------------------------------------------------------------------------ training
+def document_phase_lr(o: DemoOptions) -> float:
+    """Peak lr of the document phase: ``document_lr``, else ``lr`` (fresh optimizer and schedule)."""
+    return o.document_lr or o.lr
+
+
 def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_file: Path, max_positions: int,
                max_update: int, init_from: Optional[Path] = None) -> List[str]:
     size = o.size or "tiny"
@@ -171,7 +178,7 @@ def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_
             "--max-source-positions", str(max_positions), "--max-target-positions", str(max_positions),
             "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-            "--lr", str(o.document_lr if init_from is not None and o.document_lr else o.lr),
+            "--lr", str(document_phase_lr(o) if init_from is not None else o.lr),
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(o.warmup_updates),
             "--max-tokens", str(o.max_tokens), "--seed", str(o.seed), "--num-workers", "0",
             "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
@@ -536,6 +543,7 @@ def run_demo(o: DemoOptions) -> dict:
     table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
     write_json(report_dir / "summary.json", summary(results, o, total))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
+    options["document_phase_lr"] = document_phase_lr(o)  # the value used, also when document_lr is unset
     report = {"options": options, "versions": versions(), "stage_seconds": stages.times,
               "total_seconds": round(total, 1), "data": {k: str(v) for k, v in dirs.items()},
               "definitions": DEFINITIONS, "baselines": base, "models": results, "translated_chapter": translated,

@@ -1,0 +1,59 @@
+"""Compiling the package's C++ CPU kernels (``attention/csrc``) on first use.
+
+``torch.utils.cpp_extension.load`` needs a C++ compiler and ninja; each extension is built into
+``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or ``~/.cache/reluformer_mt/torch_extensions``, per torch
+and Python version, and reused afterwards. Callers catch the failure and fall back to PyTorch
+code (``RELUFORMER_NO_FUSED=1`` makes every caller skip its kernel).
+"""
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+CFLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"]
+
+
+def build_directory() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    base = Path(root) / "reluformer_mt" if root else Path.home() / ".cache" / "reluformer_mt" / "torch_extensions"
+    tag = "torch%s_py%d%d" % (torch.__version__.replace("+", "_"), *sys.version_info[:2])
+    return base / tag
+
+
+def disabled() -> bool:
+    return os.environ.get("RELUFORMER_NO_FUSED") == "1"
+
+
+def compile_cpp(name: str, source: Path, verbose: bool = False):
+    """The module built from one C++ source (raises whatever the build raises)."""
+    from torch.utils import cpp_extension
+
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(directory),
+                              extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
+
+
+class LazyExtension:
+    """One C++ source, compiled on the first :meth:`load`; None after one warning if that fails
+    (no compiler, no ninja, a compile error) or when ``RELUFORMER_NO_FUSED=1``."""
+
+    def __init__(self, name: str, source: Path, what: str, fallback: str):
+        self.name, self.source, self.what, self.fallback = name, source, what, fallback
+        self.module, self.tried = None, False
+
+    def load(self, verbose: bool = False):
+        if self.tried:
+            return self.module
+        self.tried = True
+        if disabled():
+            return None
+        try:
+            self.module = compile_cpp(self.name, self.source, verbose)
+        except Exception as error:  # fall back, never crash
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            warnings.warn(f"reluformer_mt: {self.what} unavailable ({first_line[:200]}); using {self.fallback}")
+            self.module = None
+        return self.module
