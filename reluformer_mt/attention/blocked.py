@@ -249,15 +249,15 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
         if fused_kernel.supports(q3):
             out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
             return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
-    small = not blocked and not want_weights and T * S <= DENSE_TILE_ELEMENTS
+    small = not blocked and T * S <= DENSE_TILE_ELEMENTS
     if small and act == "relu" and c3 is None and b3 is None:
         # one tile (sentences, L <= 512): plain autograd ops beat the tiling's bookkeeping, which
         # costs as much as the math at these sizes (measured: docs/PERFORMANCE.md)
-        out, mass, xlogx, nonzero = _direct_relu(q3, k3, v3, None if visible is None else visible.dense(q.device),
-                                                 H, want_rows)
-        return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
+        out, mass, xlogx, nonzero, weights = _direct_relu(
+            q3, k3, v3, None if visible is None else visible.dense(q.device), H, want_rows)
+        return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3, b3))
-    if not needs_grad and small and not want_rows:
+    if not needs_grad and small and not want_rows and not want_weights:
         # small calls without gradients (every incremental decoding step): a few tensor ops,
         # without the tiling's bookkeeping, which profiling showed costs as much as the math there
         a, _ = _weights_tile(q3, k3, c3, b3, None if visible is None else visible.dense(q.device), act, H)
@@ -288,8 +288,9 @@ def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, fn: str, sca
 
 
 def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int, want_rows: bool):
-    """out = relu(q k^T) masked, times v, and the rows (mass, sum a log a, non-zeros) when wanted,
-    as plain differentiable tensor ops on one (N, T, S) tile (autograd does the backward)."""
+    """out = relu(q k^T) masked, times v, the rows (mass, sum a log a, non-zeros) when wanted,
+    and the weights (detached, as the tiled path returns them), as plain differentiable tensor
+    ops on one (N, T, S) tile (autograd does the backward)."""
     s = torch.bmm(q, k.transpose(1, 2))
     # in place (the GEMM's backward does not need its output): a fresh T x S buffer per op costs
     # as much as the ReLU itself at these sizes (page faults of a new allocation; profiled)
@@ -299,11 +300,11 @@ def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads:
     a = s.relu_()
     out = torch.bmm(a, v)
     if not want_rows:
-        return out, None, None, None
+        return out, None, None, None, a.detach()
     a_acc = a.to(accumulation_dtype(a.dtype))
     # log of max(a, 1e-30): a log a = 0 at a = 0, and the gradient there is cut by the ReLU
     xlogx = torch.linalg.vecdot(a_acc, a_acc.clamp_min(1e-30).log())
-    return out, a_acc.sum(-1), xlogx, torch.count_nonzero(a.detach(), dim=-1)
+    return out, a_acc.sum(-1), xlogx, torch.count_nonzero(a.detach(), dim=-1), a.detach()
 
 
 def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):
