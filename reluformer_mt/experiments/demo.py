@@ -68,7 +68,7 @@ DEFAULT_FAMILIES = ("reluformer", "rela", "softmax")
 # update and per minute (greedy valid s-BLEU 0.7-1.3 after 1,250 updates, against 3.2 for this one).
 PRESETS: Dict[str, dict] = {
     "quick": dict(embed_dim=64, ffn_dim=128, layers=2, heads=4, segment_tokens="128", vocab_size=2000,
-                  sentence_updates=1800, max_update=700, lr=5e-3, warmup_updates=200, dropout=0.1, max_tokens=4096,
+                  sentence_updates=1500, max_update=1000, lr=5e-3, warmup_updates=200, dropout=0.1, max_tokens=4096,
                   beam=4, validations=3),
     "long": dict(embed_dim=64, ffn_dim=128, layers=2, heads=4, segment_tokens="512", vocab_size=2000,
                  sentence_updates=3300, max_update=500, lr=5e-3, warmup_updates=200, dropout=0.1, max_tokens=4096,
@@ -88,8 +88,8 @@ class DemoOptions:
     heads: int = 4
     segment_tokens: str = "128"
     vocab_size: int = 2000
-    sentence_updates: int = 1800
-    max_update: int = 700
+    sentence_updates: int = 1500
+    max_update: int = 1000
     budget_minutes: float = 0.0
     max_tokens: int = 4096
     lr: float = 5e-3
