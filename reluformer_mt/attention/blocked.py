@@ -232,10 +232,11 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
     visible = None if keep.all_visible else keep
     c = None if row_factor is None else row_factor.to(q.dtype).expand(B, H, T, 1)
     b = None if row_bias is None else row_bias.to(q.dtype).expand(B, H, T, 1)
-    if scaling is not None:
-        q = q * scaling
     if c is not None and act == "relu" and b is None:
-        q, c = q * c, None  # c_i relu(q_i.k_j) = relu((c_i q_i).k_j) for c_i > 0
+        # c_i relu(q_i.k_j) = relu((c_i q_i).k_j) for c_i > 0; with the logit scale, one pass over q
+        q, c = q * (c if scaling is None else c * scaling), None
+    elif scaling is not None:
+        q = q * scaling
     if (flex and act == "relu" and c is None and b is None and not want_weights and not want_rows
             and (visible is None or visible.mask is None)):
         from reluformer_mt.attention import flex as flex_kernel
