@@ -16,7 +16,7 @@ verse. The demo
 5. writes the report: one table, the JSON of every number, the chapter beside its reference,
    learning curves against minutes, word-level attention of one verse with the gold links.
 
-Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 30 minutes on 2 CPU
+Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 25 minutes on 2 CPU
 cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
 (docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
 """
