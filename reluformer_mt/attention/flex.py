@@ -33,7 +33,7 @@ _compiled = None
 
 
 def _flex_attention():
-    """FlexAttention (torch >= 2.5), compiled once on first CUDA use; None where missing."""
+    """FlexAttention (torch >= 2.5); None where missing (``flex_relu_attention`` compiles it on CUDA)."""
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:
