@@ -21,7 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="defaults of every option below left unset: " + "; ".join(
                        f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()) for name, values in PRESETS.items()))
     p.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
-                   help="comma-separated model families (see the README's table; every registered family works)")
+                   help="comma-separated model families (see the README's table; every registered family works); "
+                        "FAMILY+tm adds a translation memory with --tm-fusion (FAMILY+concat, FAMILY+attention name one)")
+    p.add_argument("--tm-fusion", choices=["concat", "attention"], default=None,
+                   help="fusion of the +tm families (default: the preset's)")
+    p.add_argument("--tm-k", type=int, default=None, help="memory matches per sentence of the +tm families")
     p.add_argument("--size", default=None, choices=["tiny", "iwslt_de_en", "base"],
                    help="an architecture size instead of the preset's dimensions (e.g. iwslt_de_en with --device cuda)")
     p.add_argument("--embed-dim", type=int, help="model width")
@@ -65,6 +69,7 @@ def options_from_args(args, families) -> DemoOptions:
                        segment_tokens=str(values.pop("segment_tokens")), budget_minutes=args.budget_minutes,
                        document_lr=args.document_lr, eval_chapters=args.eval_chapters, seed=args.seed,
                        bible_root=args.bible_root,
+                       **{name: getattr(args, name) for name in ("tm_fusion", "tm_k") if getattr(args, name) is not None},
                        force=args.force, device=args.device, train_args=shlex.split(args.train_args), **values)
 
 
@@ -77,8 +82,17 @@ def main(argv=None) -> int:
     register()  # the models, criteria and task, and the fairseq fixes
     from reluformer_mt.models import FAMILIES
 
+    from reluformer_mt.experiments.demo import split_family
+
     families = [f.strip() for f in args.families.split(",") if f.strip()]
-    unknown = [f for f in families if f not in FAMILIES]
+    try:
+        unknown = [f for f in families if split_family(f)[0] not in FAMILIES]
+    except ValueError as e:
+        print(f"reluformer-demo: error: {e}", file=sys.stderr)
+        return 2
+    if args.tm_k is not None and args.tm_k < 1:
+        print(f"reluformer-demo: error: --tm-k: expected >= 1, got {args.tm_k}", file=sys.stderr)
+        return 2
     if unknown or not families:
         print(f"reluformer-demo: error: --families: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(FAMILIES)}", file=sys.stderr)

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-separator", default=None, help="for --format doclines: the string between sentences of an input line (default <sep>)")
     p.add_argument("--bible-root", default=None, help="a folder with the bible-alignments data/ tree (default: the installed package)")
     p.add_argument("--bible-books", default="", help="comma-separated book numbers to keep (40=Matthew ... 66=Revelation); default all")
+    p.add_argument("--memory-k", type=non_negative_int, default=0, metavar="K",
+                   help="translation memory: also store the top-K training entries of every sentence (leave-one-out "
+                        "in training; TF-IDF keys, MIPS, fuzzy-match rerank) for --tm-fusion; 0 = none (default)")
     p.add_argument("--out", "-o", required=True, help="output data directory")
     p.add_argument("--force", action="store_true",
                    help="redo every step even when its stamp says it is done; first removes the previous run's "
@@ -82,7 +85,7 @@ def config_from_args(args):
         joined_dictionary=args.joined_dictionary, separator=args.separator or SEPARATOR,
         input_separator=args.input_separator or SEPARATOR,
         bible_root=args.bible_root, bible_books=books,
-        force=args.force, workers=args.workers, progress=not args.no_progress,
+        force=args.force, workers=args.workers, progress=not args.no_progress, memory_k=args.memory_k,
     )
 
 

@@ -57,8 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
+    tm = p.add_argument_group("translation memory (checkpoints trained with --tm-fusion concat|attention)")
+    tm.add_argument("--memory", metavar="DIR|FILE.tmx|FILE.tsv",
+                    help="the memory to retrieve matches from: a prepared directory (its training split), a TMX file "
+                         "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
+                         "(default: the training split of the checkpoint's data directory); 'none' translates without "
+                         "matches")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
     out.add_argument("--scores", help="write each sentence's mean token log-probability here")
+    out.add_argument("--memory-matches", metavar="FILE",
+                     help="write each sentence's best memory match here: 'fuzzy score<TAB>entry id<TAB>entry target' "
+                          "(what a translator checks first)")
     out.add_argument("--alignments", help="write each sentence's attention alignment here: 'i-j' pairs, 0-based "
                                           "source word i, target word j (words = SentencePiece words)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
@@ -77,11 +86,13 @@ def check_paths(args) -> None:
     """Every file the run reads or writes is a different file (compared resolved, so './x' and a
     symlink to x are the same), and every output can be written -- before anything is written:
     a --scores equal to --output would overwrite the translation with scores."""
-    for option, path in (("--scores", args.scores), ("--alignments", args.alignments)):
+    for option, path in (("--scores", args.scores), ("--alignments", args.alignments),
+                         ("--memory-matches", args.memory_matches)):
         if path == "-":
             raise ValueError(f"{option}: give a file; standard output holds the translation")
     files = [(o, p) for o, p in (("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
-                                 ("--scores", args.scores), ("--alignments", args.alignments)) if p and p != "-"]
+                                 ("--scores", args.scores), ("--alignments", args.alignments),
+                                 ("--memory-matches", args.memory_matches)) if p and p != "-"]
     seen = {}
     for option, path in files:
         key = Path(path).resolve()
@@ -89,7 +100,7 @@ def check_paths(args) -> None:
             raise ValueError(f"{option} {path}: the same file as {seen[key]}; give each input and output its own file")
         seen[key] = f"{option} {path}"
     for option, path in files:
-        if option in ("--output", "--scores", "--alignments"):
+        if option in ("--output", "--scores", "--alignments", "--memory-matches"):
             check_output_file(path, option)
 
 
@@ -110,7 +121,9 @@ def run(args) -> str:
     translator = DocumentTranslator(
         args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-        segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators)
+        segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory)
+    if args.memory_matches and translator.memory is None:
+        raise ValueError(f"--memory-matches: {args.checkpoint} was trained without a translation memory (--tm-fusion none)")
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
     parsed = parse_input(lines, input_name(args.input), args.format, args.doc_ids,
@@ -131,6 +144,14 @@ def run(args) -> str:
         with _side_file(args.alignments, "--alignments") as f, writing(args.alignments):
             write_output(parsed, [[" ".join(f"{i}-{j}" for i, j in (r.alignment or [])) for r in doc] for doc in results],
                          f, one_per_line=True)
+    if args.memory_matches:
+        def match_line(r):
+            if r.match is None:
+                return ""
+            entry, score = r.match
+            return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
+        with _side_file(args.memory_matches, "--memory-matches") as f, writing(args.memory_matches):
+            write_output(parsed, [[match_line(r) for r in doc] for doc in results], f, one_per_line=True)
     summary = translator.summary()
     fmt = parsed.fmt + (f" (detected: {parsed.detected}; --format chooses)" if parsed.detected else "")
     notes = "".join(f"\n  {note}" for note in parsed.notes)

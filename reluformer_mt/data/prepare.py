@@ -44,7 +44,8 @@ OUTPUT_FILES = re.compile(
     rf"|{_SPLIT}[.](gold[.]align|verses[.]tsv|words[.]{_NAME})")
 OUTPUT_SUBDIRS = {"text": re.compile(rf"{_SPLIT}[.]{_NAME}"),
                   "spm": re.compile(rf"spm([.]{_NAME})?[.](model|vocab)|vocab[.]{_NAME}[.]txt"),
-                  STEP_DIR: re.compile(r"\w+[.]json")}
+                  STEP_DIR: re.compile(r"\w+[.]json"),
+                  "memory": re.compile(rf"{_SPLIT}[.](ids|scores)[.]npy")}
 
 
 @dataclass
@@ -70,6 +71,7 @@ class PrepareConfig:
     force: bool = False
     workers: int = 1
     progress: bool = True
+    memory_k: int = 0                       # translation-memory neighbours per sentence (0 = none)
 
 
 # ---------------------------------------------------------------- steps with stamps
@@ -329,6 +331,22 @@ def _binarize_step(cfg, out, splits, spm_result, encode_stats):
     return run_step(out, "binarize", config, binarize, cfg.force)
 
 
+# ---------------------------------------------------------------- translation memory
+
+def _memory_step(cfg, out: Path, prepared: Prepared) -> Prepared:
+    """Neighbours of every sentence in the training split's memory (reluformer_mt.memory.neighbours)."""
+    from dataclasses import replace
+
+    from reluformer_mt.memory.neighbours import build_neighbours
+
+    config = {"k": cfg.memory_k, "data": _sha(*[_file_sha(out / "text" / f"{s}.{lang}") for s in sorted(prepared.splits)
+                                                 for lang in (cfg.src, cfg.tgt)])}
+    info = run_step(out, "memory", config, lambda: build_neighbours(out, k=cfg.memory_k, progress=cfg.progress), cfg.force)
+    prepared = replace(prepared, memory=info)
+    prepared.write(out)
+    return prepared
+
+
 # ---------------------------------------------------------------- the run
 
 def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str], report: Report) -> Prepared:
@@ -344,7 +362,7 @@ def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str
         format=cfg.fmt, extras=tuple(extras),
         report={"counts": dict(report.counts), "repaired": dict(report.repaired), "skipped": dict(report.skipped),
                 "warnings": dict(report.warnings)},
-        options={k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers")},
+        options={k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers", "memory_k")},
     )
 
 
@@ -392,7 +410,10 @@ def prepare(cfg: PrepareConfig) -> Report:
     report.counts["needed --max-source-positions"] = longest_src + 1
     report.counts["needed --max-target-positions"] = longest_tgt + 1
 
-    describe(cfg, spm_result, stats, extras, report).write(out)
+    prepared = describe(cfg, spm_result, stats, extras, report)
+    prepared.write(out)
+    if cfg.memory_k:
+        prepared = _memory_step(cfg, out, prepared)
     summary = report.summary()
     (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     print(summary, flush=True)

@@ -88,6 +88,8 @@ class Prepared:
     extras: Tuple[str, ...] = ()                # other files written (e.g. the bible's gold links)
     report: Dict[str, Dict[str, int]] = field(default_factory=dict)  # counts, repaired, skipped, warnings
     options: Dict[str, object] = field(default_factory=dict)         # the PrepareConfig it was made with
+    # the translation memory's neighbours (reluformer_mt.memory.neighbours): {} when none were computed
+    memory: Dict[str, object] = field(default_factory=dict)
     created_by: str = "reluformer-prepare"
     directory: Optional[Path] = field(default=None, compare=False)
 
@@ -162,6 +164,7 @@ class Prepared:
             "extras": list(self.extras),
             **{key: dict(self.report.get(key, {})) for key in REPORT_KEYS},
             "options": self.options,
+            **({"memory": self.memory} if self.memory else {}),
         }
 
     def write(self, directory) -> Path:
@@ -247,6 +250,7 @@ def _from_json(data: dict, path: Path) -> Prepared:
         extras=tuple(_field(data, path, "extras", list, required=False, default=[])),
         report={key: _field(data, path, key, dict, required=False, default={}) for key in REPORT_KEYS},
         options=_field(data, path, "options", dict, required=False, default={}),
+        memory=_field(data, path, "memory", dict, required=False, default={}),
         created_by=_field(data, path, "created_by", str, required=False, default="reluformer-prepare"),
         directory=path.parent,
     )

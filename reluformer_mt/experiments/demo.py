@@ -58,6 +58,10 @@ from reluformer_mt.plugin import register
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_FAMILIES = ("reluformer", "rela", "softmax")
+# a family with a translation memory: "softmax+concat", "reluformer+attention"; "+tm" = ``tm_fusion``
+MEMORY_SUFFIXES = ("tm", "concat", "attention")
+NEIGHBOURS_K = 16  # neighbours computed per sentence at preparation (the study reads up to 16)
+TM_POSITIONS = 1024  # positions of a concat model: the source followed by its matches
 
 # Options a preset fills when the command line does not give them. ``quick`` (``make demo``) comes
 # from the quality study (docs/QUALITY_STUDY.md): on 2 CPU cores the 64-dim 2+2 model on a
@@ -108,6 +112,24 @@ class DemoOptions:
     device: str = "cpu"
     # further fairseq-train options for every family, e.g. ["--relu-no-length-scale"] (ablations)
     train_args: List[str] = field(default_factory=list)
+    # translation memory of the "+tm" families: fusion and matches per sentence
+    tm_fusion: str = "concat"
+    tm_k: int = 1
+
+
+def split_family(spec: str, default_fusion: str = "concat") -> tuple:
+    """'softmax' -> ('softmax', None); 'softmax+tm' -> ('softmax', default_fusion);
+    'softmax+attention' -> ('softmax', 'attention')."""
+    family, _, suffix = spec.partition("+")
+    if not suffix:
+        return family, None
+    if suffix not in MEMORY_SUFFIXES:
+        raise ValueError(f"--families: {spec!r}: expected FAMILY or FAMILY+{'|'.join(MEMORY_SUFFIXES)}")
+    return family, default_fusion if suffix == "tm" else suffix
+
+
+def uses_memory(o: "DemoOptions") -> bool:
+    return any(split_family(f)[1] for f in o.families)
 
 
 class Stages:
@@ -137,7 +159,7 @@ def prepare_corpus(o: DemoOptions) -> Dict[str, Path]:
     """Document-level and sentence-level directories sharing one SentencePiece model."""
     doc_dir, sent_dir = o.out / f"data/doc{o.segment_tokens}.v{o.vocab_size}", o.out / f"data/sentence.v{o.vocab_size}"
     common = dict(fmt="bible", src="grc", tgt="en", vocab_size=o.vocab_size, joined_dictionary=True,
-                  bible_root=o.bible_root, force=o.force, workers=2)
+                  bible_root=o.bible_root, force=o.force, workers=2, memory_k=NEIGHBOURS_K if uses_memory(o) else 0)
     prepare(PrepareConfig(out=str(doc_dir), segment_tokens=o.segment_tokens, **common))
     prepare(PrepareConfig(out=str(sent_dir), segment_tokens=0, spm_models=[str(doc_dir / "spm.model")], **common))
     return {"doc": doc_dir, "sentence": sent_dir}
@@ -173,6 +195,9 @@ def document_phase_lr(o: DemoOptions) -> float:
 def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_file: Path, max_positions: int,
                max_update: int, init_from: Optional[Path] = None) -> List[str]:
     size = o.size or "tiny"
+    family, fusion = split_family(family, o.tm_fusion)
+    if fusion == "concat":
+        max_positions = max(max_positions, TM_POSITIONS)
     argv = [str(data_dir), "--user-dir", str(PACKAGE_DIR), "--task", "document_translation",
             "--arch", f"{family}_{size}", "--share-all-embeddings", "--dropout", str(o.dropout),
             "--max-source-positions", str(max_positions), "--max-target-positions", str(max_positions),
@@ -199,6 +224,8 @@ def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_
         argv += ["--finetune-from-model", str(init_from)]
     if o.device == "cpu":
         argv.append("--cpu")
+    if fusion:
+        argv += ["--tm-fusion", fusion, "--tm-k", str(o.tm_k)]
     return argv + list(o.train_args)
 
 
@@ -248,14 +275,17 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ evaluation
-def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: str = "constrained") -> dict:
+def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: str = "constrained",
+                  memory: Optional[str] = None) -> dict:
     """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU.
 
     ``separators``: "constrained" (the translator's default) or "free", which shows how often the
-    model keeps the verse separators by itself (the report gives both)."""
+    model keeps the verse separators by itself (the report gives both). ``memory``: for a model
+    trained with a translation memory, None = its training memory, "none" = without matches."""
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
-    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, separators=separators)
+    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, separators=separators,
+                                    memory=memory)
     start = time.time()
     results = translator.translate(list(sources.values()), progress=True)
     seconds = time.time() - start
@@ -271,7 +301,31 @@ def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: 
             "d_bleu_signature": d_bleu.signature, "chapters": len(hyp_docs), "verses": sum(map(len, hyp_docs)),
             "segments": stats["segments"], "fallbacks": fallbacks, "separators": translator.separators,
             "fallback_rate": fallbacks / max(1, stats["segments"]),
-            "translate_seconds": round(seconds, 1), "hypotheses": dict(zip(sources, hyp_docs))}
+            "translate_seconds": round(seconds, 1), "hypotheses": dict(zip(sources, hyp_docs)),
+            "matches": None if translator.memory is None else [
+                {"fuzzy": r.match[1], "entry": r.match[0], "copy": translator.memory.target(r.match[0])}
+                for doc in results for r in doc]}
+
+
+def memory_bands(o: DemoOptions, checkpoint: Path, data_dir: Path, hypotheses: Dict[str, List[str]],
+                 matches: List[dict]) -> tuple:
+    """s-BLEU by fuzzy band of a memory model with and without its matches, and of copying the
+    match; also the copy baseline's overall s-/d-BLEU."""
+    from reluformer_mt.evaluation.memory_bands import band_scores
+
+    references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
+    refs = [s for d in references.values() for s in d]
+    without = bleu_of_model(o, checkpoint, data_dir, memory="none")
+    copies = [m["copy"] for m in matches]
+    systems = {"with memory": [s for d in hypotheses.values() for s in d],
+               "without memory": [s for d in without["hypotheses"].values() for s in d], "copy of the match": copies}
+    rows = band_scores(refs, [m["fuzzy"] for m in matches], systems)
+    copy_docs, k = [], 0
+    for doc in references.values():
+        copy_docs.append(copies[k:k + len(doc)])
+        k += len(doc)
+    copy = {"s_bleu": corpus_sbleu(copies, refs).score, "d_bleu": corpus_dbleu(copy_docs, list(references.values())).score}
+    return {"bands": rows, "without_memory": {k: without[k] for k in ("s_bleu", "d_bleu", "fallbacks", "segments")}}, copy
 
 
 def baselines(o: DemoOptions, data_dir: Path) -> dict:
@@ -441,6 +495,9 @@ def comparison_rows(results: Dict[str, dict], base: dict, reference: Optional[di
     nan = float("nan")
     rows.append(["baseline: nearest training verse", "", "", "", "", base["nearest_verse"]["s_bleu"],
                  base["nearest_verse"]["d_bleu"], nan, nan, "", "", "", "", "", ""])
+    if "tm_copy" in base:
+        rows.append(["baseline: copy of the memory's match", "", "", "", "", base["tm_copy"]["s_bleu"],
+                     base["tm_copy"]["d_bleu"], nan, nan, "", "", "", "", "", ""])
     rows.append(["baseline: diagonal alignment", "", "", "", "", nan, nan, base["diagonal"]["aer"],
                  base["diagonal"]["aer"], "", "", "", "", "", ""])
     return rows + reference_rows(reference)
@@ -461,6 +518,17 @@ DEFINITIONS = {
     "baselines": "nearest training verse: the BSB verse whose Greek is most similar (TF-IDF cosine) to the test "
                  "verse, copied; diagonal alignment: links j -> round(j * n / m)",
 }
+
+
+def memory_band_table(results: Dict[str, dict]) -> str:
+    """The by-band table of every memory family ('' when there is none)."""
+    from reluformer_mt.evaluation.memory_bands import BAND_HEADERS, band_table_rows
+
+    rows = []
+    for family, r in results.items():
+        if "memory_bands" in r:
+            rows += band_table_rows(family, r["memory_bands"]["bands"], BAND_HEADERS[2:])
+    return format_table(BAND_HEADERS, rows) if rows else ""
 
 
 # Published points of comparison (other corpora and model sizes: for orientation, not for a match).
@@ -508,10 +576,15 @@ def run_demo(o: DemoOptions) -> dict:
             results[family]["sentence_updates"] = o.sentence_updates if not o.budget_minutes else 0
             bleu = bleu_of_model(o, checkpoint, dirs["doc"])
             hypotheses[family] = bleu.pop("hypotheses")
+            matches = bleu.pop("matches")
+            if matches is not None:  # a memory family: what the memory adds, by fuzzy band
+                results[family]["memory_bands"], base["tm_copy"] = memory_bands(o, checkpoint, dirs["doc"],
+                                                                                hypotheses[family], matches)
             (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))
             results[family].update(bleu)
             free = bleu_of_model(o, checkpoint, dirs["doc"], separators="free")
             free.pop("hypotheses")
+            free.pop("matches")
             results[family]["free"] = free
             for mode, b in (("constrained", bleu), ("free", free)):
                 print(f"  {family} ({mode} separators): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
@@ -541,6 +614,9 @@ def run_demo(o: DemoOptions) -> dict:
     total = time.time() - started
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
+    bands = memory_band_table(results)
+    if bands:
+        table += "\n\ntranslation memory, s-BLEU by the best match's fuzzy-match band (constrained decoding):\n" + bands
     write_json(report_dir / "summary.json", summary(results, o, total))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
     options["document_phase_lr"] = document_phase_lr(o)  # the value used, also when document_lr is unset

@@ -55,6 +55,7 @@ class SentenceResult:
     score: Optional[float] = None        # mean log-probability (natural log) of the sentence's target tokens
     alignment: Optional[List[Tuple[int, int]]] = None  # 0-based (source word, target word) pairs
     context: int = 0                      # sentences in the segment it was translated in (0 = empty, not translated)
+    match: Optional[Tuple[int, float]] = None  # translation memory: best entry id and its fuzzy-match score
 
 
 @dataclass
@@ -139,7 +140,8 @@ class DocumentTranslator:
 
     def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 5, lenpen: float = 1.0,
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
-                 segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained"):
+                 segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained",
+                 memory=None):
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
         if separators not in SEPARATOR_MODES:
@@ -178,6 +180,16 @@ class DocumentTranslator:
             self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, self.sep_tgt)
             self.generator.search = self.constraint
         self.stats: Counter = Counter()
+        self.memory = None
+        fusion = getattr(self.task.cfg, "tm_fusion", "none")
+        if fusion != "none" and memory != "none":  # "none": withhold the matches (what the memory adds)
+            from reluformer_mt.inference.memory import MemoryLookup
+
+            self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt)
+        elif memory not in (None, "none"):
+            raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
+                                   "(--tm-fusion none), so it cannot read one")
+        self._matches = {}  # (document, unit) -> (ids, scores) during translate()
 
     def describe(self) -> str:
         r = self.resources
@@ -185,6 +197,8 @@ class DocumentTranslator:
         level = f"segments of <= {self.segment_tokens} tokens" if self.segment_tokens else "sentence by sentence"
         if self.segment_tokens:
             level += f", {self.separators} separators"
+        if self.memory is not None:
+            level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
         return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
                 f"{level}, device {self.device}")
 
@@ -263,7 +277,8 @@ class DocumentTranslator:
                 alignment += [(i + src_offset, j + tgt_offset) for i, j in (r.alignment or [])]
                 src_offset += max(sentencepiece_word_map(pieces or []), default=-1) + 1
                 tgt_offset += len(r.text.split())
-        return SentenceResult(text, sum(scores) / len(scores) if scores else None, alignment, parts[0].context)
+        return SentenceResult(text, sum(scores) / len(scores) if scores else None, alignment, parts[0].context,
+                              parts[0].match)
 
     def _segments(self, encoded) -> List[_Segment]:
         segments = []
@@ -291,14 +306,17 @@ class DocumentTranslator:
         return length_batches(lengths, self.max_tokens, self.batch_size)
 
     @torch.no_grad()
-    def generate(self, sources: Sequence[torch.Tensor], progress=None) -> List[dict]:
+    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None) -> List[dict]:
         """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
         (target ids without the final </s>), ``positional_scores`` (one per token and the
         final </s>), ``attention`` ((target tokens + 1) x source tokens, or None) and
-        ``at_length_limit`` (the hypothesis has the most tokens the generator allows)."""
+        ``at_length_limit`` (the hypothesis has the most tokens the generator allows). ``matches``:
+        the translation memory's tokens of each source (models trained with a memory)."""
         from fairseq import utils
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
+        if matches is not None:
+            dataset = self.task.dataset_with_matches(dataset, matches)
         if self.constraint is not None:
             # looked up by sample["id"], i.e. the index into ``sources``
             self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
@@ -435,14 +453,19 @@ class DocumentTranslator:
         # progress None: a bar on stderr for long inputs (>= 50 segments) when stderr is a terminal
         disable = (not progress) if progress is not None else (len(pending) < 50 or None)
         bar = tqdm(total=len(pending), desc="translate", unit="seg", disable=disable, leave=False)
+        self._look_up_matches(documents, encoded, owners)
         while pending:
             sources = [self._source_ids(encoded, seg) for seg in pending]
-            hyps = self.generate([s for s, _ in sources], bar)
+            matches = None if self.memory is None else [self._segment_matches(seg) for seg in pending]
+            hyps = self.generate([s for s, _ in sources], bar, matches)
             retry = []
             for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
                 results = self._resolve(seg, hyp, src_pieces, scores, alignments)
                 if results is not None:
                     for i, r in zip(seg.sentences, results):
+                        if self.memory is not None:
+                            match_ids, match_scores = self._matches[(seg.doc, i)]
+                            r.match = (int(match_ids[0]), float(match_scores[0]))
                         out[seg.doc][i] = r
                     continue
                 if hyp.get("at_length_limit"):
@@ -462,6 +485,22 @@ class DocumentTranslator:
         assert all(r is not None for doc in out for r in doc)
         return [self._merge(doc_out, doc_units, doc_owners, len(doc))
                 for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+
+    def _look_up_matches(self, documents, encoded, owners) -> None:
+        """Memory matches of every translation unit (a part of a split sentence gets its sentence's)."""
+        from reluformer_mt.memory.tm import band_of
+
+        self._matches = {}
+        if self.memory is None:
+            return
+        keys = [(d, u) for d, doc in enumerate(encoded) for u, p in enumerate(doc) if p is not None]
+        ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys])
+        for n, key in enumerate(keys):
+            self._matches[key] = (ids[n], scores[n])
+            self.stats[f"memory: units whose best match has fuzzy {band_of(float(scores[n, 0]))}"] += 1
+
+    def _segment_matches(self, seg: _Segment) -> torch.Tensor:
+        return self.memory.tokens_of([self._matches[(seg.doc, i)][0] for i in seg.sentences])
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
         """One result per input sentence from the results of its units (parts)."""

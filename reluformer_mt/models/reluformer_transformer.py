@@ -10,6 +10,9 @@ import argparse
 import logging
 import math
 
+import torch
+import torch.nn as nn
+
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig, TransformerModel
@@ -23,6 +26,8 @@ from reluformer_mt.attention import (ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS,
                                      AttentionOptionError, ReluformerAttention)
 from reluformer_mt.attention.config import ATTENTION_IMPLS, GAMMA_MODES, RELA_VARIANTS
 from reluformer_mt.attention.functions import SIGMOID_BIAS_MODES
+from reluformer_mt.memory.tm_attention import (MemoryEncoder, MemoryReader, add_tm_args, copy_probabilities, fill_tm_defaults,
+                                               memory_attention_config, memory_of, reorder_memory)
 from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_ffn_fc2, configure_ffn,
                                   fill_memory_defaults, validate_memory_args)
 
@@ -203,13 +208,22 @@ class ReluformerDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
                                    dropout=cfg.attention_dropout, self_attention=True,
                                    q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
+    # during one decoder forward, the memory that the layer's ``tm_reader`` (a MemoryReader
+    # submodule with --tm-fusion attention) reads; set by ReluformerDecoder.extract_features
+    tm_memory = None
+
     def forward(self, x, *args, self_attn_padding_mask=None, **kwargs):
         # the cross-attention's queries are the decoder positions: lend it their padding mask so
         # that padding rows stay out of its statistics and ReLUFormer's regularisers
         if isinstance(self.encoder_attn, ReluformerAttention):
             with self.encoder_attn.padded_queries(self_attn_padding_mask):
-                return super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
-        return super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
+                out = super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
+        else:
+            out = super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
+        reader = self._modules.get("tm_reader")
+        if reader is not None and self.tm_memory is not None:
+            out = (reader(out[0], *self.tm_memory, query_padding=self_attn_padding_mask),) + tuple(out[1:])
+        return out
 
     def build_encoder_attention(self, embed_dim, cfg):
         return ReluformerAttention(embed_dim, cfg.decoder.attention_heads, attention_config(cfg, "cross"),
@@ -222,10 +236,51 @@ class ReluformerEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         return _wrap_layer(ReluformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None,
+                memory_tokens=None):
+        out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        tm_encoder = self._modules.get("tm_encoder")  # a MemoryEncoder with --tm-fusion attention
+        if tm_encoder is not None and memory_tokens is not None:
+            states, padding = tm_encoder(memory_tokens)
+            out["tm_out"], out["tm_padding_mask"], out["tm_tokens"] = [states], [padding], [memory_tokens]
+        return out
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        if encoder_out.get("tm_out"):
+            for key in ("tm_out", "tm_padding_mask", "tm_tokens"):
+                reordered[key] = encoder_out[key]
+        return reorder_memory(reordered, new_order)
+
 
 class ReluformerDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(ReluformerDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        memory = memory_of(encoder_out)
+        readers = [layer for layer in self.layers if "tm_reader" in layer._modules]
+        for layer in readers:
+            layer.tm_memory = memory
+        try:
+            x, extra = super().extract_features(prev_output_tokens, encoder_out, incremental_state, **kwargs)
+        finally:
+            for layer in readers:
+                layer.tm_memory = None
+        copy_gate = self._modules.get("tm_copy_gate")
+        if memory is not None and copy_gate is not None:
+            reader = readers[-1].tm_reader
+            extra["tm_copy"] = {"weights": reader.weights, "tokens": encoder_out["tm_tokens"][0],
+                                "gate": torch.sigmoid(copy_gate(x)), "ignore": (self.padding_idx, self.dictionary.bos())}
+            reader.weights = None
+        return x, extra
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        """With a translation memory, the output distribution can copy its tokens (``--tm-no-copy`` off)."""
+        extra = net_output[1] if len(net_output) > 1 else None
+        if isinstance(extra, dict) and extra.get("tm_copy") is not None:
+            return copy_probabilities(net_output[0], extra["tm_copy"], log_probs)
+        return super().get_normalized_probs(net_output, log_probs, sample)
 
 
 @register_model("reluformer")
@@ -243,6 +298,7 @@ class ReluformerModel(TransformerModel):
         TransformerModel.add_args(parser)
         add_attention_args(parser)
         add_memory_args(parser)
+        add_tm_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -252,6 +308,7 @@ class ReluformerModel(TransformerModel):
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         fill_attention_defaults(args)
         fill_memory_defaults(args)
+        fill_tm_defaults(args, task)
         validate_attention_args(args)
         validate_memory_args(args)
         return super().build_model(args, task)
@@ -260,6 +317,9 @@ class ReluformerModel(TransformerModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         encoder = ReluformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
         attach_memory_layers(encoder.layers, args, "encoder")  # --memory-layers
+        if getattr(args, "tm_attention", False):
+            cfg = TransformerConfig.from_namespace(args)
+            encoder.tm_encoder = MemoryEncoder(cfg, embed_tokens, ReluformerEncoderLayer, args.tm_encoder_layers)
         return encoder
 
     @classmethod
@@ -267,7 +327,24 @@ class ReluformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         decoder = ReluformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
         attach_memory_layers(decoder.layers, args, "decoder")  # --memory-layers
+        if getattr(args, "tm_attention", False):
+            tm_config = memory_attention_config(attention_config(args, "cross"), args.tm_attn_fn)
+            for layer in decoder.layers:
+                layer.tm_reader = MemoryReader(cfg, tm_config, cfg.decoder.attention_heads)
+            if not args.tm_no_copy:
+                decoder.tm_copy_gate = nn.Linear(cfg.decoder.embed_dim, 1)
+                nn.init.constant_(decoder.tm_copy_gate.bias, -2.0)  # copy ~12 % at first: noisy matches stay cheap
+                decoder.layers[-1].tm_reader.keep_weights = True
         return decoder
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer=None, alignment_heads=None, memory_tokens=None):
+        """fairseq's forward, with the translation memory's tokens (``--tm-fusion attention``)."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
+                                   memory_tokens=memory_tokens)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
+                            return_all_hiddens=return_all_hiddens)
 
     def attention_modules(self):
         """Every ReluformerAttention of the model, with its name."""

@@ -27,6 +27,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from reluformer_mt.data.prepared import SPM_MODEL_SYNTAX, Prepared, load_sentencepiece, parse_spm_models
 from reluformer_mt.data.segments import SEPARATOR, metadata_path, read_segment_metadata, segments_to_documents, split_segment
 from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+from reluformer_mt.memory.tm_data import TM_FUSIONS, MemoryPairDataset, encode_entries, matches_of_rows
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,14 @@ class DocumentTranslationConfig(TranslationConfig):
                           f"'auto' = the target model named in prepared.json, 'none' = score pieces, or {SPM_MODEL_SYNTAX} "
                           "(the target model is used)"},
     )
+    tm_fusion: str = field(
+        default="none",
+        metadata={"help": "translation memory: 'none'; 'concat' = each sentence's retrieved targets follow the source "
+                          "(Neural Fuzzy Repair); 'attention' = the model encodes them and reads them through "
+                          "memory-attention sublayers (EMAT-style). Needs neighbours in the data directory "
+                          "(reluformer-prepare --memory-k K)"},
+    )
+    tm_k: int = field(default=1, metadata={"help": "retrieved entries per sentence that the model sees (<= the prepared k)"})
 
 
 def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[int, str], infos, separator=SEPARATOR):
@@ -88,6 +97,10 @@ class DocumentTranslationTask(TranslationTask):
         if task.prepared is not None and task.prepared.separator != cfg.separator:
             raise ValueError(f"{Prepared.path(data_dir)}: prepared with separator {task.prepared.separator!r} but "
                              f"--separator is {cfg.separator!r}")
+        if cfg.tm_fusion not in TM_FUSIONS:
+            raise ValueError(f"--tm-fusion: got {cfg.tm_fusion!r}, expected one of {', '.join(TM_FUSIONS)}")
+        if cfg.tm_k < 1:
+            raise ValueError(f"--tm-k: got {cfg.tm_k}, expected >= 1")
         for name, d in (("source", task.src_dict), ("target", task.tgt_dict)):
             if d.index(cfg.separator) == d.unk():
                 raise ValueError(f"{data_dir}: the {name} dictionary has no {cfg.separator!r} entry, so segments cannot "
@@ -110,7 +123,43 @@ class DocumentTranslationTask(TranslationTask):
         self._check_separators(split, dataset, infos)
         self._check_lengths(split, dataset, infos, (self.cfg.max_source_positions, self.cfg.max_target_positions))
         self.segment_infos[split] = infos
+        if self.cfg.tm_fusion != "none":
+            dataset = self.datasets[split] = self._with_memory(data_dir, split, dataset, infos)
+            self._check_lengths(split, dataset, infos, (self.cfg.max_source_positions, self.cfg.max_target_positions))
         self._split_of_dataset[id(dataset)] = split
+
+    # ------------------------------------------------------------ translation memory
+
+    def memory_entries(self, data_dir):
+        """Token ids of the memory's targets: the training split's sentences (loaded once)."""
+        if getattr(self, "_memory_entries", None) is None:
+            from reluformer_mt.memory.tm import split_sentences_of
+
+            path = os.path.join(data_dir, "text", f"train.{self.cfg.target_lang}")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path}: missing; --tm-fusion reads the memory's targets from the prepared text")
+            with open(path, encoding="utf-8") as f:
+                pieces = split_sentences_of(f, self.cfg.separator)
+            self._memory_entries = encode_entries(pieces, self.tgt_dict)
+        return self._memory_entries
+
+    def _with_memory(self, data_dir, split, dataset, infos):
+        from reluformer_mt.memory.neighbours import load_neighbours, sentence_rows
+
+        ids, _ = load_neighbours(data_dir, split, self.cfg.tm_k)
+        rows = sentence_rows([info.n_sentences for info in infos])
+        if rows and rows[-1].stop != len(ids):
+            raise ValueError(f"{data_dir}: {split} has {rows[-1].stop} sentences in its segments but {len(ids)} rows of "
+                             "memory neighbours; re-run reluformer-prepare with --memory-k")
+        matches = matches_of_rows(self.memory_entries(data_dir), ids, rows, self.src_dict.bos())
+        return MemoryPairDataset.wrap(dataset, matches, self.cfg.tm_fusion)
+
+    def dataset_with_matches(self, dataset, matches):
+        """An inference dataset (``build_dataset_for_inference``) with the given memory matches
+        (one token tensor per source, see :func:`reluformer_mt.memory.tm_data.matches_of_rows`)."""
+        if self.cfg.tm_fusion == "none":
+            return dataset
+        return MemoryPairDataset.wrap(dataset, matches, self.cfg.tm_fusion)
 
     def _check_separators(self, split, dataset, infos):
         sep = self.src_dict.index(self.cfg.separator)

@@ -1,0 +1,177 @@
+"""Benchmark of the translation memory (issue 20's cost targets), one run, ratios printed.
+
+1. Retrieval on the bible memory (the demo's training verses, exact MIPS): build time, peak
+   RAM, queries/s of the whole lookup (TF-IDF keys + faiss + fuzzy rerank) and of MIPS alone,
+   on one core; recall@1 against the exact fuzzy best.
+2. Synthetic memories of 10k / 100k / 1M entries (clustered 256-dim keys, like sentence keys
+   that group by topic): build time and RAM of the exact and HNSW indexes, queries/s on one
+   core, and HNSW's recall@10 against exact search.
+3. Translation sentences/s of a memory checkpoint with its memory against the same checkpoint
+   without matches (``memory="none"``), and against a twin trained without memory, interleaved
+   ``--repeats`` times (median and spread).
+
+    .venv/bin/python benchmarks/translation_memory.py --data runs/demo/data/doc128.v2000 \\
+        --checkpoint runs/demo/checkpoints/softmax+tm/document/checkpoint_best.pt \\
+        --twin runs/demo/checkpoints/softmax/document/checkpoint_best.pt --sizes 10000,100000,1000000
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reluformer_mt.memory.mips import MipsIndex  # noqa: E402
+from reluformer_mt.memory.tm import Retriever, read_prepared, recall_at_k  # noqa: E402
+
+
+def one_core():
+    import faiss
+    import torch
+
+    faiss.omp_set_num_threads(1)
+    torch.set_num_threads(1)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def bible_retrieval(data_dir: Path, k: int) -> dict:
+    memory = read_prepared(data_dir, "train")
+    queries = read_prepared(data_dir, "test").sources
+    before = rss_mb()
+    start = time.perf_counter()
+    retriever = Retriever(memory)
+    build = time.perf_counter() - start
+    ram = rss_mb() - before
+    retriever.search(queries[:50], k)  # warm-up
+    start = time.perf_counter()
+    _, scores = retriever.search(queries, k)
+    lookup_qps = len(queries) / (time.perf_counter() - start)
+    keys = retriever.keys.encode(queries)
+    start = time.perf_counter()
+    for _ in range(20):
+        retriever.index.search(keys, k)
+    mips_qps = 20 * len(queries) / (time.perf_counter() - start)
+    best = retriever.exact_best(queries)
+    close = best >= 0.5  # the matches that matter to a translator
+    return {"entries": len(memory), "queries": len(queries), "build_s": round(build, 2), "ram_mb": round(ram, 1),
+            "lookup_qps": round(lookup_qps), "mips_qps": round(mips_qps), **recall_at_k(scores, best, ks=(1,)),
+            "queries_with_best_fuzzy>=0.5": int(close.sum()),
+            "recall@1 (best fuzzy >= 0.5)": recall_at_k(scores[close], best[close], ks=(1,))["recall@1"] if close.any() else None,
+            "mean_top1_fuzzy": round(float(scores[:, 0].mean()), 3)}
+
+
+def clustered(n: int, d: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((4096, d), dtype=np.float32)
+    x = centres[rng.integers(0, 4096, n)] + 0.5 * rng.standard_normal((n, d), dtype=np.float32)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def synthetic(size: int, dim: int, queries: int, k: int, ef_search: int) -> list:
+    keys, qs = clustered(size, dim, 0), clustered(queries, dim, 1)
+    rows, truth = [], None
+    for kind in ("exact", "hnsw"):
+        before = rss_mb()
+        start = time.perf_counter()
+        index = MipsIndex(kind, ef_search=ef_search).build(keys)
+        build = time.perf_counter() - start
+        ram = rss_mb() - before
+        index.search(qs[:10], k)
+        start = time.perf_counter()
+        _, ids = index.search(qs, k)
+        qps = len(qs) / (time.perf_counter() - start)
+        if truth is None:
+            truth = ids
+        rec = float(np.mean([len(set(a) & set(e)) / k for a, e in zip(ids, truth)]))
+        rows.append({"entries": size, "index": kind, "build_s": round(build, 1), "ram_mb": round(ram), "qps": round(qps),
+                     f"recall@{k}": round(rec, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+        del index
+    return rows
+
+
+def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int, repeats: int) -> dict:
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.plugin import register
+
+    register()
+    test = read_prepared(data_dir, "test").sources[:sentences]
+    documents = [test[i:i + 20] for i in range(0, len(test), 20)]
+    systems = {"with memory": DocumentTranslator(checkpoint, beam=4, quiet=True),
+               "same model, no matches": DocumentTranslator(checkpoint, beam=4, quiet=True, memory="none")}
+    if twin:
+        systems["twin without memory"] = DocumentTranslator(twin, beam=4, quiet=True)
+    times = {name: [] for name in systems}
+    for _ in range(repeats):  # interleaved, so load changes hit every system alike
+        for name, translator in systems.items():
+            start = time.perf_counter()
+            translator.translate(documents, progress=False)
+            times[name].append(len(test) / (time.perf_counter() - start))
+    out = {name: {"sentences_per_s": round(statistics.median(v), 2), "spread": round(max(v) - min(v), 2)}
+           for name, v in times.items()}
+    ref = statistics.median(times["with memory"])
+    for name, v in times.items():
+        if name != "with memory":
+            ratios = [a / b for a, b in zip(times["with memory"], v)]
+            out[name]["memory_ratio"] = round(statistics.median(ratios), 3)
+            out[name]["ratio_spread"] = round(max(ratios) - min(ratios), 3)
+    out["with memory"]["sentences_per_s"] = round(ref, 2)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="a prepared directory (the bible memory: its training split)")
+    p.add_argument("--checkpoint", help="a checkpoint trained with --tm-fusion (translation speed)")
+    p.add_argument("--twin", help="the same family trained without memory (translation speed)")
+    p.add_argument("--sizes", default="10000,100000,1000000", help="synthetic memory sizes ('' = none)")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--queries", type=int, default=2000)
+    p.add_argument("--ef-search", type=int, default=128)
+    p.add_argument("--sentences", type=int, default=120)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="write every number here")
+    args = p.parse_args(argv)
+    one_core()
+    report = {"bible": bible_retrieval(Path(args.data), args.k)}
+    print("bible memory:", json.dumps(report["bible"]), flush=True)
+    report["synthetic"] = [row for size in args.sizes.split(",") if size
+                           for row in synthetic(int(size), args.dim, args.queries, args.k, args.ef_search)]
+    if args.checkpoint:
+        report["translation"] = translation_speed(args.checkpoint, args.twin, Path(args.data), args.sentences, args.repeats)
+        print("translation:", json.dumps(report["translation"]), flush=True)
+    report["peak_rss_mb"] = round(peak_rss_mb())
+    b = report["bible"]
+    parts = [f"bible lookup {b['lookup_qps']} q/s (MIPS alone {b['mips_qps']}) {'✓' if b['lookup_qps'] >= 1000 else '✗'} >=1000",
+             f"recall@1 {b['recall@1']:.2f} (where the best match has fuzzy >= 0.5: {b['recall@1 (best fuzzy >= 0.5)']})"]
+    for row in report["synthetic"]:
+        if row["index"] == "hnsw":
+            ok = row["qps"] >= 1000 and row[f"recall@{args.k}"] >= 0.9
+            parts.append(f"{row['entries']:,} hnsw {row['qps']} q/s recall@{args.k} {row[f'recall@{args.k}']:.3f} "
+                         f"build {row['build_s']} s {row['ram_mb']} MB {'✓' if ok else '✗'}")
+    if "translation" in report:
+        r = report["translation"]["same model, no matches"]
+        parts.append(f"translation with/without matches {r['memory_ratio']:.2f}±{r['ratio_spread']:.2f} "
+                     f"{'✓' if r['memory_ratio'] >= 0.8 else '✗'} >=0.8")
+    print("SUMMARY " + "; ".join(parts))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

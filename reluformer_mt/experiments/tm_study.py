@@ -1,0 +1,86 @@
+"""The memory read-out study: softmax vs ReLUFormer vs ReLA as the weight function that reads a
+translation memory, with k = 1, 4, 16 retrieved entries per sentence (k x ~40 value slots).
+
+The ReLUFormer paper (Shen et al. 2023) finds ReLU better than softmax "when the number of value
+slots is large"; here the slots are the retrieved translations' tokens. Each run trains the
+demo's model (``--preset quick`` dimensions) on the bible's sentences with ``--tm-fusion
+attention`` (memory attention with the copy distribution, ``--tm-encoder-layers 0`` so that the
+cost stays linear in the slots) for the same number of updates, and translates the held-out
+chapters verse by verse with its memory, without it, and beside copying the best match.
+
+    python -m reluformer_mt.experiments.tm_study --out runs/tm_study --families softmax,reluformer,rela --ks 1,4,16
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, memory_bands, prepare_corpus,
+                                            train_argv)
+from reluformer_mt.cli.inprocess import run_fairseq
+
+HEADERS = ["read-out", "k", "train min", "s-BLEU", "without memory", "copy of the match", "gain",
+           "s-BLEU fuzzy >= 50", "n >= 50"]
+
+
+def run_one(o: DemoOptions, family: str, k: int, updates: int, data_dir: Path, extra: List[str]) -> dict:
+    name = f"{family}.k{k}"
+    save = o.out / "checkpoints" / name
+    log = o.out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    o.tm_k = k
+    argv = train_argv(o, f"{family}+attention", data_dir, save, log, 1024, updates) + extra
+    start = time.time()
+    if not (save / "checkpoint_last.pt").exists() or not (save / "train_seconds.txt").exists():
+        run_fairseq("train", argv)
+        (save / "train_seconds.txt").write_text(f"{time.time() - start:.1f}\n")
+    seconds = float((save / "train_seconds.txt").read_text())
+    bleu = bleu_of_model(o, save / "checkpoint_last.pt", data_dir)
+    hypotheses, matches = bleu.pop("hypotheses"), bleu.pop("matches")
+    bands, copy = memory_bands(o, save / "checkpoint_last.pt", data_dir, hypotheses, matches)
+    close = next(b for b in bands["bands"] if b["band"] == ">=50")
+    return {"family": family, "k": k, "train_seconds": seconds, "s_bleu": bleu["s_bleu"],
+            "without_memory": bands["without_memory"]["s_bleu"], "copy": copy["s_bleu"], "bands": bands["bands"],
+            "close": close}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/tm_study")
+    p.add_argument("--families", default="softmax,reluformer,rela")
+    p.add_argument("--ks", default="1,4,16")
+    p.add_argument("--updates", type=int, default=1000, help="sentence-level updates per run")
+    p.add_argument("--bible-root", default=None)
+    args = p.parse_args(argv)
+    from reluformer_mt.plugin import register
+
+    register()
+    families = [f for f in args.families.split(",") if f]
+    ks = [int(k) for k in args.ks.split(",") if k]
+    o = DemoOptions(out=Path(args.out), families=[f"{f}+attention" for f in families], tm_fusion="attention",
+                    bible_root=args.bible_root, **PRESETS["quick"])
+    o.validations = 1
+    dirs = prepare_corpus(o)
+    extra = ["--tm-encoder-layers", "0", "--disable-validation"]
+    results = []
+    for k in ks:
+        for family in families:
+            r = run_one(o, family, k, args.updates, dirs["sentence"], extra)
+            results.append(r)
+            print(f"[tm-study] {family} k={k}: s-BLEU {r['s_bleu']:.2f} (without memory {r['without_memory']:.2f}, "
+                  f"copy {r['copy']:.2f}) in {r['train_seconds'] / 60:.1f} min", flush=True)
+            write_json(Path(args.out) / "tm_study.json", {"updates": args.updates, "results": results})
+    rows = [[r["family"], r["k"], round(r["train_seconds"] / 60, 1), r["s_bleu"], r["without_memory"], r["copy"],
+             r["s_bleu"] - r["without_memory"], r["close"]["with memory"] if r["close"]["sentences"] else float("nan"),
+             r["close"]["sentences"]] for r in results]
+    table = format_table(HEADERS, rows)
+    (Path(args.out) / "tm_study.md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

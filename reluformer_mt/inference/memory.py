@@ -1,0 +1,56 @@
+"""The translation memory a translator consults: matches of every input sentence.
+
+A checkpoint trained with ``--tm-fusion concat|attention`` reads, for each sentence, the
+targets of its top ``--tm-k`` memory entries. By default the memory is the training split of
+the data directory the checkpoint was trained on (the same entries, keys and retrieval as in
+training); ``--memory`` names another one: a prepared directory, a TMX or a TSV file
+(:func:`reluformer_mt.memory.tm.read_memory`). Every sentence's best match and its fuzzy-match
+score are kept, so the summary counts sentences per fuzzy band and a side output lists them.
+"""
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
+from reluformer_mt.memory.tm_data import encode_entries
+
+
+class MemoryLookup:
+    def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt):
+        self.k = int(task.cfg.tm_k)
+        self.bos = task.src_dict.bos()
+        if spec is None or (Path(spec).is_dir() and Path(spec).resolve() == Path(data_dir).resolve()):
+            # the training memory: entry tokens exactly as the task built them in training
+            self.entries = read_prepared(data_dir)
+            self.tokens = task.memory_entries(str(data_dir))
+        else:
+            self.entries = read_memory(spec, src_lang, tgt_lang)
+            if Path(spec).is_dir():
+                self.tokens = task.memory_entries(str(spec))
+            else:
+                pieces = [" ".join(p) for p in sp_tgt.encode(self.entries.targets, out_type=str)]
+                self.tokens = encode_entries(pieces, task.tgt_dict)
+        self.retriever = Retriever(self.entries)
+
+    def describe(self) -> str:
+        return f"translation memory {self.entries.summary()}; {self.k} match(es) per sentence"
+
+    def lookup(self, sentences: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+        """(ids, fuzzy scores), each (len(sentences), k), best first."""
+        if not sentences:
+            return np.zeros((0, self.k), dtype=np.int64), np.zeros((0, self.k), dtype=np.float32)
+        return self.retriever.search(list(sentences), self.k)
+
+    def tokens_of(self, rows: Sequence[np.ndarray]) -> torch.Tensor:
+        """``<s> entry`` for each retrieved id of each row (the order of training)."""
+        parts: List[torch.Tensor] = []
+        for ids in rows:
+            for entry in ids:
+                if entry >= 0:
+                    parts += [torch.tensor([self.bos]), self.tokens[entry]]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+    def target(self, entry: int) -> Optional[str]:
+        return self.entries.targets[entry] if entry >= 0 else None

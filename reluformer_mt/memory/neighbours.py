@@ -1,0 +1,109 @@
+"""Neighbours of every sentence of a prepared directory in its translation memory, computed once
+at preparation and stored in the directory (``prepared.json`` names them under ``memory``).
+
+The memory is the training split's sentence pairs (entry ``i`` = the ``i``-th training
+sentence). Files in ``DIR/memory/``:
+
+- ``{split}.ids.npy``: (sentences of the split, k) int32, entry ids best first, -1 = none;
+- ``{split}.scores.npy``: (sentences, k) float32, their fuzzy-match scores.
+
+No leakage: a training sentence never retrieves itself (leave-one-out by id), and the memory
+holds training pairs only, never a valid or test sentence.
+"""
+import dataclasses
+import time
+from pathlib import Path
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+
+from reluformer_mt.memory.tm import (FUZZY_BANDS, Retriever, TranslationMemoryError, band_of, read_prepared,
+                                     recall_at_k)
+
+MEMORY_DIR = "memory"
+RECALL_SAMPLE = 500  # queries per split scored exhaustively for recall@k (the exact best fuzzy match)
+
+
+def neighbour_paths(directory, split: str) -> Tuple[Path, Path]:
+    base = Path(directory) / MEMORY_DIR
+    return base / f"{split}.ids.npy", base / f"{split}.scores.npy"
+
+
+def band_counts(scores: np.ndarray) -> Dict[str, int]:
+    counts = {name: 0 for _, _, name in FUZZY_BANDS}
+    for s in scores:
+        counts[band_of(float(s))] += 1
+    return counts
+
+
+def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = 128, progress: bool = True) -> dict:
+    """Retrieve the top-``k`` training entries of every sentence of every split; write the
+    arrays and record the description (with recall@k on a sample and fuzzy bands) in
+    ``prepared.json``. Returns the description."""
+    from reluformer_mt.data.prepared import Prepared
+
+    if k < 1:
+        raise TranslationMemoryError(f"--memory-k: got {k}, expected >= 1")
+    prepared = Prepared.load(directory)
+    start = time.time()
+    memory = read_prepared(directory, "train")
+    retriever = Retriever(memory, dim=dim, candidates=candidates)
+    info = {"entries": len(memory), "k": k, "keys": f"tfidf-char2-4-svd{retriever.keys.svd.n_components}",
+            "candidates": candidates, "splits": {}}
+    (Path(directory) / MEMORY_DIR).mkdir(exist_ok=True)
+    for split in prepared.splits:
+        queries = memory.sources if split == "train" else read_prepared(directory, split).sources
+        exclude = np.arange(len(queries)) if split == "train" else None
+        ids, scores = retriever.search(queries, k, exclude=exclude)
+        ids_path, scores_path = neighbour_paths(directory, split)
+        np.save(ids_path, ids.astype(np.int32))
+        np.save(scores_path, scores)
+        sample = np.linspace(0, len(queries) - 1, min(RECALL_SAMPLE, len(queries))).astype(int)
+        best = retriever.exact_best([queries[i] for i in sample], exclude=None if exclude is None else exclude[sample])
+        info["splits"][split] = {"sentences": len(queries), "mean_top1_fuzzy": round(float(scores[:, 0].mean()), 4),
+                                 "bands_top1": band_counts(scores[:, 0]),
+                                 **{key: round(v, 4) for key, v in recall_at_k(scores[sample], best).items()}}
+        close = best >= 0.5  # the matches that matter to a translator
+        if close.any():
+            info["splits"][split].update({f"{key} (fuzzy >= 0.5)": round(v, 4) for key, v in
+                                          recall_at_k(scores[sample][close], best[close]).items()})
+        if progress:
+            print(f"[memory] {split}: {len(queries)} sentences, top-1 fuzzy {scores[:, 0].mean():.3f}, "
+                  f"bands {info['splits'][split]['bands_top1']}", flush=True)
+    info["seconds"] = round(time.time() - start, 1)
+    dataclasses.replace(prepared, memory=info).write(directory)
+    return info
+
+
+def load_neighbours(directory, split: str, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids, scores) of ``split``'s sentences, the first ``k`` columns; one-line errors when the
+    directory has no (or too few) neighbours."""
+    from reluformer_mt.data.prepared import Prepared
+
+    prepared = Prepared.load(directory)
+    stored = int(prepared.memory.get("k", 0)) if prepared.memory else 0
+    if not stored:
+        raise TranslationMemoryError(f"{Prepared.path(directory)}: no translation-memory neighbours; re-run "
+                                     "the same reluformer-prepare command with --memory-k K")
+    if k > stored:
+        raise TranslationMemoryError(f"--tm-k {k}: {directory} holds {stored} neighbours per sentence; re-run "
+                                     f"the same reluformer-prepare command with --memory-k {k}")
+    ids_path, scores_path = neighbour_paths(directory, split)
+    if not ids_path.is_file():
+        raise TranslationMemoryError(f"{ids_path}: missing; re-run the same reluformer-prepare "
+                                     "command with --memory-k K")
+    return np.load(ids_path)[:, :k], np.load(scores_path)[:, :k]
+
+
+def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
+    """The neighbour rows (sentence indices of the split) of each example, from the sentence
+    counts of its segments in order."""
+    rows, start = [], 0
+    for n in n_sentences:
+        rows.append(range(start, start + n))
+        start += n
+    return rows
+
+
+__all__ = ["MEMORY_DIR", "band_counts", "build_neighbours", "load_neighbours", "neighbour_paths", "sentence_rows"]
+

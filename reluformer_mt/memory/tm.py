@@ -1,0 +1,296 @@
+"""A translation memory (TM): source/target sentence pairs outside the model, searched by
+maximum inner product (MIPS) over dense keys, reranked by the TM industry's fuzzy-match score.
+
+This is the external key-value memory of EMAT (Wu et al. 2022, arXiv:2210.16773) for MT: keys
+are vectors of source sentences, values are their translations, and a query retrieves its
+top-k entries by MIPS (faiss, :class:`reluformer_mt.memory.mips.MipsIndex`). The model reads
+the values either concatenated to its source (Neural Fuzzy Repair, Bulté & Tezcan ACL 2019;
+Xu et al. ACL 2020) or through a memory-attention sublayer (:mod:`reluformer_mt.memory.tm_attention`).
+
+Sources of entries: the training split of a prepared directory, a TMX 1.4b file (streamed with
+``xml.etree.ElementTree.iterparse``; inline codes ``<bpt> <ept> <it> <ph> <ut>`` dropped, the
+text around them and inside ``<hi>`` kept; ``xml:lang`` matched on its primary subtag, so
+``en-US`` = ``en``), or a two-column TSV file.
+
+Keys (model-free, usable before any training): TF-IDF over character 2-4-grams of the
+lower-cased source (sublinear tf), reduced to ``dim`` dimensions by a truncated SVD (fixed seed,
+so refitting on the same entries gives the same keys) and L2-normalised, so inner product =
+cosine. The top ``candidates`` by MIPS are reranked by the fuzzy-match score
+1 - (word edit distance) / (length of the longer sentence) (rapidfuzz), what a CAT tool shows
+a translator; ties keep the MIPS order.
+"""
+import logging
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+INLINE_CODES = {"bpt", "ept", "it", "ph", "ut"}   # native markup of the original format: dropped
+FUZZY_BANDS = ((0.0, 0.5, "<50"), (0.5, 0.7, "50-70"), (0.7, 0.9, "70-90"), (0.9, 1.01, ">=90"))
+
+
+class TranslationMemoryError(ValueError):
+    """A bad memory file or option: a one-line message naming the file/line or the option."""
+
+
+@dataclass
+class MemoryEntries:
+    """Sentence pairs of a translation memory, in file order (the entry id is the index)."""
+    sources: List[str]
+    targets: List[str]
+    origin: str
+    skipped: Counter = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def summary(self) -> str:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) or "none"
+        return f"{self.origin}: {len(self)} entries; skipped: {skipped}"
+
+
+# ---------------------------------------------------------------- reading memories
+
+def primary_language(code: Optional[str]) -> str:
+    """'en-US', 'EN_us', 'en' -> 'en'."""
+    return (code or "").replace("_", "-").split("-")[0].strip().lower()
+
+
+def segment_text(seg: ET.Element) -> str:
+    """Plain text of a TMX ``<seg>``: inline codes dropped, the text around them kept."""
+    parts = [seg.text or ""]
+    for child in seg:
+        tag = child.tag.rsplit("}", 1)[-1]
+        if tag not in INLINE_CODES:
+            parts.append(segment_text(child))
+        parts.append(child.tail or "")
+    return " ".join("".join(parts).split())
+
+
+def read_tmx(path, src_lang: str, tgt_lang: str) -> MemoryEntries:
+    """Stream the translation units of a TMX file; units lacking either language or with an
+    empty segment are skipped and counted. Malformed XML stops with file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise TranslationMemoryError(f"{path}: translation memory not found")
+    want_src, want_tgt = primary_language(src_lang), primary_language(tgt_lang)
+    entries = MemoryEntries([], [], str(path))
+    seen_langs: Counter = Counter()
+    try:
+        context = ET.iterparse(str(path), events=("start", "end"))
+        _, root = next(context)
+        if root.tag.rsplit("}", 1)[-1] != "tmx":
+            raise TranslationMemoryError(f"{path}: line 1: expected a <tmx> document, got <{root.tag}>")
+        for event, elem in context:
+            if event != "end" or elem.tag.rsplit("}", 1)[-1] != "tu":
+                continue
+            texts = {}
+            for tuv in elem:
+                if tuv.tag.rsplit("}", 1)[-1] != "tuv":
+                    continue
+                lang = primary_language(tuv.get(XML_LANG) or tuv.get("lang"))
+                seen_langs[lang] += 1
+                seg = next((c for c in tuv if c.tag.rsplit("}", 1)[-1] == "seg"), None)
+                if seg is not None and lang not in texts:
+                    texts[lang] = segment_text(seg)
+            if want_src not in texts or want_tgt not in texts:
+                entries.skipped[f"units without both {want_src} and {want_tgt}"] += 1
+            elif not texts[want_src] or not texts[want_tgt]:
+                entries.skipped["units with an empty segment"] += 1
+            else:
+                entries.sources.append(texts[want_src])
+                entries.targets.append(texts[want_tgt])
+            root.clear()  # keep memory flat: a TM of millions of units never sits in memory as XML
+    except ET.ParseError as e:
+        line = e.position[0] if getattr(e, "position", None) else "?"
+        raise TranslationMemoryError(f"{path}: line {line}: malformed TMX ({str(e).split(':')[0]})") from None
+    if not entries.sources:
+        found = ", ".join(sorted(seen_langs)) or "none"
+        raise TranslationMemoryError(f"{path}: no translation unit with both {want_src} and {want_tgt} segments "
+                           f"(languages found: {found})")
+    return entries
+
+
+def read_tsv(path) -> MemoryEntries:
+    """``source <TAB> target`` a line; a line with another number of columns stops with file and
+    line, a line with an empty side is skipped and counted."""
+    path = Path(path)
+    if not path.is_file():
+        raise TranslationMemoryError(f"{path}: translation memory not found")
+    entries = MemoryEntries([], [], str(path))
+    with open(path, encoding="utf-8", errors="strict", newline="\n") as f:
+        try:
+            for n, line in enumerate(f, 1):
+                line = line.rstrip("\r\n")
+                if not line.strip():
+                    entries.skipped["blank lines"] += 1
+                    continue
+                columns = line.split("\t")
+                if len(columns) != 2:
+                    raise TranslationMemoryError(f"{path}: line {n}: expected 2 tab-separated columns (source, target), "
+                                       f"got {len(columns)}")
+                src, tgt = (" ".join(c.split()) for c in columns)
+                if not src or not tgt:
+                    entries.skipped["lines with an empty side"] += 1
+                    continue
+                entries.sources.append(src)
+                entries.targets.append(tgt)
+        except UnicodeDecodeError as e:
+            raise TranslationMemoryError(f"{path}: line {n}: not UTF-8 ({e.reason})") from None
+    if not entries.sources:
+        raise TranslationMemoryError(f"{path}: no entry (expected lines 'source<TAB>target')")
+    return entries
+
+
+def split_sentences_of(lines: Iterable[str], separator: str) -> List[str]:
+    """Sentences of prepared text lines (segments joined by the separator), in order."""
+    return [s.strip() for line in lines for s in line.rstrip("\n").split(separator)]
+
+
+def read_prepared(directory, split: str = "train") -> MemoryEntries:
+    """The sentence pairs of a prepared split, decoded from SentencePiece pieces to text; entry
+    ``i`` is the split's ``i``-th sentence (segments are cut at the separator)."""
+    from reluformer_mt.data.prepared import Prepared
+
+    prepared = Prepared.load(directory)
+    sp_src, sp_tgt = prepared.sentencepiece(check_separator=False)
+    text = Path(directory) / "text"
+    sides = []
+    for lang, sp in ((prepared.src_lang, sp_src), (prepared.tgt_lang, sp_tgt)):
+        path = text / f"{split}.{lang}"
+        if not path.is_file():
+            raise TranslationMemoryError(f"{path}: missing; re-prepare {directory} with reluformer-prepare")
+        pieces = split_sentences_of(path.read_text(encoding="utf-8").splitlines(), prepared.separator)
+        sides.append([sp.decode_pieces(p.split()) for p in pieces])
+    if len(sides[0]) != len(sides[1]):
+        raise TranslationMemoryError(f"{text}: {split} has {len(sides[0])} source but {len(sides[1])} target sentences")
+    return MemoryEntries(sides[0], sides[1], f"{directory} ({split})")
+
+
+def read_memory(spec, src_lang: str, tgt_lang: str) -> MemoryEntries:
+    """A memory given on the command line: a prepared directory (its training split), a .tmx or
+    a .tsv file."""
+    path = Path(spec)
+    if path.is_dir():
+        return read_prepared(path)
+    suffix = path.suffix.lower()
+    if suffix == ".tmx":
+        return read_tmx(path, src_lang, tgt_lang)
+    if suffix in (".tsv", ".txt"):
+        return read_tsv(path)
+    if not path.exists():
+        raise TranslationMemoryError(f"--memory: {path} not found (expected a prepared directory, a .tmx or a .tsv file)")
+    raise TranslationMemoryError(f"--memory: {path}: expected a prepared directory, a .tmx or a .tsv file")
+
+
+# ---------------------------------------------------------------- keys and search
+
+def fuzzy_words(text: str) -> List[str]:
+    return text.lower().split()
+
+
+def fuzzy_score(a: Sequence[str], b: Sequence[str]) -> float:
+    """1 - word edit distance / length of the longer sentence (1.0 = identical)."""
+    from rapidfuzz.distance import Levenshtein
+
+    if not a and not b:
+        return 1.0
+    return 1.0 - Levenshtein.distance(a, b) / max(len(a), len(b))
+
+
+class TfidfKeys:
+    """Model-free sentence keys: char 2-4-gram TF-IDF -> truncated SVD -> L2 norm."""
+
+    def __init__(self, dim: int = 256, seed: int = 0):
+        self.dim, self.seed = dim, seed
+
+    def fit(self, sentences: Sequence[str]) -> "TfidfKeys":
+        from sklearn.decomposition import TruncatedSVD
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        self.vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), sublinear_tf=True, lowercase=True,
+                                          dtype=np.float32)
+        matrix = self.vectorizer.fit_transform(sentences)
+        dim = max(1, min(self.dim, matrix.shape[1] - 1, matrix.shape[0] - 1))
+        self.svd = TruncatedSVD(dim, random_state=self.seed, algorithm="randomized", n_iter=4)
+        self.svd.fit(matrix)
+        return self
+
+    def encode(self, sentences: Sequence[str]) -> np.ndarray:
+        vectors = self.svd.transform(self.vectorizer.transform(sentences)).astype(np.float32)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.maximum(norms, 1e-8)
+
+
+class Retriever:
+    """Top-k entries of a memory for query sentences: MIPS over :class:`TfidfKeys`, the top
+    ``candidates`` reranked by fuzzy-match score."""
+
+    def __init__(self, entries: MemoryEntries, dim: int = 256, index: str = "exact", candidates: int = 32):
+        from reluformer_mt.memory.mips import MipsIndex
+
+        if len(entries) == 0:
+            raise TranslationMemoryError(f"{entries.origin}: the memory is empty")
+        self.entries, self.candidates = entries, candidates
+        self.keys = TfidfKeys(dim).fit(entries.sources)
+        self.index = MipsIndex(index).build(self.keys.encode(entries.sources))
+        self._words = [fuzzy_words(s) for s in entries.sources]
+
+    def search(self, queries: Sequence[str], k: int, exclude: Optional[Sequence[int]] = None,
+               batch: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
+        """(ids, fuzzy scores), each (len(queries), k), best first; id -1 where fewer than k
+        entries exist. ``exclude[i]``: an entry query i must not retrieve (itself, in training)."""
+        n = len(queries)
+        ids = np.full((n, k), -1, dtype=np.int64)
+        scores = np.zeros((n, k), dtype=np.float32)
+        wanted = min(len(self.entries), max(k, self.candidates) + (1 if exclude is not None else 0))
+        for start in range(0, n, batch):
+            chunk = list(queries[start:start + batch])
+            _, found = self.index.search(self.keys.encode(chunk), wanted)
+            for row, (query, candidates) in enumerate(zip(chunk, found)):
+                i = start + row
+                words = fuzzy_words(query)
+                skip = exclude[i] if exclude is not None else -1
+                ranked = [(fuzzy_score(words, self._words[c]), -rank, int(c))
+                          for rank, c in enumerate(candidates) if c >= 0 and c != skip]
+                ranked.sort(reverse=True)
+                for j, (score, _, c) in enumerate(ranked[:k]):
+                    ids[i, j], scores[i, j] = c, score
+        return ids, scores
+
+    def exact_best(self, queries: Sequence[str], exclude: Optional[Sequence[int]] = None) -> np.ndarray:
+        """The best fuzzy-match score of each query over the whole memory (scored exhaustively:
+        the reference that retrieval recall is measured against)."""
+        from rapidfuzz.distance import Levenshtein
+        from rapidfuzz.process import extract
+
+        best = np.zeros(len(queries), dtype=np.float32)
+        for i, query in enumerate(queries):
+            skip = exclude[i] if exclude is not None else -1
+            found = extract(fuzzy_words(query), self._words, scorer=Levenshtein.normalized_similarity, limit=2,
+                            processor=None)
+            best[i] = next((score for _, score, c in found if c != skip), 0.0)
+        return best
+
+
+def band_of(score: float) -> str:
+    for low, high, name in FUZZY_BANDS:
+        if low <= score < high:
+            return name
+    return FUZZY_BANDS[-1][2]
+
+
+def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4, 16)) -> dict:
+    """Share of queries whose first k retrieved entries include one with the exact best
+    fuzzy-match score (``best``, from :meth:`Retriever.exact_best`; ties count as found)."""
+    return {f"recall@{k}": float(np.mean(scores[:, :k].max(1) >= best - 1e-6)) for k in ks if k <= scores.shape[1]}
+
+
+__all__ = ["FUZZY_BANDS", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score",
+           "read_memory", "read_prepared", "read_tmx", "read_tsv", "recall_at_k"]

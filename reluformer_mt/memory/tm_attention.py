@@ -1,0 +1,163 @@
+"""Memory attention: the decoder reads the retrieved translations of a translation memory
+(EMAT-style fusion, Wu et al. 2022, arXiv:2210.16773; for MT cf. Cai et al. ACL 2021).
+
+The retrieved targets (``net_input["memory_tokens"]``, k entries x their length slots, see
+:mod:`reluformer_mt.memory.tm_data`) are embedded with the model's shared embeddings and
+positions and contextualised by ``--tm-encoder-layers`` encoder layers of their own
+(:class:`MemoryEncoder`). Each decoder layer then reads them with one more attention sublayer
+(:class:`MemoryReader`) whose weight function is ``--tm-attn-fn`` (default: the family's
+cross-attention function, so softmax and ReLU read the same memory), pre-normed, and added to
+the residual stream through a gate g = sigmoid(w . [x; o] + b) per position, which lets the
+model ignore a useless match (b starts at 0: half open).
+
+By default the output distribution can also copy from the memory (a pointer over its tokens,
+See et al. ACL 2017; as in TM-augmented NMT, Gu et al. AAAI 2018, Cai et al. ACL 2021):
+p(y) = (1 - c) p_vocab(y) + c * sum_{m: token_m = y} w_m, where w is the last reader's
+head-averaged attention renormalised over the memory (a ReLU row that attends to nothing
+copies nothing: c = 0 there) and c = sigmoid(Linear(decoder state)). Without it a small model
+trained for minutes learns to ignore its matches (measured: docs/TRANSLATION_MEMORY.md);
+``--tm-no-copy`` is that ablation.
+
+The choice of where to read (after every decoder layer's feed-forward block) and the gate's
+form are ours; EMAT fuses its values into the encoder, which for MT would make the source
+encoder k times longer.
+"""
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from fairseq.modules import LayerNorm, PositionalEmbedding
+
+from reluformer_mt.attention import ATTENTION_FUNCTIONS, AttentionOptionError, ReluformerAttention
+
+TM_DEFAULTS = {"tm_attention": False, "tm_attn_fn": None, "tm_encoder_layers": 1, "tm_no_copy": False}
+
+
+def add_tm_args(parser) -> None:
+    group = parser.add_argument_group("translation memory (memory attention; the task's --tm-fusion attention)")
+    group.add_argument("--tm-attn-fn", choices=list(ATTENTION_FUNCTIONS),
+                       help="weight function of the memory-attention sublayers (default: --cross-attn-fn)")
+    group.add_argument("--tm-encoder-layers", type=int, metavar="N",
+                       help="encoder layers of the memory encoder (0: embeddings and positions only; default 1)")
+    group.add_argument("--tm-no-copy", action="store_true", default=None,
+                       help="ablation: no copy distribution over the memory tokens (the readers only)")
+    group.add_argument("--tm-attention", action="store_true", default=None,
+                       help="build the memory encoder and readers (set by --task document_translation --tm-fusion attention)")
+
+
+def fill_tm_defaults(args, task=None) -> None:
+    for name, default in TM_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    if getattr(getattr(task, "cfg", None), "tm_fusion", "none") == "attention":
+        args.tm_attention = True
+    if args.tm_attn_fn is None:
+        args.tm_attn_fn = args.cross_attn_fn
+    if args.tm_attn_fn not in ATTENTION_FUNCTIONS:
+        raise AttentionOptionError(f"--tm-attn-fn: got {args.tm_attn_fn!r}, expected one of {', '.join(ATTENTION_FUNCTIONS)}")
+    if args.tm_encoder_layers < 0:
+        raise AttentionOptionError(f"--tm-encoder-layers: got {args.tm_encoder_layers}, expected >= 0")
+
+
+class MemoryEncoder(nn.Module):
+    """Shared embeddings + positions + ``layers`` encoder layers over the memory tokens.
+
+    Each slot also carries its previous token (a projection of its embedding): a decoder that
+    has just emitted y finds the slots that follow a y in a match with one attention step,
+    the 'continue the match' lookup that copying a fuzzy match needs (an induction head,
+    Olsson et al. 2022, given to the model instead of learned over two layers)."""
+
+    def __init__(self, cfg, embed_tokens: nn.Embedding, layer_factory, layers: int):
+        super().__init__()
+        dim = embed_tokens.embedding_dim
+        self.padding_idx = embed_tokens.padding_idx
+        self.embed_tokens = embed_tokens  # shared with the source encoder (not a second copy)
+        self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
+        self.embed_positions = PositionalEmbedding(cfg.max_source_positions, dim, self.padding_idx,
+                                                   learned=cfg.encoder.learned_pos)
+        self.previous_token = nn.Linear(dim, dim, bias=False)
+        self.layer_norm = LayerNorm(dim)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList([layer_factory(cfg) for _ in range(layers)])
+
+    def forward(self, tokens: torch.Tensor):
+        """(B, M) tokens -> ((M, B, C) states, (B, M) padding mask)."""
+        padding = tokens.eq(self.padding_idx)
+        embedded = self.embed_scale * self.embed_tokens(tokens)
+        previous = torch.cat([torch.zeros_like(embedded[:, :1]), embedded[:, :-1]], dim=1)
+        x = embedded + self.previous_token(previous) + self.embed_positions(tokens)
+        x = self.dropout(self.layer_norm(x)).transpose(0, 1)
+        for layer in self.layers:
+            x = layer(x, encoder_padding_mask=padding if padding.any() else None)
+        return x, padding
+
+
+class MemoryReader(nn.Module):
+    """x + g * Attn(LN(x), memory): one memory-attention sublayer with its gate."""
+
+    def __init__(self, cfg, attention_config, heads: int):
+        super().__init__()
+        dim = cfg.decoder.embed_dim
+        self.layer_norm = LayerNorm(dim)
+        self.attn = ReluformerAttention(dim, heads, attention_config, kdim=cfg.encoder.embed_dim,
+                                        vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+                                        encoder_decoder_attention=True)
+        self.gate = nn.Linear(2 * dim, 1)
+        nn.init.zeros_(self.gate.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.keep_weights = False  # the copy distribution reads the last reader's weights
+        self.weights = None
+
+    def forward(self, x, memory, memory_padding, query_padding=None):
+        h = self.layer_norm(x)
+        with self.attn.padded_queries(query_padding):
+            out, weights = self.attn(h, memory, memory, key_padding_mask=memory_padding, static_kv=True,
+                                     need_weights=self.keep_weights)
+        self.weights = weights  # (B, T, M) head average, or None
+        gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
+        return x + self.dropout(gate * out)
+
+
+def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> torch.Tensor:
+    """(1 - c) softmax(logits) + c * (memory attention scattered onto the memory's token ids),
+    in float32; ``copy`` holds ``weights`` (B, T', M), ``tokens`` (B, M), ``gate`` (B, T', 1) and
+    ``ignore`` (token ids never copied: padding, the entry marker)."""
+    steps = logits.size(1)
+    weights = copy["weights"][:, -steps:].float()
+    tokens = copy["tokens"]
+    keep = torch.ones_like(tokens, dtype=torch.bool)
+    for token in copy["ignore"]:
+        keep &= tokens.ne(token)
+    weights = weights * keep.unsqueeze(1)
+    mass = weights.sum(-1, keepdim=True)
+    gate = copy["gate"][:, -steps:].float() * mass.gt(0)  # a row that reads nothing copies nothing
+    copied = torch.zeros_like(logits, dtype=torch.float32).scatter_add_(
+        2, tokens.unsqueeze(1).expand(-1, steps, -1), weights / mass.clamp_min(1e-9))
+    probs = (1 - gate) * torch.softmax(logits.float(), dim=-1) + gate * copied
+    return torch.log(probs.clamp_min(1e-12)) if log_probs else probs
+
+
+def memory_attention_config(base_config, fn: str):
+    return dataclasses.replace(base_config, fn=fn)
+
+
+def reorder_memory(encoder_out: dict, new_order: torch.Tensor) -> dict:
+    """Beam search reorders the encoder output: the memory states follow their sentences."""
+    if encoder_out.get("tm_out"):
+        encoder_out["tm_out"] = [encoder_out["tm_out"][0].index_select(1, new_order)]
+        encoder_out["tm_padding_mask"] = [encoder_out["tm_padding_mask"][0].index_select(0, new_order)]
+        encoder_out["tm_tokens"] = [encoder_out["tm_tokens"][0].index_select(0, new_order)]
+    return encoder_out
+
+
+def memory_of(encoder_out: Optional[dict]):
+    """(states, padding) of the memory in an encoder output, or None."""
+    if encoder_out is None or not encoder_out.get("tm_out"):
+        return None
+    return encoder_out["tm_out"][0], encoder_out["tm_padding_mask"][0]
+
+
+__all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
+           "memory_of", "reorder_memory"]

@@ -1,0 +1,83 @@
+"""Examples with their translation-memory matches, in the two fusions the task offers.
+
+- ``concat`` (Neural Fuzzy Repair, Bulté & Tezcan ACL 2019; Xu et al. ACL 2020): the source
+  is followed by each retrieved target, every one introduced by the dictionary's ``<s>``
+  token (fairseq never puts it into a translation source, so it marks "a match follows"
+  without changing the dictionary). No architecture change.
+- ``attention`` (EMAT-style, Wu et al. 2022): the source is unchanged; the batch carries
+  ``net_input["memory_tokens"]``, the retrieved targets of the example (each introduced by
+  ``<s>``), which the model encodes and reads through its memory-attention sublayers.
+
+An example's matches are the top-``k`` entries of each of its sentences (a document segment
+retrieves per sentence), in sentence order.
+"""
+from typing import List, Sequence
+
+import numpy as np
+import torch
+from fairseq.data import LanguagePairDataset, data_utils
+
+TM_FUSIONS = ("none", "concat", "attention")
+
+
+def encode_entries(pieces: Sequence[str], dictionary) -> List[torch.Tensor]:
+    """Token ids of memory targets given as SentencePiece pieces (no </s>)."""
+    return [dictionary.encode_line(p, add_if_not_exist=False, append_eos=False).long() for p in pieces]
+
+
+def matches_of_rows(entry_tokens: Sequence[torch.Tensor], ids: np.ndarray, rows: Sequence[Sequence[int]],
+                    bos: int) -> List[torch.Tensor]:
+    """One tensor per example: ``<s> entry`` for each retrieved id of each of its rows (-1 skipped)."""
+    out = []
+    for example_rows in rows:
+        parts = []
+        for r in example_rows:
+            for entry in ids[r]:
+                if entry >= 0:
+                    parts.append(torch.tensor([bos], dtype=torch.long))
+                    parts.append(entry_tokens[entry])
+        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
+    return out
+
+
+class MemoryPairDataset(LanguagePairDataset):
+    """A :class:`LanguagePairDataset` whose examples carry their memory matches."""
+
+    @classmethod
+    def wrap(cls, base: LanguagePairDataset, matches: Sequence[torch.Tensor], fusion: str,
+             max_memory_tokens: int = 0) -> "MemoryPairDataset":
+        if fusion not in TM_FUSIONS[1:]:
+            raise ValueError(f"--tm-fusion: got {fusion!r}, expected one of {', '.join(TM_FUSIONS[1:])}")
+        if len(matches) != len(base):
+            raise ValueError(f"{len(matches)} memory matches for {len(base)} examples")
+        ds = cls.__new__(cls)
+        ds.__dict__.update(base.__dict__)  # the same data, options and buckets
+        ds.fusion = fusion
+        ds.matches = [m[:max_memory_tokens] if max_memory_tokens else m for m in matches]
+        if fusion == "concat":  # the concatenated source decides batching and length checks
+            ds.src_sizes = np.asarray(base.src_sizes) + np.array([len(m) for m in ds.matches], dtype=np.int64)
+        return ds
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        if self.fusion == "concat" and len(self.matches[index]):
+            src = item["source"]  # ends with </s>
+            item["source"] = torch.cat([src[:-1], self.matches[index], src[-1:]])
+        return item
+
+    def collater(self, samples, pad_to_length=None):
+        batch = super().collater(samples, pad_to_length=pad_to_length)
+        if self.fusion == "attention" and batch:
+            memories = [self.matches[i] for i in batch["id"].tolist()]
+            batch["net_input"]["memory_tokens"] = pad_memories(memories, self.src_dict.pad())
+        return batch
+
+
+def pad_memories(memories: Sequence[torch.Tensor], pad: int) -> torch.Tensor:
+    """(B, M) right-padded memory tokens; an example without matches gets one padding slot."""
+    longest = max(1, max((len(m) for m in memories), default=1))
+    return data_utils.collate_tokens([m if len(m) else torch.tensor([pad]) for m in memories], pad,
+                                     left_pad=False, pad_to_length=longest)
+
+
+__all__ = ["MemoryPairDataset", "TM_FUSIONS", "encode_entries", "matches_of_rows", "pad_memories"]

@@ -1,0 +1,182 @@
+"""The translation memory: TMX/TSV readers, retrieval against the exact fuzzy best, no leakage,
+both fusions trained for a few updates and translated with a memory (real IWSLT2017 talks)."""
+import numpy as np
+import pytest
+import torch
+
+from helpers import USER_DIR, run_fairseq
+from reluformer_mt.memory.tm import (Retriever, TranslationMemoryError, band_of, fuzzy_score, read_memory, read_prepared,
+                                     read_tmx, read_tsv, recall_at_k)
+
+TMX = """<?xml version="1.0" encoding="UTF-8"?>
+<tmx version="1.4"><header srclang="en-US" datatype="plaintext" segtype="sentence" adminlang="en" o-tmf="x" creationtool="t" creationtoolversion="1"/>
+<body>
+<tu><tuv xml:lang="en-US"><seg>Click <bpt i="1">&lt;b&gt;</bpt>Save<ept i="1">&lt;/b&gt;</ept> now.</seg></tuv>
+    <tuv xml:lang="de-DE"><seg>Klicken Sie <bpt i="1">&lt;b&gt;</bpt>Speichern<ept i="1">&lt;/b&gt;</ept>.</seg></tuv></tu>
+<tu><tuv xml:lang="EN"><seg>Hello <ph x="1">{0}</ph>world</seg></tuv><tuv xml:lang="fr"><seg>Bonjour</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>   </seg></tuv><tuv xml:lang="de"><seg>leer</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>Good <hi type="b">morning</hi></seg></tuv><tuv xml:lang="de_AT"><seg>Guten Morgen</seg></tuv></tu>
+</body></tmx>
+"""
+
+
+def test_tmx_inline_codes_region_subtags_and_skipped_units(tmp_path):
+    path = tmp_path / "tm.tmx"
+    path.write_text(TMX, encoding="utf-8")
+    entries = read_tmx(path, "en", "de")
+    assert entries.sources == ["Click Save now.", "Good morning"]
+    assert entries.targets == ["Klicken Sie Speichern.", "Guten Morgen"]
+    assert entries.skipped == {"units without both en and de": 1, "units with an empty segment": 1}
+    assert "2 entries" in entries.summary()
+
+
+def test_tmx_errors_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.tmx"
+    bad.write_text(TMX.replace("</tu>\n<tu><tuv xml:lang=\"EN\">", "\n<tu><tuv xml:lang=\"EN\">", 1), encoding="utf-8")
+    with pytest.raises(TranslationMemoryError, match=r"bad\.tmx: line \d+: malformed TMX"):
+        read_tmx(bad, "en", "de")
+    with pytest.raises(TranslationMemoryError, match=r"no translation unit with both en and ja .*languages found: de, en, fr"):
+        read_tmx(tmp_path.joinpath("ok.tmx").write_text(TMX) and tmp_path / "ok.tmx", "en", "ja")
+    with pytest.raises(TranslationMemoryError, match="expected a <tmx> document"):
+        read_tmx(tmp_path.joinpath("x.tmx").write_text("<html/>") and tmp_path / "x.tmx", "en", "de")
+
+
+def test_tsv_reader(tmp_path):
+    path = tmp_path / "tm.tsv"
+    path.write_text("a b\tx y\n\nc\t\nd\te\n", encoding="utf-8")
+    entries = read_tsv(path)
+    assert (entries.sources, entries.targets) == (["a b", "d"], ["x y", "e"])
+    assert entries.skipped == {"blank lines": 1, "lines with an empty side": 1}
+    path.write_text("a\tb\nc\td\te\n", encoding="utf-8")
+    with pytest.raises(TranslationMemoryError, match=r"tm\.tsv: line 2: expected 2 tab-separated columns .* got 3"):
+        read_tsv(path)
+    with pytest.raises(TranslationMemoryError, match="expected a prepared directory, a .tmx or a .tsv file"):
+        read_memory(tmp_path / "tm.json", "en", "de")
+
+
+def test_fuzzy_score_and_bands():
+    assert fuzzy_score("a b c d".split(), "a b c d".split()) == 1.0
+    assert fuzzy_score("a b c d".split(), "a x c d".split()) == 0.75
+    assert fuzzy_score([], "a".split()) == 0.0
+    assert [band_of(s) for s in (0.1, 0.5, 0.75, 0.95, 1.0)] == ["<50", "50-70", "70-90", ">=90", ">=90"]
+
+
+@pytest.fixture(scope="module")
+def memory_data(prepared_doc_data, tmp_path_factory):
+    """The doc-level IWSLT directory prepared again with --memory-k 4 (the fixture's SentencePiece model)."""
+    from reluformer_mt.data.prepare import PrepareConfig, prepare
+    from conftest import iwslt_files
+
+    out = tmp_path_factory.mktemp("tm") / "doc128"
+    prepare(PrepareConfig(out=str(out), fmt="docmt", src="en", tgt="de", train=[[str(p) for p in iwslt_files("dev")]],
+                          test=[[str(p) for p in iwslt_files("test")]], valid_from_train=1, limit_docs=6,
+                          segment_tokens=128, spm_models=[str(prepared_doc_data["doc"] / "spm.model")],
+                          joined_dictionary=True, progress=False, memory_k=4))
+    return out
+
+
+def test_neighbours_in_the_prepared_directory_never_leak(memory_data):
+    from reluformer_mt.data.prepared import Prepared
+    from reluformer_mt.memory.neighbours import load_neighbours
+
+    prepared = Prepared.load(memory_data)
+    train = read_prepared(memory_data, "train")
+    assert prepared.memory["k"] == 4 and prepared.memory["entries"] == len(train) == prepared.splits["train"].sentences
+    ids, scores = load_neighbours(memory_data, "train", 4)
+    assert ids.shape == (len(train), 4) and (ids[:, 0] >= 0).all()
+    assert not (ids == np.arange(len(train))[:, None]).any(), "a training sentence retrieved itself"
+    assert (np.diff(scores, axis=1) <= 1e-6).all(), "matches are not ranked best first"
+    for split in ("valid", "test"):
+        split_ids, _ = load_neighbours(memory_data, split, 2)
+        assert split_ids.shape == (prepared.splits[split].sentences, 2)
+        assert split_ids.max() < len(train)  # entries are training sentences only
+    with pytest.raises(TranslationMemoryError, match="holds 4 neighbours per sentence"):
+        load_neighbours(memory_data, "train", 5)
+
+
+def test_retrieval_recall_against_the_exact_fuzzy_best(memory_data):
+    """Queries that are training sentences with one word changed (a 'fuzzy match' situation):
+    the retrieved top-1 has the exact best fuzzy score (from scoring the whole memory)."""
+    train = read_prepared(memory_data, "train")
+    rows = [i for i, s in enumerate(train.sources) if len(s.split()) >= 6][:100]
+    queries = []
+    for i in rows:
+        words = train.sources[i].split()
+        words[len(words) // 2] = "zebra"
+        queries.append(" ".join(words))
+    retriever = Retriever(train)
+    ids, scores = retriever.search(queries, 4)
+    best = retriever.exact_best(queries)
+    assert (best >= 0.5).all()
+    recall = recall_at_k(scores, best, ks=(1, 4))
+    assert recall["recall@1"] >= 0.95, recall
+    # a training query finds itself unless excluded (leave-one-out)
+    own, _ = retriever.search(train.sources[:20], 1)
+    assert (own[:, 0] == np.arange(20)).mean() >= 0.9
+    loo, _ = retriever.search(train.sources[:20], 1, exclude=np.arange(20))
+    assert not (loo[:, 0] == np.arange(20)).any()
+
+
+TRAIN_TM = ["--arch", "reluformer_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+            "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+            "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
+            "--max-source-positions", "1024", "--max-target-positions", "256",
+            "--criterion", "reluformer_cross_entropy", "--optimizer", "adam", "--lr", "3e-3",
+            "--max-tokens", "1500", "--num-workers", "0", "--seed", "1", "--cpu", "--disable-validation",
+            "--no-epoch-checkpoints", "--no-progress-bar", "--max-update", "4"]
+
+
+@pytest.mark.parametrize("fusion", ["concat", "attention"])
+def test_fusion_trains_and_translates_with_a_memory(fusion, memory_data, tmp_path):
+    from reluformer_mt.inference import DocumentTranslator
+
+    save = tmp_path / "ckpt"
+    run_fairseq("train", [memory_data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TM,
+                          "--tm-fusion", fusion, "--tm-k", "2", "--save-dir", save])
+    test = read_prepared(memory_data, "test")
+    documents = [test.sources[:5], test.sources[5:8]]
+    translator = DocumentTranslator(save / "checkpoint_last.pt", beam=2, max_len_a=0, max_len_b=6)
+    assert translator.memory is not None and translator.memory.k == 2
+    results = translator.translate(documents)
+    assert [len(d) for d in results] == [5, 3]
+    assert all(r.match is not None and 0.0 <= r.match[1] <= 1.0 for d in results for r in d)
+    assert sum(v for k, v in translator.stats.items() if k.startswith("memory:")) == 8
+    # another memory: a TSV file; its matches are its own entries
+    tsv = tmp_path / "tm.tsv"
+    tsv.write_text("".join(f"{s}\tTM{i}\n" for i, s in enumerate(test.sources[:8])), encoding="utf-8")
+    with_tsv = DocumentTranslator(save / "checkpoint_last.pt", beam=2, max_len_a=0, max_len_b=6, memory=str(tsv))
+    out = with_tsv.translate(documents)
+    assert [r.match[0] for r in out[0]] == [0, 1, 2, 3, 4] and out[0][0].match[1] == pytest.approx(1.0)
+    assert with_tsv.memory.target(out[1][0].match[0]) == "TM5"
+
+
+def test_memory_attention_reads_the_memory(memory_data, tmp_path):
+    """With --tm-fusion attention, the decoder output depends on the memory tokens (and on
+    nothing else when they are absent); beam search reorders the memory with the sentences."""
+    from fairseq import checkpoint_utils
+
+    save = tmp_path / "ckpt"
+    run_fairseq("train", [memory_data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TM,
+                          "--tm-fusion", "attention", "--tm-k", "1", "--tm-attn-fn", "softmax", "--save-dir", save])
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    model = models[0].eval()
+    assert all("tm_reader" in layer._modules for layer in model.decoder.layers)
+    assert model.decoder.layers[0].tm_reader.attn.fn == "softmax"
+    src = torch.tensor([[5, 6, 7, 2]])
+    prev = torch.tensor([[2, 8, 9]])
+    memory_a, memory_b = torch.tensor([[0, 10, 11, 12]]), torch.tensor([[0, 20, 21, 1]])
+    with torch.no_grad():
+        out_a = model(src, torch.tensor([4]), prev, memory_tokens=memory_a)[0]
+        out_b = model(src, torch.tensor([4]), prev, memory_tokens=memory_b)[0]
+        out_a2 = model(src, torch.tensor([4]), prev, memory_tokens=memory_a)[0]
+    assert not torch.allclose(out_a, out_b)
+    assert torch.equal(out_a, out_a2)
+
+
+def test_bad_memory_options(memory_data, tmp_path, prepared_doc_data):
+    with pytest.raises(ValueError, match="--tm-fusion: got 'bogus'"):
+        run_fairseq("train", [memory_data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TM,
+                              "--tm-fusion", "bogus", "--save-dir", tmp_path / "x"])
+    with pytest.raises(ValueError, match="no translation-memory neighbours"):
+        run_fairseq("train", [prepared_doc_data["doc"], "--user-dir", USER_DIR, "--task", "document_translation",
+                              *TRAIN_TM, "--tm-fusion", "concat", "--save-dir", tmp_path / "y"])
