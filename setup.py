@@ -22,6 +22,8 @@ setup(
         "omegaconf<2.4",
         "entmax>=1.1",
         "faiss-cpu>=1.7",
+        "rapidfuzz>=3",  # translation memory: fuzzy-match scores
+        "scikit-learn>=1.3",  # translation memory: TF-IDF keys
         "matplotlib>=3.5",
         "pysbd>=0.3.4",
         "bible-alignments==0.4.2",
