@@ -8,12 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from reluformer_mt.cli.checks import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
+
 
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.experiments.study import RUNS
 
     p = argparse.ArgumentParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
     p.add_argument("--budget-minutes", type=float, default=20, help="wall-clock minutes of training per run")
@@ -39,17 +41,20 @@ def main(argv=None) -> int:
     if unknown or not names:
         print(f"reluformer-study: error: --runs: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(RUNS)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.budget_minutes <= 0 and args.max_update <= 0:
         print("reluformer-study: error: --budget-minutes or --max-update must be > 0", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
                   args.bible_root, args.skip_alignment, report=not args.no_report)
-    except (RuntimeError, ValueError, OSError) as error:
+    except ValueError as error:  # bad input: the convention of reluformer_mt.cli.checks
         print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_USAGE
+    except (RuntimeError, OSError) as error:  # a run that failed
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 if __name__ == "__main__":
