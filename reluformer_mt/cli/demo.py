@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
     p.add_argument("--train-args", default="",
                    help="further fairseq-train options for every family, quoted, e.g. "
                         "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")

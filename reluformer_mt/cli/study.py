@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-minutes", type=float, default=20, help="wall-clock minutes of training per run")
     p.add_argument("--max-update", type=int, default=0, help="also stop after this many updates (0 = no limit)")
     p.add_argument("--threads", type=int, default=1, help="threads of each training process")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
     p.add_argument("--no-report", action="store_true",
