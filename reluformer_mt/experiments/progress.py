@@ -17,7 +17,8 @@ from typing import List, Optional, Sequence, Tuple
 
 # expected seconds on the 2-core machine of the measured quick run (see the module docstring)
 PREPARE_SECONDS = 13.0
-SECONDS_PER_UPDATE = 0.173  # 7.2 min on average per family for 1,500 + 1,000 updates
+TRAIN_PHASE_SECONDS = 10.0  # start-up and final validation of one fairseq-train phase
+SECONDS_PER_UPDATE = 0.165  # with two phases: 7.2 min on average per family for 1,500 + 1,000 updates
 EVALUATE_SECONDS_PER_FAMILY = 16.0
 TRANSLATE_SECONDS = 10.0
 SKIPPED_SHARE = 0.2  # a stage far faster than expected was skipped (already done): no evidence of speed
@@ -25,8 +26,9 @@ SKIPPED_SHARE = 0.2  # a stage far faster than expected was skipped (already don
 
 def demo_plan(o) -> List[Tuple[str, float]]:
     """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order."""
-    updates = (o.sentence_updates if not o.budget_minutes else 0) + o.max_update
-    train = o.budget_minutes * 60 if o.budget_minutes else updates * SECONDS_PER_UPDATE
+    phases = 2 if o.sentence_updates and not o.budget_minutes else 1
+    updates = (o.sentence_updates if phases == 2 else 0) + o.max_update
+    train = o.budget_minutes * 60 if o.budget_minutes else phases * TRAIN_PHASE_SECONDS + updates * SECONDS_PER_UPDATE
     return ([("prepare", PREPARE_SECONDS)] + [("train", train)] * len(o.families)
             + [("evaluate", EVALUATE_SECONDS_PER_FAMILY * len(o.families)), ("translate", TRANSLATE_SECONDS)])
 
