@@ -156,3 +156,9 @@ def test_demo_plan_counts_every_stage():
     plan = demo_plan(DemoOptions(out=Path("x"), families=["a", "b", "c"]))
     assert [kind for kind, _ in plan] == ["prepare", "train", "train", "train", "evaluate", "translate"]
     assert 15 * 60 < sum(seconds for _, seconds in plan) < 35 * 60  # the quick preset's measured ~24 min
+    # one row per `with stages.stage(...)` of run_demo (the family stage runs once per family)
+    import inspect
+
+    from reluformer_mt.experiments.demo import run_demo
+    calls = inspect.getsource(run_demo).count("stages.stage(")
+    assert len(plan) == calls - 1 + 3, "a stage was added to run_demo: give it a row in progress.demo_plan"

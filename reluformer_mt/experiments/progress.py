@@ -25,7 +25,8 @@ SKIPPED_SHARE = 0.2  # a stage far faster than expected was skipped (already don
 
 
 def demo_plan(o) -> List[Tuple[str, float]]:
-    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order."""
+    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order.
+    A stage added to ``run_demo`` needs its row here (a test counts them)."""
     phases = 2 if o.sentence_updates and not o.budget_minutes else 1
     updates = (o.sentence_updates if phases == 2 else 0) + o.max_update
     train = o.budget_minutes * 60 if o.budget_minutes else phases * TRAIN_PHASE_SECONDS + updates * SECONDS_PER_UPDATE
@@ -87,6 +88,7 @@ class Stages:
     @contextlib.contextmanager
     def stage(self, name: str):
         self.done += 1
+        self.total = max(self.total or 0, self.done)  # an unplanned stage still gets a sensible counter
         print(f"[demo {self.done}/{self.total}] {name} ...", end="", file=self.console, flush=True)
         start = time.time()
         log = None
