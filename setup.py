@@ -6,9 +6,11 @@ setup(
     description="ReLU-attention Transformers (ReLUFormer, ReLA, pointwise) for document-level MT, as fairseq plugins",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="MIT",
     python_requires=">=3.10",
     packages=find_packages(include=["reluformer_mt", "reluformer_mt.*"]),
     include_package_data=True,
+    classifiers=["License :: OSI Approved :: MIT License", "Programming Language :: Python :: 3"],
     # the C++ kernels (compiled on first use) and the reference run's numbers that demo tables show
     package_data={"reluformer_mt": ["attention/csrc/*.cpp", "experiments/reference_run.json"]},
     install_requires=[

@@ -1,4 +1,4 @@
-"""Benchmark of the top-k MIPS memory (METHODS.md section 2; EMAT reports ~1000 queries/s).
+"""Benchmark of the top-k MIPS memory (docs/METHODS.md section 2; EMAT reports ~1000 queries/s).
 
 1. Index: queries/s and recall@k of approximate faiss indexes (HNSW, IVF; inner-product
    metric) against exact search (IndexFlatIP) over ``--slots`` keys of size ``--dim``.

@@ -76,12 +76,12 @@ def test_out_of_range_names_file_and_line(tmp_path):
 def test_cli_missing_gold_line_and_mismatch(tmp_path, capsys):
     gold = write(tmp_path, "gold", "1-1\n")
     pred = write(tmp_path, "pred", "0-0\n0-0\n")
-    assert main(["aer", "--gold", gold, "--gold-base", "1", "--pred", pred]) == 1
+    assert main(["aer", "--gold", gold, "--gold-base", "1", "--pred", pred]) == 2
     err = capsys.readouterr().err
     assert "gold has 1 sentences but" in err and "pred has 2" in err
     st = write(tmp_path, "st", "a ||| b\n")
     assert main(["aer", "--gold", write(tmp_path, "g2", "1-1\n"), "--gold-base", "1", "--pred", write(tmp_path, "p2", "0-3\n"),
-                 "--lengths", st]) == 1
+                 "--lengths", st]) == 2
     assert "p2:1: link 0-3 out of range" in capsys.readouterr().err
 
 
@@ -143,5 +143,5 @@ def test_gold_base_is_required_and_the_other_base_is_warned(tmp_path, capsys):
                  "--src", str(bi / "test.de"), "--tgt", str(bi / "test.en"), "--unchecked-gold"]) == 0
     assert "warning" not in capsys.readouterr().err
     # Biçici's gold read as 1-based: index 0 is an error that names the likely cause
-    assert main(["aer", "--gold", str(bi / "de-en.wa"), "--gold-base", "1", "--pred", pred]) == 1
+    assert main(["aer", "--gold", str(bi / "de-en.wa"), "--gold-base", "1", "--pred", pred]) == 2
     assert "has index 0 but the index base is 1 (is the file 0-based?)" in capsys.readouterr().err

@@ -256,6 +256,6 @@ def test_bad_input_is_a_one_line_error(case, expected, trained_checkpoint, texts
     elif case == "no_gold_base":
         extra = []
     rc, out, err = run(["align", "--checkpoint", ckpt, "--src", src, "--tgt", tgt, "--gold", gold] + extra, capsys)
-    assert rc == 1
+    assert rc == 2  # an input error
     assert err.count("\n") == 1 and err.startswith("reluformer-eval align: error:"), err
     assert expected in err, err

@@ -135,7 +135,7 @@ def test_document_mismatch_error_and_allow_mismatch(tmp_path, capsys):
     rep = bleu_from_files(hyp, ref, allow_mismatch=True)
     assert set(rep["scores"]) == {"document"} and rep["mismatches"] == [{"doc_id": "1", "hyp_sentences": 1, "ref_sentences": 2}]
     assert rep["scores"]["document"].score == pytest.approx(100)
-    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref)]) == 1
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref)]) == 2
     assert "document '1': hypothesis has 1 sentences, reference has 2" in capsys.readouterr().err
     js = tmp_path / "r.json"
     assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--allow-mismatch", "--json", str(js)]) == 0
@@ -185,14 +185,84 @@ def test_empty_hypothesis_or_reference_is_a_one_line_error(tmp_path, capsys):
     for hyp, r, pattern in ((empty, ref, r"hypothesis .*empty.txt has 0 lines but reference .*ref.txt has 2: the hypothesis file is empty"),
                             (ref, empty, r"reference .*empty.txt has 0: the reference file is empty"),
                             (empty, also_empty, r"nothing to score: hypothesis .*empty.txt and reference .*empty2.txt are both empty")):
-        assert main(["bleu", "--hyp", str(hyp), "--ref", str(r)]) == 1
+        assert main(["bleu", "--hyp", str(hyp), "--ref", str(r)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().split("\n")) == 1 and "Traceback" not in err
         assert re.search(pattern, err), err
     markers = tmp_path / "markers.txt"
     markers.write_text("<d>\n<d>\n", encoding="utf-8")
-    assert main(["bleu", "--hyp", str(markers), "--ref", str(markers)]) == 1
+    assert main(["bleu", "--hyp", str(markers), "--ref", str(markers)]) == 2
     assert "nothing to score" in capsys.readouterr().err
     # a --json that cannot be written stops before scoring
-    assert main(["bleu", "--hyp", str(ref), "--ref", str(ref), "--json", str(tmp_path)]) == 1
+    assert main(["bleu", "--hyp", str(ref), "--ref", str(ref), "--json", str(tmp_path)]) == 2
     assert "--json " in (err := capsys.readouterr().err) and "is a directory, expected a file name" in err
+
+
+# ---------------------------------------------------------------------------------------------- pipes (issue 25)
+
+EVAL = Path(sys.executable).parent / "reluformer-eval"
+
+
+def _small_files(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("the cat sat on a mat .\nthe dog barked loudly .\na bird sang .\n", encoding="utf-8")
+    ref.write_text("the cat sat on the mat .\nthe dog barked loudly .\na bird sang today .\n", encoding="utf-8")
+    return hyp, ref
+
+
+def _cli(args, stdin=None):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([str(EVAL), "bleu", *map(str, args)], input=stdin, capture_output=True, text=True, env=env)
+
+
+def test_bleu_reads_standard_input_and_pipes_like_sacrebleu(tmp_path):
+    """``--hyp -`` and ``--hyp /dev/stdin`` are read once (the format detection must not consume
+    the pipe), and ``-b`` prints the score alone, equal to the sacrebleu CLI's."""
+    hyp, ref = _small_files(tmp_path)
+    expected = sacrebleu_cli(ref, [hyp])[0]
+    text = hyp.read_text(encoding="utf-8")
+    for hyp_arg in ("-", "/dev/stdin"):
+        run = _cli(["--hyp", hyp_arg, "--ref", ref, "-b"], stdin=text)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == [f"{expected:.2f}"], run.stdout
+    run = _cli(["--hyp", hyp, "--ref", "-", "--score-only"], stdin=ref.read_text(encoding="utf-8"))
+    assert run.returncode == 0 and run.stdout.split() == [f"{expected:.2f}"], run.stderr
+    # a stream's errors name the stream, not a temporary copy
+    run = _cli(["--hyp", "-", "--hyp-format", "d", "--ref", ref], stdin="one line\n")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "<stdin>:1: expected the document marker" in run.stderr, run.stderr
+
+
+def test_bleu_from_files_reads_a_fifo_once(tmp_path):
+    """A named pipe (as ``<(...)`` gives) holds its text once: detection and reading share one copy."""
+    import threading
+
+    hyp, ref = _small_files(tmp_path)
+    fifo = tmp_path / "hyp.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(hyp.read_text(encoding="utf-8"), encoding="utf-8"))
+    writer.start()
+    report = bleu_from_files(fifo, ref)
+    writer.join(timeout=10)
+    assert report["scores"]["sentence"].score == pytest.approx(bleu_from_files(hyp, ref)["scores"]["sentence"].score)
+
+
+def test_both_sides_on_standard_input_is_an_error(tmp_path):
+    run = _cli(["--hyp", "-", "--ref", "-"], stdin="a\n")
+    assert run.returncode == 2 and "--hyp and --ref are both '-'" in run.stderr
+
+
+def test_no_document_bleu_is_defined_without_document_boundaries(tmp_path, capsys):
+    """Two plain files without doc ids: s-BLEU only, and no 'd-BLEU over 1 whole documents'."""
+    hyp, ref = _small_files(tmp_path)
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref)]) == 0
+    out = capsys.readouterr().out
+    assert "s-BLEU = corpus BLEU over 3 reference sentences" in out
+    assert "d-BLEU" not in out.split("note:")[0] and "whole documents" not in out
+    assert "note: no document boundaries on either side: d-BLEU skipped" in out
+    ids = tmp_path / "ids.txt"
+    ids.write_text("a\na\nb\n", encoding="utf-8")
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--hyp-doc-ids", str(ids), "--ref-doc-ids", str(ids),
+                 "-b"]) == 0
+    scores = capsys.readouterr().out.split()  # s-BLEU, then d-BLEU over the two documents
+    assert len(scores) == 2 and all(0 < float(x) < 100 for x in scores)

@@ -81,8 +81,9 @@ def test_discevalmt_without_context_is_exactly_50_percent(doc_checkpoint, tmp_pa
     model that cannot see the context gets exactly one of each right."""
     out_json = tmp_path / "disc.json"
     rc, out, err = run_cli(["contrastive", "--checkpoint", doc_checkpoint, "--suite", "discevalmt",
-                            "--suite-dir", DISCEVAL, "--context", "none", "--json", out_json], capsys)
+                            "--suite-dir", DISCEVAL, "--context", "none", "--json", out_json, "--any-languages"], capsys)
     assert rc == 0, err
+    assert "the languages do not match; scored anyway" in out  # an en-de model on the en-fr suite
     report = json.loads(out_json.read_text())
     for name in ("anaphora", "lexical_choice"):
         entry = report["sets"][name]
@@ -100,6 +101,15 @@ def test_discevalmt_without_context_is_exactly_50_percent(doc_checkpoint, tmp_pa
         sum_pick, mean_pick = (0 if lp_a > lp_b else 1), (0 if lp_a / n_a > lp_b / n_b else 1)
         assert sum_pick != mean_pick
         assert r["tokens"][mean_pick] > r["tokens"][sum_pick] and r["logprob"][mean_pick] < r["logprob"][sum_pick]
+
+
+@needs_suites
+def test_a_checkpoint_of_another_language_pair_is_a_one_line_error(doc_checkpoint, capsys):
+    """The en-de test model on the en-fr DiscEvalMT: say that the languages differ, not a length error."""
+    rc, out, err = run_cli(["contrastive", "--checkpoint", doc_checkpoint, "--suite", "discevalmt",
+                            "--suite-dir", DISCEVAL, "--limit", "2"], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--suite discevalmt is en->fr, but" in err and "translates en->de: the languages do not match" in err
 
 
 def test_sum_and_mean_on_a_constructed_case():
@@ -162,7 +172,7 @@ def test_bad_suites_are_one_line_errors(tmp_path, capsys):
     def error(suite, suite_dir):
         rc, _, err = run_cli(["contrastive", "--checkpoint", tmp_path / "never-loaded.pt", "--suite", suite,
                               "--suite-dir", suite_dir], capsys)
-        assert rc == 1 and len(err.strip().splitlines()) == 1
+        assert rc == 2 and len(err.strip().splitlines()) == 1  # an input error (reluformer_mt.cli.checks)
         return err
 
     names = [p.name for p in DISCEVAL.iterdir() if p.name.startswith(("anaphora", "lexical"))]

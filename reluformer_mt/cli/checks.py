@@ -1,13 +1,57 @@
 """Shared checks of the console scripts, so bad input stops with one line, never a traceback:
 argparse types for counts and limits, the one ``--spm-model`` and ``--segment-tokens`` syntax,
 output paths checked before any work, and write errors
-(disk full, an unwritable path) turned into ``cannot write PATH: reason``."""
+(disk full, an unwritable path) turned into ``cannot write PATH: reason``.
+
+One exit-code convention for every console script (argparse's own, which fairseq's and
+sacreBLEU's command lines share): 0 success, 2 a usage or input error (a bad option, a missing
+or malformed file, an output that cannot be written), 1 a failure while running (a training run
+that crashed), 130 interrupted.
+"""
 import argparse
+import logging
 import math
 import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default, as fairseq's and sacreBLEU's do, but not for
+    options whose default is "unset" (None, False): those say in their help what happens then."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not action.option_strings or unset or "%(default)" in text or "(default" in text:
+            return text
+        return text + " (default: %(default)s)"
+
+
+def quiet_logging(level: int = logging.WARNING, fmt: str = "%(name)s: %(levelname)s: %(message)s") -> None:
+    """Configure the root logger before fairseq is imported. Importing fairseq runs
+    ``logging.basicConfig`` in three of its modules (one at DEBUG, which lets matplotlib print a
+    hundred ``DEBUG:matplotlib`` lines, one printing a tensorboardX notice); they do nothing once
+    the root logger has a handler. A host that configured logging already (pytest) keeps its own."""
+    logging.basicConfig(format=fmt, level=level, stream=sys.stderr)
+
+
+def import_quietly(name: str):
+    """Import a module that imports fairseq (and matplotlib) without their import-time lines
+    (a tensorboardX notice, matplotlib's DEBUG lines) on the console, e.g. before ``--help``."""
+    import importlib
+
+    quiet_logging()
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)
+    try:
+        return importlib.import_module(name)
+    finally:
+        logging.disable(previous)
 
 
 def _number(text, cast, minimum, what):

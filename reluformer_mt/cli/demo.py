@@ -2,7 +2,8 @@
 
 Options left unset take the values of ``--preset`` (``quick``: about 25 minutes on 2 CPU cores;
 ``long``: the reference run of docs/REFERENCE_RUN.md); the stages are
-:func:`reluformer_mt.experiments.demo.run_demo`.
+:func:`reluformer_mt.experiments.demo.run_demo`. The console gets one line per stage; fairseq's
+logs go to ``OUT/logs/``.
 """
 import argparse
 import logging
@@ -10,12 +11,17 @@ import shlex
 import sys
 from pathlib import Path
 
-from reluformer_mt.experiments.demo import DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo
+from reluformer_mt.cli.checks import EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, import_quietly
+
+# the stages import fairseq, whose imports would print log lines before --help's usage
+_demo = import_quietly("reluformer_mt.experiments.demo")
+DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo = _demo.DEFAULT_FAMILIES, _demo.PRESETS, _demo.DemoOptions, _demo.run_demo
+PRESET_DEFAULT = " (default: the preset's)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reluformer-demo", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="reluformer-demo", description=__doc__.split("\n\n")[0].replace("``", ""),
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="working and report folder")
     p.add_argument("--preset", default="quick", choices=list(PRESETS),
                    help="defaults of every option below left unset: " + "; ".join(
@@ -28,32 +34,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tm-k", type=int, default=None, help="memory matches per sentence of the +tm families")
     p.add_argument("--size", default=None, choices=["tiny", "iwslt_de_en", "base"],
                    help="an architecture size instead of the preset's dimensions (e.g. iwslt_de_en with --device cuda)")
-    p.add_argument("--embed-dim", type=int, help="model width")
-    p.add_argument("--ffn-dim", type=int, help="feed-forward width")
-    p.add_argument("--layers", type=int, help="encoder and decoder layers (each)")
-    p.add_argument("--heads", type=int, help="attention heads")
-    p.add_argument("--segment-tokens", help="document segment length N in subword tokens")
-    p.add_argument("--vocab-size", type=int, help="joint SentencePiece vocabulary size")
+    p.add_argument("--embed-dim", type=int, help="model width" + PRESET_DEFAULT)
+    p.add_argument("--ffn-dim", type=int, help="feed-forward width" + PRESET_DEFAULT)
+    p.add_argument("--layers", type=int, help="encoder and decoder layers (each)" + PRESET_DEFAULT)
+    p.add_argument("--heads", type=int, help="attention heads" + PRESET_DEFAULT)
+    p.add_argument("--segment-tokens", help="document segment length N in subword tokens" + PRESET_DEFAULT)
+    p.add_argument("--vocab-size", type=int, help="joint SentencePiece vocabulary size" + PRESET_DEFAULT)
     p.add_argument("--sentence-updates", type=int,
                    help="first train this many updates on sentences, then fine-tune on document segments "
-                        "(G-Transformer's recipe); 0 = document segments only")
-    p.add_argument("--max-update", type=int, help="training updates per model on document segments (the same for all)")
+                        "(G-Transformer's recipe); 0 = document segments only" + PRESET_DEFAULT)
+    p.add_argument("--max-update", type=int, help="training updates per model on document segments (the same for all)" + PRESET_DEFAULT)
     p.add_argument("--budget-minutes", type=float, default=0,
                    help="instead of the update counts: wall-clock minutes per model (not reproducible across machines)")
-    p.add_argument("--max-tokens", type=int, help="tokens per batch")
-    p.add_argument("--lr", type=float)
+    p.add_argument("--max-tokens", type=int, help="tokens per batch" + PRESET_DEFAULT)
+    p.add_argument("--lr", type=float, help="peak learning rate (inverse square root schedule)" + PRESET_DEFAULT)
     p.add_argument("--document-lr", type=float,
                    help="peak learning rate of the document phase (default: --lr, with a fresh schedule)")
-    p.add_argument("--warmup-updates", type=int)
-    p.add_argument("--dropout", type=float)
-    p.add_argument("--beam", type=int)
-    p.add_argument("--validations", type=int, help="validations (greedy s-BLEU) per training phase")
+    p.add_argument("--warmup-updates", type=int, help="learning-rate warm-up updates" + PRESET_DEFAULT)
+    p.add_argument("--dropout", type=float, help="dropout" + PRESET_DEFAULT)
+    p.add_argument("--beam", type=int, help="beam size of the evaluation and the translated chapter" + PRESET_DEFAULT)
+    p.add_argument("--validations", type=int, help="validations (greedy s-BLEU) per training phase" + PRESET_DEFAULT)
     p.add_argument("--eval-chapters", type=int, default=0,
                    help="evaluate on the first K held-out chapters only (0 = all 13)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
     p.add_argument("--train-args", default="",
                    help="further fairseq-train options for every family, quoted, e.g. "
                         "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")
@@ -75,8 +81,10 @@ def options_from_args(args, families) -> DemoOptions:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
-                        stream=sys.stderr)
+    # fairseq's INFO lines (training progress) are wanted, in the run folder's log (experiments.progress)
+    logging.getLogger().setLevel(logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
     from reluformer_mt.plugin import register
 
     register()  # the models, criteria and task, and the fairseq fixes
@@ -96,9 +104,9 @@ def main(argv=None) -> int:
     if unknown or not families:
         print(f"reluformer-demo: error: --families: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(FAMILIES)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     run_demo(options_from_args(args, families))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""``reluformer-eval``: evaluation subcommands (METHODS.md section 4).
+"""``reluformer-eval``: evaluation subcommands (definitions: docs/METHODS.md section 4).
 
     reluformer-eval bleu --hyp gen.out --segments data-bin/test.segments.tsv --ref test.de ...
+    cat hyp.txt | reluformer-eval bleu --hyp - --ref ref.txt -b      # the score alone, as sacrebleu -b
     reluformer-eval aer  --gold enfr.gold --gold-base 1 --pred pred.txt --lengths enfr.src-tgt
     reluformer-eval align --checkpoint ckpt.pt --src test.words.grc --tgt test.words.en --output pred.align \
         --gold test.gold.align --gold-base 0 --plot aer.png
@@ -10,14 +11,15 @@
 
 Every subcommand prints a readable table and, with ``--json PATH``, writes a JSON report. A new
 subcommand is a triple (help, add_arguments, run) registered in ``SUBCOMMANDS``; ``run(args)`` returns
-the report dict (so it is callable from Python) and prints its table.
+the report dict (so it is callable from Python) and prints its table. Exit codes: 0, 2 for a usage
+or input error (``reluformer_mt.cli.checks``).
 """
 import argparse
-import logging
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.cli.checks import add_spm_model_option, check_output_file, write_error
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
+                                     check_output_file, quiet_logging, write_error)
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.reports import format_table, write_json
@@ -28,11 +30,13 @@ LEVELS = {"s": "sentence", "d": "document", "seg": "segment"}
 # ---------------------------------------------------------------------------------------------- bleu
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a <d>-format file, or one sentence a line")
+    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a <d>-format file, or one "
+                                                "sentence a line; '-' = standard input (a pipe is read once)")
     p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", "d", "plain"],
                    help="auto: <d> on the first line = d; S-/H- lines = generate; else plain")
     p.add_argument("--hyp-doc-ids", help="doc id per line of a plain --hyp")
-    p.add_argument("--ref", help="reference: a <d>-format file or one sentence a line (raw, untokenised)")
+    p.add_argument("--ref", help="reference: a <d>-format file or one sentence a line (raw, untokenised); '-' = "
+                                 "standard input")
     p.add_argument("--ref-format", default="auto", choices=["auto", "d", "plain"])
     p.add_argument("--ref-doc-ids", help="doc id per line of a plain --ref")
     p.add_argument("--ref-from-generate", action="store_true",
@@ -49,19 +53,12 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
                    help="documents whose sentence counts differ are reported, not an error; then only d-BLEU is scored")
     p.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer")
     p.add_argument("--lowercase", action="store_true")
+    p.add_argument("-b", "--score-only", action="store_true",
+                   help="print only the BLEU score(s), one number a line in the order of --levels (sacrebleu -b)")
 
 
-def run_bleu(args) -> dict:
-    levels = []
-    for lv in args.levels.split(","):
-        if lv.strip() not in LEVELS:
-            raise ValueError(f"--levels: unknown level {lv!r}, expected a comma list of s, d, seg")
-        levels.append(LEVELS[lv.strip()])
-    report = bleu_lib.bleu_from_files(
-        args.hyp, args.ref, hyp_format=args.hyp_format, ref_format=args.ref_format, hyp_doc_ids=args.hyp_doc_ids,
-        ref_doc_ids=args.ref_doc_ids, segments=args.segments, separator=args.separator, pieces=args.pieces,
-        ref_from_generate=args.ref_from_generate, levels=levels, match=args.match_docs_by,
-        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase)
+def print_bleu_report(report: dict) -> None:
+    """The definition, the BLEU and chrF tables with signatures, mismatches and notes."""
     print(report["definition"])
     rows = [(r.name, r.score, r.n_items, r.verbose) for r in report["scores"].values()]
     print(format_table(["metric", "BLEU", "items", "details"], rows))
@@ -76,6 +73,25 @@ def run_bleu(args) -> dict:
                            [(m["doc_id"], m["hyp_sentences"], m["ref_sentences"]) for m in report["mismatches"]]))
     for note in report["notes"]:
         print(f"note: {note}")
+
+
+def run_bleu(args) -> dict:
+    levels = []
+    for lv in args.levels.split(","):
+        if lv.strip() not in LEVELS:
+            raise ValueError(f"--levels: unknown level {lv!r}, expected a comma list of s, d, seg")
+        levels.append(LEVELS[lv.strip()])
+    report = bleu_lib.bleu_from_files(
+        args.hyp, args.ref, hyp_format=args.hyp_format, ref_format=args.ref_format, hyp_doc_ids=args.hyp_doc_ids,
+        ref_doc_ids=args.ref_doc_ids, segments=args.segments, separator=args.separator, pieces=args.pieces,
+        ref_from_generate=args.ref_from_generate, levels=levels, match=args.match_docs_by,
+        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase)
+    if args.score_only:  # scores in the order asked; a level that could not be scored prints nothing
+        for level in levels:
+            if level in report["scores"]:
+                print(f"{report['scores'][level].score:.2f}")
+    else:
+        print_bleu_report(report)
     return report
 
 
@@ -317,6 +333,9 @@ def add_contrastive_args(p: argparse.ArgumentParser) -> None:
                         "mean: per token, as contextual-mt does, which can prefer a longer, less probable candidate "
                         "(the report gives the other score's accuracy too)")
     p.add_argument("--limit", type=int, help="only the first N examples (of each DiscEvalMT set)")
+    p.add_argument("--any-languages", action="store_true",
+                   help="score a checkpoint whose language pair differs from the suite's (ContraPro en->de, "
+                        "DiscEvalMT en->fr) instead of stopping; only a check of the pipeline")
 
 
 def run_contrastive(args) -> dict:
@@ -325,9 +344,11 @@ def run_contrastive(args) -> dict:
     report = contrastive.run_contrastive(
         args.checkpoint, args.suite, args.suite_dir, context=args.context, score=args.score, data=args.data,
         spm_models=args.spm_model, limit=args.limit, max_tokens=args.max_tokens, batch_size=args.batch_size,
-        device=args.device, progress=False if args.no_progress else None)
+        device=args.device, progress=False if args.no_progress else None, any_languages=args.any_languages)
     _print_model("model", report["model"])
     print(report["definition"])
+    for note in report["notes"]:
+        print(f"note: {note}")
     print(format_table(contrastive.table_headers(report), contrastive.table_rows(report)))
     if report["no_context_check"]:
         for name, entry in report["sets"].items():
@@ -404,19 +425,20 @@ SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reluformer-eval", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="reluformer-eval", description=__doc__.split("\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_args, _) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        # help is %-formatted by argparse (so it writes %%), a description is printed as it is
+        p = sub.add_parser(name, help=help_text, description=help_text.replace("%%", "%"),
+                           formatter_class=DefaultsHelpFormatter)
         add_args(p)
         p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_logging()  # before the subcommand imports fairseq (whose imports would set DEBUG)
     args = build_parser().parse_args(argv)
-    if argv is None:  # a real command line: importing fairseq set the root logger to DEBUG (matplotlib floods it)
-        logging.getLogger().setLevel(logging.WARNING)
     run = SUBCOMMANDS[args.command][2]
     try:
         for option in ("json", "plot", "write_pred", "output"):  # before any work, not after an hour of it
@@ -429,11 +451,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"report written to {args.json}")
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-eval {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     except OSError as e:  # disk full, an unwritable report or plot
         print(f"reluformer-eval {args.command}: error: {write_error(e)}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

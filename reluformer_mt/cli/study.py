@@ -8,18 +8,20 @@ import argparse
 import sys
 from pathlib import Path
 
+from reluformer_mt.cli.checks import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
+
 
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.experiments.study import RUNS
 
     p = argparse.ArgumentParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
     p.add_argument("--budget-minutes", type=float, default=20, help="wall-clock minutes of training per run")
     p.add_argument("--max-update", type=int, default=0, help="also stop after this many updates (0 = no limit)")
     p.add_argument("--threads", type=int, default=1, help="threads of each training process")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
     p.add_argument("--no-report", action="store_true",
@@ -39,17 +41,20 @@ def main(argv=None) -> int:
     if unknown or not names:
         print(f"reluformer-study: error: --runs: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(RUNS)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.budget_minutes <= 0 and args.max_update <= 0:
         print("reluformer-study: error: --budget-minutes or --max-update must be > 0", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
                   args.bible_root, args.skip_alignment, report=not args.no_report)
-    except (RuntimeError, ValueError, OSError) as error:
+    except ValueError as error:  # bad input: the convention of reluformer_mt.cli.checks
         print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_USAGE
+    except (RuntimeError, OSError) as error:  # a run that failed
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from reluformer_mt.cli.checks import EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
 from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, SweepOptions, run_sweep
 from reluformer_mt.memory.ffn import FFN_VARIANTS
 
@@ -18,26 +19,31 @@ from reluformer_mt.memory.ffn import FFN_VARIANTS
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reluformer-sweep", description="FFN-as-memory sweep: FFN variants x slot "
-                                "counts, a fixed budget each; test BLEU and memory diagnostics")
+                                "counts, a fixed budget each; test BLEU and memory diagnostics",
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="output directory (data, runs, results.md/json, sweep.png)")
-    p.add_argument("--variants", default=",".join(FFN_VARIANTS))
-    p.add_argument("--slots", default="32,64,128,256,512,1024,2048,3072,4096")
+    p.add_argument("--variants", default=",".join(FFN_VARIANTS),
+                   help="comma list of FFN variants: relu (the usual FFN), softmax over the slots, softmax_ln "
+                        "(softmax followed by LayerNorm); docs/METHODS.md section 2")
+    p.add_argument("--slots", default="32,64,128,256,512,1024,2048,3072,4096",
+                   help="comma list of FFN slot counts (the FFN's hidden size), one run per variant and count")
     p.add_argument("--data-bin", help="a binarised en-de directory (default: built from --corpus)")
     p.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="docmt_ende corpus directory")
-    p.add_argument("--valid-size", type=int, default=300)
-    p.add_argument("--test-size", type=int, default=500)
-    p.add_argument("--nwords", type=int, default=8000)
+    p.add_argument("--valid-size", type=int, default=300, help="sentence pairs of the corpus's training side held out for validation")
+    p.add_argument("--test-size", type=int, default=500, help="first N sentence pairs of the test side for the test BLEU")
+    p.add_argument("--nwords", type=int, default=8000, help="size of the joint fairseq dictionary (words, no BPE)")
     p.add_argument("--max-words", type=int, default=40, help="drop pairs with longer sentences")
     p.add_argument("--arch", default="softmax_tiny", help="reluformer architecture (FFN width is set by --slots)")
     p.add_argument("--max-update", type=int, default=2000, help="the fixed budget of every run")
-    p.add_argument("--max-tokens", type=int, default=2000)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=2000, help="tokens per batch")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (inverse square root schedule)")
+    p.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up updates")
+    p.add_argument("--seed", type=int, default=1, help="seed of every run")
+    p.add_argument("--beam", type=int, default=4, help="beam size of the test translation")
     p.add_argument("--top-percent", default="1", help="comma list of p for the top-p%% ratio (the first is tabled)")
-    p.add_argument("--stats-batches", type=int, default=10)
-    p.add_argument("--keep-checkpoints", action="store_true")
+    p.add_argument("--stats-batches", type=int, default=10, help="validation batches of the memory diagnostics")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's checkpoints (by default deleted once the run is scored)")
     p.add_argument("extra", nargs="*", help="after --: more fairseq-train options for every run")
     return p
 
@@ -66,8 +72,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         run_sweep(options_from_args(args), say=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError) as error:  # MemoryOptionError is a ValueError
         print(f"reluformer-sweep: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     reluformer-translate --checkpoint ckpt/checkpoint_best.pt < document.txt > out.txt
     reluformer-translate --checkpoint ckpt/checkpoint_best.pt -i talks.en --format docmt -o talks.de \\
-        --beam 5 --scores talks.scores --alignments talks.align
+        --beam 4 --scores talks.scores --alignments talks.align
 
 The output keeps the input's layout with exactly one translated sentence per input sentence
 (see :mod:`reluformer_mt.inference.inputs` for the formats); a summary (documents, sentences,
@@ -14,15 +14,16 @@ import sys
 import time
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (add_spm_model_option, check_output_file, non_negative_float, non_negative_int,
-                                     segment_tokens, writing, write_error)
+from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
+                                     check_output_file, non_negative_float, non_negative_int, segment_tokens, writing,
+                                     write_error)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.inference.inputs import FORMATS
 
     p = argparse.ArgumentParser(
-        prog="reluformer-translate",
+        prog="reluformer-translate", formatter_class=DefaultsHelpFormatter,
         description="Translate documents with a reluformer checkpoint: documents are cut into segments of the "
                     "trained length, translated with beam search and split back into exactly one sentence per "
                     "input sentence.")
@@ -42,12 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--segment-tokens", type=segment_tokens, help="segment length in source tokens, or 'sentence' "
                                                                    "(default: the trained length from prepared.json)")
     gen = p.add_argument_group("search")
-    gen.add_argument("--beam", type=int, default=5)
+    gen.add_argument("--beam", type=int, default=4, help="beam size (4: the demo's decoding)")
     gen.add_argument("--lenpen", type=float, default=1.0, help="length penalty")
     gen.add_argument("--batch-size", type=int, default=32, help="most segments per batch")
     gen.add_argument("--max-tokens", type=int, default=4000, help="most source tokens per batch (padded)")
     gen.add_argument("--max-len-a", type=non_negative_float, default=1.2, help="output length limit a * source + b")
-    gen.add_argument("--max-len-b", type=non_negative_int, default=10)
+    gen.add_argument("--max-len-b", type=non_negative_int, default=10, help="see --max-len-a")
     gen.add_argument("--separators", choices=("constrained", "free"), default="constrained",
                      help="constrained (default): beam search gives each segment's translation exactly the "
                           "source's number of sentence separators (no empty sentence), so it splits back "
@@ -171,16 +172,16 @@ def main(argv=None) -> int:
         summary = run(args)
     except (TranslationError, ValueError, FileNotFoundError) as e:
         print(f"reluformer-translate: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except OSError as e:  # a write outside the guarded ones (e.g. a full disk under a cache)
         print(f"reluformer-translate: error: {write_error(e, args.output)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("reluformer-translate: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if not args.quiet:
         print(f"reluformer-translate: {summary}", file=sys.stderr, flush=True)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Word alignments from cross-attention, and their AER per layer (METHODS.md section 4).
+"""Word alignments from cross-attention, and their AER per layer (docs/METHODS.md section 4).
 
 Force-decode the reference (``extract``), take the cross-attention of a decoder layer -- one
 head or the mean over heads -- merge subword pieces to words (a target word's row is the mean

@@ -1,4 +1,4 @@
-"""Attention statistics of trained checkpoints on a data set (METHODS.md section 4).
+"""Attention statistics of trained checkpoints on a data set (docs/METHODS.md section 4).
 
 Per layer and head, for encoder self-, decoder self- and cross-attention: sparsity rate, null
 rate, head diversity, entropy and top-score ratio (definitions in ``stats``), computed on

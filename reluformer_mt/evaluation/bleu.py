@@ -1,6 +1,6 @@
 """s-BLEU and d-BLEU with sacreBLEU (Post, 2018), and the readers that feed them.
 
-Definitions (METHODS.md section 4):
+Definitions (docs/METHODS.md section 4):
 - s-BLEU: corpus BLEU over sentences. Document-level output is split back into sentences with
   the segment metadata (``reluformer_mt.data.segments``); hypothesis and reference must have the
   same number of sentences in every document, otherwise it is an error naming the document.
@@ -10,11 +10,17 @@ Definitions (METHODS.md section 4):
 
 Scores are detokenised sacreBLEU (default tokenizer 13a) and equal the ``sacrebleu`` command line
 on the same sentence (or document-per-line) files. Files are read the way that command reads them
-(split on ``\\n`` only, trailing whitespace stripped), so CRLF files give the same score.
+(split on ``\\n`` only, trailing whitespace stripped), so CRLF files give the same score; ``-``
+is standard input, and a pipe (``/dev/stdin``, a FIFO, ``<(...)``) is read once, as sacreBLEU does.
 """
 import os
 import re
+import shutil
+import stat
+import sys
+import tempfile
 from collections import OrderedDict
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -360,6 +366,20 @@ def detect_format(path) -> str:
     return "plain"
 
 
+def definition_line(scores: Dict[str, BleuResult], n_sentences: int, n_documents: int, tokenize: str = "13a",
+                    lowercase: bool = False) -> str:
+    """What the scores are computed over; names only the levels that were scored (without
+    document boundaries there is no d-BLEU to define)."""
+    parts = [f"detokenised sacreBLEU ({tokenize}{', lowercased' if lowercase else ''})"]
+    if "sentence" in scores:
+        parts.append(f"s-BLEU = corpus BLEU over {n_sentences} reference sentences")
+    if "document" in scores:
+        parts.append(f"d-BLEU = corpus BLEU over {n_documents} whole documents (sentences joined by a space)")
+    if "segment" in scores:
+        parts.append("segment d-BLEU over the segments of the metadata")
+    return "; ".join(parts)
+
+
 def check_not_empty(hyp, ref) -> None:
     """An empty (0-byte) hypothesis or reference is an error naming both files, never a score."""
     n_hyp, n_ref = (len(read_lines(p)) if os.path.getsize(p) else 0 for p in (hyp, ref))
@@ -396,15 +416,76 @@ def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_targ
     return _texts_by_id(texts, len(texts), str(path)), None
 
 
+STDIN = "-"
+
+
+def is_stream(path) -> bool:
+    """Standard input (``-``) or a file that can be read only once (a pipe, ``/dev/stdin``)."""
+    if path is None:
+        return False
+    if str(path) == STDIN:
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False  # a missing file: the reader names it
+
+
+@contextmanager
+def read_once(paths: Dict[str, Optional[str]]):
+    """Copy each input that is a stream into a temporary file, so the format detection and the
+    reader can both read it (sacreBLEU reads standard input once, too).
+
+    ``paths``: option name -> path. Yields (option -> readable path, temporary path -> display
+    name); at most one option may be standard input."""
+    stdin_options = [o for o, p in paths.items() if p is not None and str(p) == STDIN]
+    if len(stdin_options) > 1:
+        raise ValueError(f"{' and '.join(stdin_options)} are both '-': only one input can be standard input")
+    readable, names = dict(paths), {}
+    with tempfile.TemporaryDirectory(prefix="reluformer-bleu-") as folder:
+        for option, path in paths.items():
+            if not is_stream(path):
+                continue
+            copy = os.path.join(folder, option.strip("-"))
+            with open(copy, "wb") as out:
+                if str(path) == STDIN:
+                    shutil.copyfileobj(sys.stdin.buffer, out)
+                else:
+                    with open(path, "rb") as stream:
+                        shutil.copyfileobj(stream, out)
+            readable[option] = copy
+            names[copy] = "<stdin>" if str(path) == STDIN else str(path)
+        yield readable, names
+
+
 def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
                     allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict:
     """Load hypothesis and reference (``<d>`` files, plain files with doc-id files, or
     fairseq-generate output split with ``segments`` = a ``{split}.segments.tsv`` path or list),
-    check the sentence counts per document and score. Returns a report dict with ``scores``
-    ({level: BleuResult}), ``mismatches`` and a ``definition`` line.
+    check the sentence counts per document and score. Any input may be ``-`` (standard input) or
+    a pipe. Returns a report dict with ``scores`` ({level: BleuResult}), ``mismatches``, ``notes``,
+    ``chrf`` and a ``definition`` line.
     """
+    with read_once({"--hyp": hyp, "--ref": ref, "--hyp-doc-ids": hyp_doc_ids, "--ref-doc-ids": ref_doc_ids}) as (
+            files, names):
+        try:
+            return _bleu_from_paths(
+                files["--hyp"], files["--ref"], hyp_format, ref_format, files["--hyp-doc-ids"], files["--ref-doc-ids"],
+                segments, separator, pieces, ref_from_generate, levels, match, allow_mismatch, tokenize, lowercase)
+        except (ValueError, FileNotFoundError) as e:  # name the stream, not its temporary copy
+            message = str(e)
+            for copy, name in names.items():
+                message = message.replace(copy, name)
+            raise type(e)(message) from None
+
+
+def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
+                    ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
+                    ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
+                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict:
+    """:func:`bleu_from_files` once every input is a regular file."""
     if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
         segments = read_segment_metadata(segments)
     if ref is not None and not ref_from_generate:
@@ -444,10 +525,7 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
     scores = score_documents(pairs, levels, segments, hyp_seg, bool(mismatches), tokenize, lowercase)
     chrf = chrf_scores(pairs, levels, bool(mismatches), lowercase)
     n_sent = sum(len(rs) for _, _, rs in pairs)
-    definition = (f"detokenised sacreBLEU ({tokenize}{', lowercased' if lowercase else ''}); s-BLEU = corpus BLEU over "
-                  f"{n_sent} reference sentences; d-BLEU = corpus BLEU over {len(pairs)} whole documents "
-                  f"(sentences joined by a space)" + ("; segment d-BLEU over the segments of the metadata"
-                                                    if "segment" in scores else ""))
+    definition = definition_line(scores, n_sent, len(pairs), tokenize, lowercase)
     return {"definition": definition, "scores": scores, "n_documents": len(pairs), "n_sentences": n_sent,
             "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": r} for d, h, r in mismatches],
             "notes": notes, "chrf": chrf}

@@ -50,6 +50,7 @@ SUITES = ("contrapro", "discevalmt")
 CONTEXTS = ("previous", "none")
 SCORES = ("sum", "mean")
 CONTRAPRO_SEP = "<SEP>"  # the suite's own context marker, replaced by the model's separator
+SUITE_LANGUAGES = {"contrapro": ("en", "de"), "discevalmt": ("en", "fr")}  # source, target of each suite
 DISCEVAL_SETS = OrderedDict([("anaphora", "anaphora.json"), ("lexical_choice", "lexical-choice.json")])
 
 # German third-person forms and the pronoun (gender of the antecedent) they belong to. ``ihm`` and
@@ -312,6 +313,22 @@ class ForcedScorer:
 
 # ---------------------------------------------------------------------------------------------- decisions
 
+def check_languages(suite: str, checkpoint, src_lang: Optional[str], tgt_lang: Optional[str],
+                    any_languages: bool = False) -> Optional[str]:
+    """The suite's language pair against the checkpoint's: a mismatch (a grc->en model on
+    ContraPro) would only fail later on some length or vocabulary error, or score nonsense. Returns
+    a note when ``any_languages`` lets it through (the pipeline check of a test-scale model), else
+    None; an unknown checkpoint pair passes."""
+    src, tgt = SUITE_LANGUAGES[suite]
+    if not src_lang or not tgt_lang or (src_lang, tgt_lang) == (src, tgt):
+        return None
+    message = (f"--suite {suite} is {src}->{tgt}, but {checkpoint} translates {src_lang}->{tgt_lang}: "
+               "the languages do not match")
+    if not any_languages:
+        raise ValueError(message + " (--any-languages scores it anyway)")
+    return message + "; scored anyway (--any-languages): the accuracy says nothing about context use"
+
+
 def check_options(context: str, score: str) -> None:
     if context not in CONTEXTS:
         raise ValueError(f"--context: expected previous or none, got {context!r}")
@@ -378,11 +395,13 @@ def evaluate_examples(scorer: ForcedScorer, examples: Sequence[Example], context
 
 def run_contrastive(checkpoint, suite: str, suite_dir, context: str = "previous", score: str = "sum", data=None,
                     spm_models=None, limit: Optional[int] = None, max_tokens: int = 4000, batch_size: int = 64,
-                    device: str = "cpu", progress: Optional[bool] = None) -> dict:
-    """Read the suite, load the checkpoint and score: the report of ``reluformer-eval contrastive``."""
+                    device: str = "cpu", progress: Optional[bool] = None, any_languages: bool = False) -> dict:
+    """Read the suite, load the checkpoint and score: the report of ``reluformer-eval contrastive``.
+    A checkpoint of another language pair than the suite's is an error unless ``any_languages``."""
     check_options(context, score)
     examples = read_suite(suite, suite_dir, limit)  # bad options and suite files fail before the model loads
     loaded = extract.load_checkpoint(checkpoint, data, spm_models, device)
+    language_note = check_languages(suite, checkpoint, loaded.src_lang, loaded.tgt_lang, any_languages)
     scorer = ForcedScorer(loaded, max_tokens=max_tokens, batch_size=batch_size, progress=progress)
     result = evaluate_examples(scorer, examples, context, score)
     full = limit is None
@@ -392,7 +411,7 @@ def run_contrastive(checkpoint, suite: str, suite_dir, context: str = "previous"
                            f"log-probability than every contrastive one (ties count as wrong); chance = mean of "
                            f"1/candidates; context {context}"),
             "no_context_check": (context == "none" and suite == "discevalmt" and full),
-            **result}
+            "notes": [language_note] if language_note else [], **result}
 
 
 def table_rows(report: dict) -> List[list]:

@@ -1,4 +1,4 @@
-"""Diagnostics of key-value memories (ReLUFormer section 3; METHODS.md section 2), per layer.
+"""Diagnostics of key-value memories (ReLUFormer section 3; docs/METHODS.md section 2), per layer.
 
 - top-score ratio: the share of a row's activation mass held by its top p % of slots
   (Shen et al. 2023: a softmax memory puts more than 85 % of its mass in the top 0.2 %);

@@ -28,7 +28,6 @@ import platform
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -53,6 +52,7 @@ from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
 from reluformer_mt.experiments.model_args import size_args
+from reluformer_mt.experiments.progress import Stages, demo_plan
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
@@ -130,22 +130,6 @@ def split_family(spec: str, default_fusion: str = "concat") -> tuple:
 
 def uses_memory(o: "DemoOptions") -> bool:
     return any(split_family(f)[1] for f in o.families)
-
-
-class Stages:
-    """Prints numbered stage headers with elapsed time and keeps the time of each stage."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.times = total, 0, {}
-
-    @contextmanager
-    def stage(self, name: str):
-        self.done += 1
-        print(f"\n[demo {self.done}/{self.total}] {name} ...", flush=True)
-        start = time.time()
-        yield
-        self.times[name] = round(time.time() - start, 1)
-        print(f"[demo {self.done}/{self.total}] {name}: done in {self.times[name]:.0f} s", flush=True)
 
 
 def versions() -> Dict[str, str]:
@@ -547,7 +531,8 @@ def run_demo(o: DemoOptions) -> dict:
 
     report_dir = o.out / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    stages = Stages(total=3 + len(o.families) + 1)
+    stages = Stages(plan=demo_plan(o), log_file=o.out / "logs" / "demo.log")  # one console line per stage
+    stages.announce()
     started = time.time()
 
     with stages.stage("prepare the bible corpus (Greek -> English, chapters as documents)"):

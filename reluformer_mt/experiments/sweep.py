@@ -1,4 +1,4 @@
-"""FFN-as-memory sweep (ReLUFormer section 3, METHODS.md section 2): train the ``relu``,
+"""FFN-as-memory sweep (ReLUFormer section 3, docs/METHODS.md section 2): train the ``relu``,
 ``softmax`` and ``softmax_ln`` FFN variants at slot counts from 32 to 4096 on a real corpus with
 one fixed small budget, then score BLEU on held-out talks and the memory diagnostics
 (top-score ratio, anisotropy) of every run; write a table (markdown + JSON) and a plot.

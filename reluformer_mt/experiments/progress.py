@@ -1,0 +1,114 @@
+"""The demo's console: one line per stage with its time, the time so far and an estimate of what
+is left; everything a stage prints or logs (fairseq's training logs and model printouts, hydra's
+deprecation warnings, progress bars) goes to a log file in the run folder instead.
+
+The estimate starts from the expected seconds of each stage, measured for the quick preset on
+a 2-core CPU (a fresh-clone run of commit b2cd9c8: preparation 13 s, 6.5-8.2 min per family for
+2,500 updates, evaluation 0.8 min for three families), and rescales them by how much slower or
+faster the finished stages ran here, so a GPU, a larger model or a busy machine correct it after
+the first training stage.
+"""
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+# expected seconds on the 2-core machine of the measured quick run (see the module docstring)
+PREPARE_SECONDS = 13.0
+TRAIN_PHASE_SECONDS = 10.0  # start-up and final validation of one fairseq-train phase
+SECONDS_PER_UPDATE = 0.165  # with two phases: 7.2 min on average per family for 1,500 + 1,000 updates
+EVALUATE_SECONDS_PER_FAMILY = 16.0
+TRANSLATE_SECONDS = 10.0
+SKIPPED_SHARE = 0.2  # a stage far faster than expected was skipped (already done): no evidence of speed
+
+
+def demo_plan(o) -> List[Tuple[str, float]]:
+    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order.
+    A stage added to ``run_demo`` needs its row here (a test counts them)."""
+    phases = 2 if o.sentence_updates and not o.budget_minutes else 1
+    updates = (o.sentence_updates if phases == 2 else 0) + o.max_update
+    train = o.budget_minutes * 60 if o.budget_minutes else phases * TRAIN_PHASE_SECONDS + updates * SECONDS_PER_UPDATE
+    return ([("prepare", PREPARE_SECONDS)] + [("train", train)] * len(o.families)
+            + [("evaluate", EVALUATE_SECONDS_PER_FAMILY * len(o.families)), ("translate", TRANSLATE_SECONDS)])
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def remaining_estimate(expected: Sequence[float], actual: Sequence[float]) -> float:
+    """Seconds left: the expected seconds of the stages not done (``expected[len(actual):]``),
+    scaled by actual / expected over the finished stages that really ran."""
+    ran = [(e, a) for e, a in zip(expected, actual) if a >= SKIPPED_SHARE * e]
+    scale = sum(a for _, a in ran) / sum(e for e, _ in ran) if ran and sum(e for e, _ in ran) > 0 else 1.0
+    return scale * sum(expected[len(actual):])
+
+
+@contextlib.contextmanager
+def _console_to(stream):
+    """Send sys.stdout, sys.stderr and the root logger's console handlers to ``stream``."""
+    consoles = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+                and getattr(h, "stream", None) in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)]
+    old_streams = [h.setStream(stream) for h in consoles]
+    try:
+        with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+            yield
+    finally:
+        for handler, old in zip(consoles, old_streams):
+            handler.setStream(old)
+
+
+class Stages:
+    """Numbered stages: ``with stages.stage(name):`` prints one line when the stage ends, e.g.
+    ``[demo 2/6] train reluformer: 8.2 min (total 8.4 min, about 15.9 min left)``, and keeps the
+    seconds of each stage in ``times``. With a ``log_file``, what the stage prints goes there."""
+
+    def __init__(self, total: Optional[int] = None, plan: Optional[Sequence[Tuple[str, float]]] = None,
+                 log_file: Optional[Path] = None, console=None):
+        self.expected = [seconds for _, seconds in plan] if plan else []
+        self.total = len(self.expected) if plan else total
+        self.done, self.times, self.started = 0, {}, time.time()
+        self.log_file, self.console = log_file, console or sys.stdout
+        self._actual: List[float] = []
+
+    def announce(self) -> None:
+        """The opening line: where the logs go and the expected duration."""
+        expected = f"; expected about {minutes(sum(self.expected))} on 2 CPU cores" if self.expected else ""
+        where = f"; fairseq's logs: {self.log_file}" if self.log_file else ""
+        print(f"[demo] {self.total} stages{expected}{where}", file=self.console, flush=True)
+
+    def left(self) -> str:
+        if not self.expected or len(self._actual) >= len(self.expected):
+            return ""
+        return f", about {minutes(remaining_estimate(self.expected, self._actual))} left"
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        self.done += 1
+        self.total = max(self.total or 0, self.done)  # an unplanned stage still gets a sensible counter
+        print(f"[demo {self.done}/{self.total}] {name} ...", end="", file=self.console, flush=True)
+        start = time.time()
+        log = None
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_file, "a", encoding="utf-8")
+            print(f"\n===== [demo {self.done}/{self.total}] {name}", file=log, flush=True)
+        try:
+            with _console_to(log) if log else contextlib.nullcontext():
+                yield
+        except BaseException:
+            print(f" failed after {minutes(time.time() - start)}"
+                  + (f" (log: {self.log_file})" if self.log_file else ""), file=self.console, flush=True)
+            raise
+        finally:
+            if log:
+                log.close()
+        seconds = time.time() - start
+        self.times[name] = round(seconds, 1)
+        self._actual.append(seconds)
+        print(f" {minutes(seconds)} (total {minutes(time.time() - self.started)}{self.left()})",
+              file=self.console, flush=True)
+

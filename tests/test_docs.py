@@ -1,0 +1,73 @@
+"""The documentation a user reaches from the README exists (issue 25): local links resolve, every
+"docs/X.md" the code cites is in the project, METHODS.md has the sections the code cites, and the
+licence and citation files are there and well-formed."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+
+
+def anchors(page: Path) -> set:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    out = set()
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\- ]", "", title)))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_local_links_resolve(page):
+    broken = []
+    for target, anchor in LINK.findall(page.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path = (page.parent / target).resolve()
+        if not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor[1:] not in anchors(path):
+            broken.append(target + anchor)
+    assert broken == [], f"{page.name}: broken links {broken}"
+
+
+def test_cited_docs_exist_and_methods_has_the_cited_sections():
+    cited = set()
+    sections = set()
+    for source in list((REPO / "reluformer_mt").rglob("*.py")) + list((REPO / "benchmarks").glob("*.py")):
+        text = source.read_text(encoding="utf-8")
+        cited.update(re.findall(r"docs/([A-Z_]+\.md)", text))
+        sections.update(int(n) for n in re.findall(r"docs/METHODS\.md,? section (\d)", text))
+    assert "METHODS.md" in cited
+    assert [name for name in cited if not (REPO / "docs" / name).is_file()] == []
+    headings = re.findall(r"^## (\d)\. ", (REPO / "docs" / "METHODS.md").read_text(encoding="utf-8"), re.M)
+    assert sections and sections <= {int(h) for h in headings}
+
+
+def test_methods_gives_a_formula_for_every_registered_family():
+    from reluformer_mt.models.architectures import FAMILIES
+
+    methods = (REPO / "docs" / "METHODS.md").read_text(encoding="utf-8")
+    table = methods.split("## 1. Attention weight functions", 1)[1].split("### 1.1", 1)[0]
+    assert [f for f in FAMILIES if f"| `{f}`" not in table and f"| `{f}` (" not in table] == []
+
+
+def test_license_setup_and_citation():
+    import yaml
+
+    assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    assert re.search(r'license="MIT"', (REPO / "setup.py").read_text(encoding="utf-8"))
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
+    assert citation["cff-version"] == "1.2.0" and citation["license"] == "MIT" and citation["title"]
+    assert {"Sparse Attention with Linear Units", "A Study on ReLU and Softmax in Transformer"} <= {
+        r["title"] for r in citation["references"]}
+
+
+def test_readme_keeps_a_marked_place_for_the_demo_table():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- demo-table:begin", 1)[1].split("<!-- demo-table:end -->", 1)[0]
+    assert table.count("\n|") >= 5
