@@ -6,15 +6,23 @@ Options left unset take the values of ``--preset`` (``quick``: about 25 minutes 
 """
 import argparse
 import logging
-import shlex
 import sys
 from pathlib import Path
 
+from reluformer_mt.cli.checks import (OneLineParser, check_device, check_input_folder, check_output_folder,
+                                     non_negative_float, non_negative_int, positive_float, positive_int, probability,
+                                     segment_tokens, shell_words)
 from reluformer_mt.experiments.demo import DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo
 
 
+def segment_tokens_text(text) -> str:
+    """``--segment-tokens`` checked as reluformer-prepare checks it, kept as the text given."""
+    segment_tokens(text)
+    return text.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reluformer-demo", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="reluformer-demo", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="working and report folder")
     p.add_argument("--preset", default="quick", choices=list(PRESETS),
@@ -24,33 +32,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated model families (see the README's table; every registered family works)")
     p.add_argument("--size", default=None, choices=["tiny", "iwslt_de_en", "base"],
                    help="an architecture size instead of the preset's dimensions (e.g. iwslt_de_en with --device cuda)")
-    p.add_argument("--embed-dim", type=int, help="model width")
-    p.add_argument("--ffn-dim", type=int, help="feed-forward width")
-    p.add_argument("--layers", type=int, help="encoder and decoder layers (each)")
-    p.add_argument("--heads", type=int, help="attention heads")
-    p.add_argument("--segment-tokens", help="document segment length N in subword tokens")
-    p.add_argument("--vocab-size", type=int, help="joint SentencePiece vocabulary size")
-    p.add_argument("--sentence-updates", type=int,
+    p.add_argument("--embed-dim", type=positive_int, help="model width")
+    p.add_argument("--ffn-dim", type=positive_int, help="feed-forward width")
+    p.add_argument("--layers", type=positive_int, help="encoder and decoder layers (each)")
+    p.add_argument("--heads", type=positive_int, help="attention heads")
+    p.add_argument("--segment-tokens", type=segment_tokens_text, help="document segment length N in subword tokens")
+    p.add_argument("--vocab-size", type=positive_int, help="joint SentencePiece vocabulary size")
+    p.add_argument("--sentence-updates", type=non_negative_int,
                    help="first train this many updates on sentences, then fine-tune on document segments "
                         "(G-Transformer's recipe); 0 = document segments only")
-    p.add_argument("--max-update", type=int, help="training updates per model on document segments (the same for all)")
-    p.add_argument("--budget-minutes", type=float, default=0,
+    p.add_argument("--max-update", type=positive_int, help="training updates per model on document segments (the same for all)")
+    p.add_argument("--budget-minutes", type=non_negative_float, default=0,
                    help="instead of the update counts: wall-clock minutes per model (not reproducible across machines)")
-    p.add_argument("--max-tokens", type=int, help="tokens per batch")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--document-lr", type=float,
+    p.add_argument("--max-tokens", type=positive_int, help="tokens per batch")
+    p.add_argument("--lr", type=positive_float)
+    p.add_argument("--document-lr", type=positive_float,
                    help="peak learning rate of the document phase (default: --lr, with a fresh schedule)")
-    p.add_argument("--warmup-updates", type=int)
-    p.add_argument("--dropout", type=float)
-    p.add_argument("--beam", type=int)
-    p.add_argument("--validations", type=int, help="validations (greedy s-BLEU) per training phase")
-    p.add_argument("--eval-chapters", type=int, default=0,
+    p.add_argument("--warmup-updates", type=positive_int)
+    p.add_argument("--dropout", type=probability)
+    p.add_argument("--beam", type=positive_int)
+    p.add_argument("--validations", type=positive_int, help="validations (greedy s-BLEU) per training phase")
+    p.add_argument("--eval-chapters", type=non_negative_int, default=0,
                    help="evaluate on the first K held-out chapters only (0 = all 13)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=non_negative_int, default=1)
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--train-args", default="",
+    p.add_argument("--train-args", type=shell_words, default="",
                    help="further fairseq-train options for every family, quoted, e.g. "
                         "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")
     return p
@@ -65,11 +73,29 @@ def options_from_args(args, families) -> DemoOptions:
                        segment_tokens=str(values.pop("segment_tokens")), budget_minutes=args.budget_minutes,
                        document_lr=args.document_lr, eval_chapters=args.eval_chapters, seed=args.seed,
                        bible_root=args.bible_root,
-                       force=args.force, device=args.device, train_args=shlex.split(args.train_args), **values)
+                       force=args.force, device=args.device, train_args=list(args.train_args), **values)
+
+
+def check_args(args) -> None:
+    """Checks that need more than one option or the machine, before any work (ValueError)."""
+    check_output_folder(args.out, "--out")
+    check_input_folder(args.bible_root, "--bible-root")
+    check_device(args.device)
+    if args.size is None:  # the preset's dimensions: the width must split into the heads
+        preset = PRESETS[args.preset]
+        embed_dim = args.embed_dim or preset["embed_dim"]
+        heads = args.heads or preset["heads"]
+        if embed_dim % heads:
+            raise ValueError(f"--embed-dim {embed_dim} is not divisible by --heads {heads}")
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
                         stream=sys.stderr)
     from reluformer_mt.plugin import register
