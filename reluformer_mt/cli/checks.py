@@ -59,6 +59,14 @@ def positive_int_list(text) -> list:
     return values
 
 
+def percent(text) -> float:
+    """A percentage in (0, 100]."""
+    value = _number(text, float, 0.0, "a percentage in (0, 100]")
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage in (0, 100], got {text!r}")
+    return value
+
+
 def percent_list(text) -> list:
     """A comma list of percentages in (0, 100], e.g. ``1,5``."""
     try:

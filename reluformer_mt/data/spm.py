@@ -47,12 +47,23 @@ def train_spm(sentences: Iterable[str], model_prefix, vocab_size: int, separator
     return model_prefix.with_suffix(".model")
 
 
-def load_spm(path, separator: str = SEPARATOR) -> spm.SentencePieceProcessor:
-    """Load a model and check the separator encodes to exactly one piece."""
+def open_spm(path) -> spm.SentencePieceProcessor:
+    """Load a model file; a missing file or one that is no SentencePiece model (a fairseq
+    dictionary, a vocabulary) is one line naming it, not the library's 'could not parse ModelProto'."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: SentencePiece model not found")
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError):
+        raise ValueError(f"{path}: not a SentencePiece model (expected the .model file reluformer-prepare or "
+                         f"spm_train writes, e.g. spm.model; not a dictionary or .vocab file)") from None
+
+
+def load_spm(path, separator: str = SEPARATOR) -> spm.SentencePieceProcessor:
+    """Load a model and check the separator encodes to exactly one piece."""
+    path = Path(path)
+    sp = open_spm(path)
     if sp.piece_to_id(separator) == sp.unk_id():
         raise ValueError(f"{path}: the SentencePiece model has no piece {separator!r}; train it with "
                          f"user_defined_symbols={separator!r} (reluformer-prepare does) or let reluformer-prepare train one")
