@@ -66,3 +66,60 @@ def test_attn_impl_that_does_not_apply_is_said(sentence_data, tmp_path, caplog):
     notes = [r.getMessage() for r in caplog.records if "--attn-impl" in r.getMessage()]
     assert notes == ["--attn-impl fused does not apply to softpick (encoder, decoder, cross attention): "
                      "it runs the dense path"], notes
+
+
+# ---------------------------------------------------------------- class 2: look-alikes of the separator
+
+LOOKALIKES = ["\uff1csep\uff1e", "\ufe64sep\ufe65", "\uff1c\uff53\uff45\uff50\uff1e"]  # full-width, small form, all full-width
+
+
+def test_spm_normalises_the_lookalikes_into_the_separator(prepared_doc_data):
+    """The premise: the raw-string check cannot see them; only the pieces do."""
+    from reluformer_mt.data.spm import load_spm, repair_separator_lookalikes
+
+    sp = load_spm(prepared_doc_data["doc"] / "spm.model")
+    texts = [f"Yes {s} no." for s in LOOKALIKES] + ["plain text", "a \uff1c\uff1csep\uff1esep\uff1e b"]
+    pieces = sp.encode(texts, out_type=str)
+    assert all("<sep>" in p for p in pieces[:3]) and all("<sep>" not in t for t in texts)
+    repaired = repair_separator_lookalikes(sp, texts, pieces)
+    assert repaired == [(0, 1), (1, 1), (2, 1), (4, 1)]
+    assert not any("<sep>" in p for p in pieces) and texts[0] == "Yes no." and texts[3] == "plain text"
+    assert pieces == sp.encode(texts, out_type=str)
+
+
+def test_translate_repairs_and_counts_lookalikes(doc_checkpoint, tmp_path, capsys):
+    sentences = ["Thank you very much.", f"This is a {LOOKALIKES[0]} test.", f"{LOOKALIKES[1]} And the end."]
+    src = tmp_path / "talk.en"
+    src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    out = tmp_path / "talk.de"
+    rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", out, "--format", "lines", *FAST], capsys)
+    assert rc == 0, err
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+    assert "2 look-alikes of '<sep>' in the input" in err and "separator look-alikes in the input replaced by spaces: 2" in err
+
+
+def test_prepare_repairs_and_counts_lookalikes(prepared_doc_data, tmp_path):
+    """A training sentence with a look-alike: every segment still has one separator fewer than
+    sentences, and the report counts the repair."""
+    from conftest import iwslt_files
+    from reluformer_mt.data.prepare import PrepareConfig, prepare
+    from reluformer_mt.data.segments import read_segment_metadata
+
+    en, de = ([line for line in p.read_text(encoding="utf-8").splitlines() if line != "<d>"][:40]
+              for p in iwslt_files("test"))
+    en[3] = en[3] + f" {LOOKALIKES[0]} x"
+    de[5] = f"{LOOKALIKES[1]} " + de[5]
+    files = [tmp_path / "in.en", tmp_path / "in.de"]
+    for f, lines in zip(files, (en, de)):  # two documents: 30 sentences to train, 10 to validate
+        f.write_text("<d>\n" + "\n".join(lines[:30]) + "\n<d>\n" + "\n".join(lines[30:]) + "\n", encoding="utf-8")
+    out = tmp_path / "prep"
+    report = prepare(PrepareConfig(out=str(out), fmt="docmt", src="en", tgt="de", train=[[str(f) for f in files]],
+                                   valid_from_train=1,
+                                   segment_tokens=256, spm_models=[str(prepared_doc_data["doc"] / "spm.model")],
+                                   joined_dictionary=True, progress=False))
+    infos = read_segment_metadata(out / "train.segments.tsv")
+    for lang in ("en", "de"):
+        lines = (out / "text" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        assert [line.split().count("<sep>") for line in lines] == [i.n_sentences - 1 for i in infos], lang
+    assert "(SentencePiece normalises it into the separator) replaced by a space: 2" in report.summary()
+    assert max(i.n_sentences for i in infos) > 2  # segments of several sentences
