@@ -123,3 +123,60 @@ def test_prepare_repairs_and_counts_lookalikes(prepared_doc_data, tmp_path):
         assert [line.split().count("<sep>") for line in lines] == [i.n_sentences - 1 for i in infos], lang
     assert "(SentencePiece normalises it into the separator) replaced by a space: 2" in report.summary()
     assert max(i.n_sentences for i in infos) > 2  # segments of several sentences
+
+
+# ---------------------------------------------------------------- class 4: the checkpoint upgrade, through the commands
+
+@pytest.fixture
+def old_gamma_checkpoint(doc_checkpoint, tmp_path):
+    """The tiny document model as a checkpoint from before gamma was kept as log(gamma): a
+    learned gamma per head, stored as ``gamma`` (0.5 and 2.0) in every attention sublayer."""
+    import torch
+
+    state = torch.load(doc_checkpoint, map_location="cpu", weights_only=False)
+    model_cfg = state["cfg"]["model"]  # fairseq keeps a model's argparse options as a Namespace
+    if isinstance(model_cfg, dict):
+        model_cfg["relu_gamma_mode"] = "head"
+    else:
+        model_cfg.relu_gamma_mode = "head"
+    modules = ("encoder.layers.0.self_attn", "decoder.layers.0.self_attn", "decoder.layers.0.encoder_attn")
+    for name in modules:
+        assert f"{name}.log_gamma" not in state["model"] and f"{name}.q_proj.weight" in state["model"]
+        state["model"][f"{name}.gamma"] = torch.tensor([0.5, 2.0])
+    path = tmp_path / "old_gamma.pt"
+    torch.save(state, path)
+    return path, modules
+
+
+def test_old_gamma_checkpoint_loads_in_translate_and_eval(old_gamma_checkpoint, prepared_doc_data, tmp_path, capsys):
+    import torch
+
+    from reluformer_mt.evaluation import extract
+
+    path, modules = old_gamma_checkpoint
+    src = tmp_path / "in.en"
+    src.write_text("Thank you.\nThat is all.\n", encoding="utf-8")
+    rc, err = translate_main(["-c", path, "--data", prepared_doc_data["doc"], "-i", src, "-o", tmp_path / "out.de", *FAST],
+                             capsys)
+    assert rc == 0, err
+    code, err = eval_main(["cxmi", "--checkpoint", path, "--data", prepared_doc_data["doc"], "--split", "valid",
+                           "--limit-docs", "1", "--bootstrap", "10", "--no-progress"], capsys)
+    assert code == 0, err
+    model = extract.load_checkpoint(str(path), str(prepared_doc_data["doc"])).model
+    learned = dict(model.named_parameters())
+    for name in modules:
+        torch.testing.assert_close(learned[f"{name}.log_gamma"].exp(), torch.tensor([0.5, 2.0]))
+
+
+def test_old_gamma_checkpoint_with_a_negative_gamma_is_one_line(old_gamma_checkpoint, prepared_doc_data, tmp_path, capsys):
+    import torch
+
+    path, modules = old_gamma_checkpoint
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["model"][f"{modules[0]}.gamma"] = torch.tensor([-0.5, 2.0])
+    torch.save(state, path)
+    src = tmp_path / "in.en"
+    src.write_text("Thank you.\n", encoding="utf-8")
+    rc, err = translate_main(["-c", path, "--data", prepared_doc_data["doc"], "-i", src, *FAST], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{modules[0]}.gamma: a learned ReLUFormer gamma must be > 0" in err, err

@@ -300,7 +300,11 @@ class ReluformerModel(TransformerModel):
         return [(name, m) for name, m in self.named_modules() if isinstance(m, ReluformerAttention)]
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Refuse, in one line, a checkpoint whose parameters belong to another architecture."""
+        """Refuse, in one line, a checkpoint whose parameters belong to another architecture.
+
+        The names are compared after fairseq's upgrade step (which the parent runs again, a no-op
+        then), so an old layout it renames (e.g. ``gamma`` -> ``log_gamma``) loads."""
+        self.upgrade_state_dict(state_dict)
         own = set(self.state_dict().keys())
         given = set(state_dict.keys())
         missing, unexpected = sorted(own - given), sorted(given - own)
