@@ -61,6 +61,8 @@ DEMO_CASES = [  # (argv, what the one line says)
     (["--embed-dim", "30", "--heads", "4"], "--embed-dim 30 is not divisible by --heads 4"),
     (["--families", "relu"], "--families: unknown relu"),
     (["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
+    (["--size", "huge"], "argument --size: invalid choice: 'huge'"),
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
 ]
 
 
@@ -98,6 +100,7 @@ def test_demo_and_study_refuse_bad_paths_and_devices(tmp_path, capsys, no_work, 
 
 
 STUDY_CASES = [
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--budget-minutes", "-1"], "argument --budget-minutes: expected a finite number >= 0, got '-1'"),
     (["--max-update", "-2"], "argument --max-update: expected an integer >= 0, got '-2'"),
     (["--threads", "0"], "argument --threads: expected a positive integer, got '0'"),
@@ -155,3 +158,18 @@ def test_good_options_reach_the_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sweep, "run_sweep", lambda o, say: calls.append(o))
     assert sweep.main(["--out", str(tmp_path / "s"), "--data-bin", str(tmp_path), "--slots", "32,64"]) == 0
     assert calls[1].slots == [32, 64] and calls[1].top_percent == [1.0]
+
+
+# options whose bad values the path and device test gives (--out, --bible-root, --data-bin,
+# --corpus, --device cuda), and switches, which take no value
+PATH_OPTIONS = {"--out", "--bible-root", "--data-bin", "--corpus", "-h", "--help"}
+
+
+@pytest.mark.parametrize("module,cases", [(demo, DEMO_CASES), (study, STUDY_CASES), (sweep, SWEEP_CASES)],
+                         ids=["demo", "study", "sweep"])
+def test_every_option_has_a_bad_value_case(module, cases):
+    """The tests above give each option of the command a bad value: none is left out."""
+    parser = module.build_parser()
+    tried = {argv[0] for argv, _ in cases} | {a for argv, _ in cases for a in argv if a.startswith("--")}
+    options = {o for action in parser._actions if action.nargs != 0 for o in action.option_strings}
+    assert options - tried - PATH_OPTIONS == set()
