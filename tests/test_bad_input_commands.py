@@ -98,6 +98,17 @@ def test_translate_repairs_and_counts_lookalikes(doc_checkpoint, tmp_path, capsy
     assert "2 look-alikes of '<sep>' in the input" in err and "separator look-alikes in the input replaced by spaces: 2" in err
 
 
+def test_forced_scoring_repairs_and_counts_lookalikes(doc_checkpoint):
+    """contrastive and cxmi put the separator between context and sentence themselves."""
+    from reluformer_mt.evaluation import extract
+    from reluformer_mt.evaluation.contrastive import ForcedScorer
+
+    scorer = ForcedScorer(extract.load_checkpoint(str(doc_checkpoint)))
+    ids = scorer._ids(f"It is a {LOOKALIKES[0]} pen.", "src")
+    assert scorer.sep_src not in ids and scorer.separators_replaced == 1
+    assert ids == scorer._ids("It is a pen.", "src")
+
+
 def test_prepare_repairs_and_counts_lookalikes(prepared_doc_data, tmp_path):
     """A training sentence with a look-alike: every segment still has one separator fewer than
     sentences, and the report counts the repair."""
