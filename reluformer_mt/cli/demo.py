@@ -9,6 +9,11 @@ import logging
 import sys
 from pathlib import Path
 
+# importing fairseq (below) logs at INFO and leaves the root logger at DEBUG, which lets
+# matplotlib's import chatter through: quiet both, so a refused option is the only line
+for _noisy in ("fairseq.tasks.text_to_speech", "matplotlib"):
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
+
 from reluformer_mt.cli.checks import (OneLineParser, check_device, check_input_folder, check_output_folder,
                                      non_negative_float, non_negative_int, positive_float, positive_int, probability,
                                      segment_tokens, shell_words)

@@ -6,9 +6,15 @@ Without ``--data-bin`` the corpus is built from ``../shared/data/docmt_ende/IWSL
 runs are reused, so an interrupted sweep resumes.
 """
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import List, Optional
+
+# importing fairseq (below) logs at INFO and leaves the root logger at DEBUG, which lets
+# matplotlib's import chatter through: quiet both, so a refused option is the only line
+for _noisy in ("fairseq.tasks.text_to_speech", "matplotlib"):
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
 
 from reluformer_mt.cli.checks import (OneLineParser, check_input_folder, check_output_folder, non_negative_int,
                                      percent_list, positive_float, positive_int, positive_int_list)
