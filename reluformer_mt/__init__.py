@@ -26,3 +26,6 @@ def _imported_as_user_dir() -> bool:
 
 if _imported_as_user_dir():
     register()
+    from reluformer_mt.fairseq_compat import install_one_line_errors
+
+    install_one_line_errors()  # fairseq's own command: the plugin's errors in one line

@@ -200,7 +200,10 @@ def sentencepiece_for(data: DataDir, spm_models=None, separator: Optional[str] =
     prepared directory's, else (None, None) (word-level data: one token per word)."""
     paths = parse_spm_models(spm_models)
     if paths:
-        return load_sentencepiece(paths, separator)
+        try:
+            return load_sentencepiece(paths, separator)
+        except (ValueError, FileNotFoundError) as e:  # name the option the file came from
+            raise type(e)(str(e) if str(e).startswith("--spm-model") else f"--spm-model {e}") from None
     if data.prepared is None:
         return None, None
     return data.prepared.sentencepiece(check_separator=separator is not None)

@@ -1,4 +1,4 @@
-"""Neutralise two traps of the Python-3.11 fairseq builds (ve-fairseq / fairseq-fixed), once, at import.
+"""Neutralise traps of the Python-3.11 fairseq builds (ve-fairseq / fairseq-fixed), once, at import.
 
 1. torch >= 2.6 loads checkpoints with ``weights_only=True`` and refuses the argparse, omegaconf
    and numpy objects that fairseq stores in them. We *allowlist* exactly those types with
@@ -8,11 +8,23 @@
    sentences is not a multiple of ``--required-batch-size-multiple`` (upstream issues #5036,
    #5351): ``fairseq-generate`` translates 96 of 100 sentences. We wrap it so that every index
    it was given comes back in some batch; the missing ones form extra batches.
+3. fairseq's own commands (``fairseq-train``, ``fairseq-generate`` with ``--user-dir
+   reluformer_mt``) die with a traceback on a missing data folder or checkpoint, a truncated
+   checkpoint, a full disk while saving, and ``--fp16`` / ``--bf16`` where they cannot run; a
+   missing ``--restore-file`` even trains from scratch without a word. Before fairseq starts,
+   :func:`check_train_config` / :func:`check_generate_config` refuse such input with a
+   :class:`FairseqInputError`, and a failed checkpoint save becomes one as well; in fairseq's
+   console commands :func:`install_one_line_errors` prints these, and the plugin's own option
+   errors, as one line instead of a traceback.
 """
 import argparse
 import collections
+import errno
 import logging
+import os
+import sys
 import typing
+import zipfile
 
 import numpy as np
 import torch
@@ -108,6 +120,195 @@ def keep_every_sentence():
     data_utils.batch_by_size = patched
 
 
+# ---------------------------------------------------------------- fairseq's own commands
+
+class FairseqInputError(ValueError):
+    """Bad input to one of fairseq's own commands, found by the plugin: one line."""
+
+
+def _get(cfg, *keys):
+    for key in keys:
+        cfg = getattr(cfg, key, None) if cfg is not None else None
+    return cfg
+
+
+def precision_problem(common) -> typing.Optional[str]:
+    """Where fairseq's --fp16 / --bf16 cannot run: fp16 (and --amp) train on CUDA only, and
+    fairseq's --bf16 implies --tpu (torch_xla). bfloat16 and float16 autocast from Python (the
+    tests' CPU checks) are another matter."""
+    if _get(common, "bf16") or _get(common, "memory_efficient_bf16"):
+        try:
+            import torch_xla  # noqa: F401
+        except ImportError:
+            return ("--bf16: fairseq's --bf16 implies --tpu and needs torch_xla (not installed); "
+                    "on a CUDA GPU train with --fp16, on a CPU in float32 (no precision option)")
+    half = next((o for o in ("fp16", "memory_efficient_fp16", "amp") if _get(common, o)), None)
+    if half and (_get(common, "cpu") or not torch.cuda.is_available()):
+        why = "--cpu is given" if _get(common, "cpu") else "torch sees no CUDA device here"
+        return f"--{half.replace('_', '-')}: fairseq trains in float16 on CUDA GPUs only ({why}); drop it to train in float32"
+    return None
+
+
+def checkpoint_file_problem(path, option: str) -> typing.Optional[str]:
+    """A checkpoint fairseq would fail on with a traceback: a folder, or a file cut short (a
+    torch.save file is a zip archive whose directory sits at its end; old pickle-format files,
+    which start with the pickle protocol byte, are left to torch)."""
+    if os.path.isdir(path):
+        return f"{option} {path}: is a directory, expected a checkpoint file"
+    if not os.path.isfile(path):
+        return f"{option} {path}: checkpoint not found"
+    if zipfile.is_zipfile(path):
+        return None
+    with open(path, "rb") as f:
+        first = f.read(1)
+    if first == b"\x80":
+        return None
+    return f"{option} {path}: not a complete checkpoint (truncated, or not written by torch.save)"
+
+
+def _data_problem(data) -> typing.Optional[str]:
+    for folder in str(data or "").split(os.pathsep) if data and "://" not in str(data) else ():
+        if not os.path.isdir(folder):
+            return (f"DATA {folder}: no such folder; give the directory written by fairseq-preprocess "
+                    f"or reluformer-prepare")
+    return None
+
+
+def _restore_problem(checkpoint) -> typing.Optional[str]:
+    """fairseq-train's checkpoint to resume or fine-tune from, as ``checkpoint_utils.load_checkpoint``
+    picks it; a missing --restore-file other than the default would start training from scratch."""
+    restore = _get(checkpoint, "restore_file") or "checkpoint_last.pt"
+    suffix = _get(checkpoint, "checkpoint_suffix") or ""
+    if restore != "checkpoint_last.pt":
+        problem = checkpoint_file_problem(restore.replace(".pt", suffix + ".pt"), "--restore-file")
+        return problem and problem.replace("checkpoint not found", "checkpoint not found (fairseq would train from scratch)")
+    last = os.path.join(_get(checkpoint, "save_dir") or ".", f"checkpoint_last{suffix}.pt")
+    if os.path.exists(last):
+        return checkpoint_file_problem(last, "--save-dir checkpoint")
+    finetune = _get(checkpoint, "finetune_from_model")
+    if finetune:
+        return checkpoint_file_problem(finetune, "--finetune-from-model")
+    return None
+
+
+def check_train_config(cfg) -> None:
+    """fairseq-train's input, before the data, the model or the trainer are built."""
+    for problem in (precision_problem(_get(cfg, "common")), _data_problem(_get(cfg, "task", "data")),
+                    _restore_problem(_get(cfg, "checkpoint"))):
+        if problem:
+            raise FairseqInputError(problem)
+
+
+def check_generate_config(cfg) -> None:
+    """fairseq-generate's (and fairseq-validate's) input: the data folder and every --path."""
+    if isinstance(cfg, argparse.Namespace):
+        data, paths = getattr(cfg, "data", None), getattr(cfg, "path", None)
+    else:
+        data, paths = _get(cfg, "task", "data"), _get(cfg, "common_eval", "path")
+    problems = [_data_problem(data)] + [checkpoint_file_problem(p, "--path")
+                                        for p in (str(paths).split(os.pathsep) if paths and "://" not in str(paths) else ())]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        raise FairseqInputError(problem)
+
+
+def _checked_main(main, check):
+    def checked(cfg, *args, **kwargs):
+        check(cfg)
+        return main(cfg, *args, **kwargs)
+
+    checked.__wrapped__ = main
+    setattr(checked, _PATCHED_ATTR, True)
+    return checked
+
+
+def check_fairseq_commands() -> None:
+    """fairseq-train's and fairseq-generate's ``main`` check their input first (``cli_main``
+    looks ``main`` up when it calls it)."""
+    import importlib
+
+    for module, check in (("fairseq_cli.train", check_train_config), ("fairseq_cli.generate", check_generate_config),
+                          ("fairseq_cli.validate", check_generate_config)):
+        try:
+            cli = importlib.import_module(module)
+        except ImportError:  # a build without that command
+            continue
+        if not getattr(cli.main, _PATCHED_ATTR, False):
+            cli.main = _checked_main(cli.main, check)
+
+
+def _one_line_save(save):
+    """A checkpoint save that fails (disk full, unwritable folder) as one line, without the
+    half-written ``.tmp`` file fairseq leaves behind."""
+
+    def torch_persistent_save(obj, filename, async_write: bool = False):
+        try:
+            return save(obj, filename, async_write)
+        except (OSError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and "write" not in str(e):
+                raise  # not a write error: fairseq's own
+            for partial in (f"{filename}.tmp",):
+                if os.path.isfile(partial):
+                    os.remove(partial)
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+            hint = " (is the disk full?)" if not (isinstance(e, OSError) and e.errno == errno.ENOSPC) else ""
+            raise FairseqInputError(f"cannot write {filename}: {reason}{hint}") from None
+
+    setattr(torch_persistent_save, _PATCHED_ATTR, True)
+    return torch_persistent_save
+
+
+def one_line_saves() -> None:
+    from fairseq import checkpoint_utils
+
+    if not getattr(checkpoint_utils.torch_persistent_save, _PATCHED_ATTR, False):
+        checkpoint_utils.torch_persistent_save = _one_line_save(checkpoint_utils.torch_persistent_save)
+
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_in_plugin(tb) -> bool:
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR + os.sep)
+
+
+def one_line_error(error: BaseException) -> typing.Optional[str]:
+    """The one line for an error of fairseq's command, or None for a traceback (a bug): the
+    plugin's own errors (its option checks, this module's), a ValueError it raised, and a file
+    error fairseq met (a missing dictionary, a full disk)."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return None
+    plugin_type = type(error).__module__.startswith("reluformer_mt")
+    if isinstance(error, ValueError) and (plugin_type or _raised_in_plugin(error.__traceback__)):
+        return " ".join(str(error).split("\n"))
+    if isinstance(error, OSError) and error.filename and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return None
+
+
+def install_one_line_errors() -> None:
+    """In fairseq's console commands: print :func:`one_line_error`'s line instead of a traceback
+    (exit status 1, as with the traceback); other errors keep theirs."""
+    previous = sys.excepthook
+    if getattr(previous, _PATCHED_ATTR, False):
+        return
+
+    def excepthook(kind, error, tb):
+        line = one_line_error(error)
+        if line is None:
+            return previous(kind, error, tb)
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
+        sys.stderr.write(f"{prog}: error: {line}\n")
+
+    setattr(excepthook, _PATCHED_ATTR, True)
+    sys.excepthook = excepthook
+
+
 def apply():
     allow_fairseq_checkpoints()
     keep_every_sentence()
+    check_fairseq_commands()
+    one_line_saves()

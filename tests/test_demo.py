@@ -96,7 +96,7 @@ def test_every_command_line_option_reaches_the_demo_options():
             argv, expected = ["--train-args=--relu-no-length-scale"], ["--relu-no-length-scale"]
         else:
             kind = action.type or str
-            value = kind("7") if kind is not str else "256"
+            value = "256" if kind is str else kind("0.5" if action.dest == "dropout" else "7")
             argv, expected = [action.option_strings[0], str(value)], value
         options = demo.options_from_args(parser.parse_args(argv), ["softmax"])
         assert getattr(options, action.dest) == expected, f"{action.option_strings[0]} did not reach DemoOptions"

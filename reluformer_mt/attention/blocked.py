@@ -32,13 +32,14 @@ Not handled here (the caller uses the reference path of :mod:`reluformer_mt.atte
 additive float masks and attention dropout in training. Activations other than relu get their
 derivative by autograd on the recomputed logits of each tile.
 """
+import logging
 from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from reluformer_mt.attention.functions import (POINTWISE_ACTIVATIONS, Params, accumulation_dtype,
-                                               entropy_margin_target, get_function)
+                                               entropy_margin_target, get_function, normalisation_loss)
 from reluformer_mt.attention.visibility import Visibility, as_visibility, count_visible
 
 # dense mode: rows per tile = this / key length (1 MB of float32 per head: the L2 cache here)
@@ -200,6 +201,16 @@ class _TiledAttention(torch.autograd.Function):
                 None, None, None, None, None, None, None, None)
 
 
+_FLEX_NOTES = set()
+
+
+def _note_flex_left(reason: str) -> None:
+    """Say once per reason that a call chosen for FlexAttention runs the blocked path instead."""
+    if reason not in _FLEX_NOTES:
+        _FLEX_NOTES.add(reason)
+        logging.getLogger(__name__).warning("FlexAttention cannot serve %s: those calls run the PyTorch blocked or dense path", reason)
+
+
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = "relu",
                     scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
                     row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
@@ -237,10 +248,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
         q, c = q * (c if scaling is None else c * scaling), None
     elif scaling is not None:
         q = q * scaling
-    if (flex and act == "relu" and c is None and b is None and not want_weights and not want_rows
-            and (visible is None or visible.mask is None)):
-        from reluformer_mt.attention import flex as flex_kernel
-        return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
+    if flex and act == "relu" and c is None and b is None and not want_weights:
+        if not want_rows and (visible is None or visible.mask is None):
+            from reluformer_mt.attention import flex as flex_kernel
+            return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
+        _note_flex_left("attention statistics or ReLUFormer's regularisers (per-row sums)" if want_rows
+                        else "a mask that is not key ranges and a causal flag")
     q3 = q.reshape(B * H, T, D)
     k3, v3 = k.reshape(B * H, S, D), v.reshape(B * H, S, v.size(-1))
     c3 = None if c is None else c.reshape(B * H, T, 1)
@@ -329,7 +342,7 @@ def regularisers_from_rows(mass: Tensor, xlogx: Tensor, n_visible: Tensor, ratio
     live = mass > 0
     safe = torch.where(live, mass, torch.ones_like(mass))
     log_mass = torch.log(safe)
-    norm_loss = log_mass.abs().masked_fill(~live, 0.0)
+    norm_loss = normalisation_loss(safe).masked_fill(~live, 0.0)
     entropy = log_mass - xlogx / safe
     target = entropy_margin_target(n_visible, ratio, acc)
     margin = torch.relu(entropy - target).masked_fill(~live, 0.0)

@@ -88,8 +88,9 @@ class Params(NamedTuple):
 
 # --------------------------------------------------------------------------- plain formulas
 def softmax_weights(scores: Tensor, keep: Tensor) -> Tensor:
-    """softmax_j(s_ij); a row with no visible key gets all zeros instead of NaN."""
-    weights = torch.softmax(scores.float().masked_fill(~keep, float("-inf")), dim=-1)
+    """softmax_j(s_ij); a row with no visible key gets all zeros instead of NaN. Computed in
+    float32 (float64 for float64 scores)."""
+    weights = torch.softmax(scores.to(accumulation_dtype(scores.dtype)).masked_fill(~keep, float("-inf")), dim=-1)
     return torch.nan_to_num(weights, nan=0.0).type_as(scores)
 
 
@@ -126,12 +127,16 @@ PARTIAL_SORT_K = 64
 
 
 def _sparse_map(scores: Tensor, keep: Tensor, name: str) -> Tensor:
-    logits = scores.float()
+    logits = scores.to(accumulation_dtype(scores.dtype))
     if sparse_maps.supports(logits):  # masks inside the kernel: no masked copies of T x S tensors
         return sparse_maps.sparse_map(logits, name, keep).type_as(scores)
     from entmax import entmax15, sparsemax
 
-    logits = logits.masked_fill(~keep, _NEG_LARGE)
+    # both maps are shift-invariant: with each row's largest visible logit at 0, the hidden
+    # keys' -1e4 lies below every logit that can get weight, also in rows whose visible logits
+    # are all below -1e4 (which would otherwise come out all zeros)
+    top = logits.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)
+    logits = (logits - torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()).masked_fill(~keep, _NEG_LARGE)
     weights = (sparsemax if name == "sparsemax" else entmax15)(logits, dim=-1, k=PARTIAL_SORT_K)
     return weights.masked_fill(~keep, 0.0).type_as(scores)
 
@@ -159,10 +164,14 @@ def softpick_weights(scores: Tensor, keep: Tensor, eps: float = SOFTPICK_EPS) ->
     exponential overflows. Taking max(0, .) keeps e^-m <= 1 when every logit is negative.
     Masked logits are replaced by 0 before the exponential (an overflow there would turn the
     zero gradient of the masked entry into NaN). A row with no visible key is all zeros.
+    For |s| < 1 the difference is e^-m expm1(s): e^(s-m) - e^-m there cancels digits (relative
+    error 1.5e-3 at s ~ 1e-5 in float32), and with one visible key the weight s / (s + eps) would
+    jump from 0 instead of rising. Computed in float32 (float64 for float64 scores).
     """
-    s = scores.float().masked_fill(~keep, 0.0)
+    s = scores.to(accumulation_dtype(scores.dtype)).masked_fill(~keep, 0.0)
     m = s.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True).clamp(min=0.0).detach()
-    shifted = torch.exp(s - m) - torch.exp(-m)
+    near_zero = s.abs() < 1.0
+    shifted = torch.where(near_zero, torch.exp(-m) * torch.expm1(s.clamp(-1.0, 1.0)), torch.exp(s - m) - torch.exp(-m))
     numerator = torch.relu(shifted).masked_fill(~keep, 0.0)
     denominator = shifted.abs().masked_fill(~keep, 0.0).sum(-1, keepdim=True) + eps * torch.exp(-m)
     return (numerator / denominator).type_as(scores)
@@ -230,13 +239,21 @@ class SparseMap(WeightFunction):
         return self.formula(scores, keep)
 
 
+# a learned log gamma is bounded to +-this: exp(-90) underflows gamma to 0 in float32 (every path
+# then divides by 0); within +-30, gamma and 1/gamma stay finite with 1e25 to spare. In float16
+# the bound is half the log of its largest number (+-5.5), so gamma * sqrt(n / 2) stays finite too
+LOG_GAMMA_BOUND = 30.0
+
+
 def relu_gamma(params: Params, dtype: torch.dtype) -> Tensor:
-    """ReLUFormer's gamma (> 0 by construction: a learned one is kept as log gamma),
-    broadcastable to (heads, 1, 1)."""
+    """ReLUFormer's gamma (> 0 by construction: a learned one is kept as log gamma, bounded to
+    +-``LOG_GAMMA_BOUND``), broadcastable to (heads, 1, 1)."""
     log_gamma = params.learned.get("log_gamma")
     if log_gamma is None:
         return torch.tensor(params.config.relu_gamma, dtype=dtype)
-    gamma = log_gamma.exp().to(dtype)
+    bound = min(LOG_GAMMA_BOUND, 0.5 * math.log(torch.finfo(dtype).max))
+    wide = log_gamma.to(torch.promote_types(log_gamma.dtype, torch.float32))  # exp of a float16 30 overflows
+    gamma = wide.clamp(-bound, bound).exp().to(dtype)
     return gamma.view(-1, 1, 1) if gamma.dim() == 1 else gamma
 
 
@@ -371,6 +388,21 @@ def entropy_margin_target(n_visible: Tensor, ratio: float = 0.7, dtype: torch.dt
     return ratio * torch.log(n_visible.clamp(min=1).to(dtype))
 
 
+# Below this row mass the normalisation loss |log m| continues linearly (slope -1/m_min): its
+# gradient 1/m would pass float16's largest number (65504) for m < 1.5e-5 and, multiplied
+# along the backward pass, already overflows q and k gradients a few binades above that.
+# 2^-12 keeps it <= 4096 in every dtype; such a row is all but null attention.
+NORM_LOSS_MIN_MASS = 2.0 ** -12
+
+
+def normalisation_loss(mass: Tensor) -> Tensor:
+    """|log m| per row for m >= ``NORM_LOSS_MIN_MASS``, its tangent below: finite value and
+    gradient for every m > 0 (the loss is defined on live rows only)."""
+    floor = NORM_LOSS_MIN_MASS
+    linear = -math.log(floor) + (floor - mass) / floor
+    return torch.where(mass >= floor, torch.log(mass.clamp(min=floor)).abs(), linear)
+
+
 def row_regularisers(weights: Tensor, keep: Tensor, n_visible: Tensor, ratio: float = 0.7):
     """ReLUFormer's two losses per query row, over the scaled weights a_i.
 
@@ -384,7 +416,7 @@ def row_regularisers(weights: Tensor, keep: Tensor, n_visible: Tensor, ratio: fl
     mass = w.sum(-1)
     live = (mass > 0) & keep.any(-1).expand_as(mass)
     safe_mass = torch.where(live, mass, torch.ones_like(mass))
-    norm_loss = torch.log(safe_mass).abs().masked_fill(~live, 0.0)
+    norm_loss = normalisation_loss(safe_mass).masked_fill(~live, 0.0)
     p = w / safe_mass.unsqueeze(-1)
     entropy = -(p * torch.log(p.clamp(min=1e-12))).sum(-1)
     target = entropy_margin_target(n_visible.squeeze(-1), ratio, w.dtype).expand_as(entropy)

@@ -76,6 +76,62 @@ def non_negative_float(text) -> float:
     return _number(text, float, 0.0, "a finite number >= 0")
 
 
+def positive_float(text) -> float:
+    """A finite number > 0 (learning rates: 0 never moves, a negative one climbs the loss)."""
+    value = _number(text, float, 0.0, "a finite number > 0")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def probability(text) -> float:
+    """A dropout rate in [0, 1): 1 drops every unit (NaN), above 1 aborts inside torch."""
+    value = _number(text, float, 0.0, "a number in [0, 1)")
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def positive_int_list(text) -> list:
+    """A comma list of positive integers, e.g. ``32,256,1024``."""
+    try:
+        values = [positive_int(x) for x in text.split(",") if x.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, got {text!r}")
+    return values
+
+
+def percent(text) -> float:
+    """A percentage in (0, 100]."""
+    value = _number(text, float, 0.0, "a percentage in (0, 100]")
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage in (0, 100], got {text!r}")
+    return value
+
+
+def percent_list(text) -> list:
+    """A comma list of percentages in (0, 100], e.g. ``1,5``."""
+    try:
+        values = [_number(x, float, 0.0, "") for x in text.split(",") if x.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values or not all(0 < v <= 100 for v in values):
+        raise argparse.ArgumentTypeError(f"expected a comma list of percentages in (0, 100], got {text!r}")
+    return values
+
+
+def shell_words(text) -> list:
+    """Further options quoted as one string (``--train-args``), split as a shell would."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as e:  # "No closing quotation", "No escaped character"
+        raise argparse.ArgumentTypeError(f"{str(e).lower()} in {text!r}") from None
+
+
 def segment_tokens(text) -> int:
     """``--segment-tokens``: a positive integer, or 'sentence' / 0 (sentence level) -> 0."""
     from reluformer_mt.data.segmentation import parse_segment_tokens
@@ -106,6 +162,43 @@ def add_spm_model_option(parser, default: str) -> None:
     """The one ``--spm-model`` option of every console script; ``default`` says what is used without it."""
     parser.add_argument("--spm-model", nargs="+", action=_SpmModels, metavar="MODEL[,TGT_MODEL]",
                         help=f"SentencePiece model: MODEL (joint) or SRC_MODEL,TGT_MODEL (default: {default})")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``PROG: error: ...``, exit 2), without the
+    usage block, so a bad option reads like every other error of the package."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def check_output_folder(path, option: str) -> None:
+    """Refuse, before any work, an output folder that is a file, lies under a file, or whose
+    nearest existing folder cannot be written (permissions, a read-only mount)."""
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                where = "is a file" if q == p else f"lies under the file {q}"
+                raise ValueError(f"{option} {path}: {where}, expected a folder")
+            if not os.access(q, os.W_OK | os.X_OK):
+                raise ValueError(f"{option} {path}: cannot write {q} (read-only or permission denied)")
+            return
+
+
+def check_input_folder(path, option: str) -> None:
+    if path is not None and not Path(path).is_dir():
+        raise ValueError(f"{option} {path}: no such folder")
+
+
+def check_device(device: str, option: str = "--device") -> None:
+    """``cuda`` on a machine without CUDA fails before preparing and training, not after."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"{option} {device}: CUDA is not available ({why}); use {option} cpu")
 
 
 def check_output_file(path, option: str, creates_folders: bool = False) -> None:

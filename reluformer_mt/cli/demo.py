@@ -7,11 +7,13 @@ logs go to ``OUT/logs/``.
 """
 import argparse
 import logging
-import shlex
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, import_quietly
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_device,
+                                     check_input_folder, check_output_folder, import_quietly, non_negative_float,
+                                     non_negative_int, positive_float, positive_int, probability, segment_tokens,
+                                     shell_words)
 
 # the stages import fairseq, whose imports would print log lines before --help's usage
 _demo = import_quietly("reluformer_mt.experiments.demo")
@@ -19,9 +21,15 @@ DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo = _demo.DEFAULT_FAMILIES, _demo
 PRESET_DEFAULT = " (default: the preset's)"
 
 
+def segment_tokens_text(text) -> str:
+    """``--segment-tokens`` checked as reluformer-prepare checks it, kept as the text given."""
+    segment_tokens(text)
+    return text.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reluformer-demo", description=__doc__.split("\n\n")[0].replace("``", ""),
-                                formatter_class=DefaultsHelpFormatter)
+    p = OneLineParser(prog="reluformer-demo", description=__doc__.split("\n\n")[0].replace("``", ""),
+                      formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="working and report folder")
     p.add_argument("--preset", default="quick", choices=list(PRESETS),
                    help="defaults of every option below left unset: " + "; ".join(
@@ -31,36 +39,38 @@ def build_parser() -> argparse.ArgumentParser:
                         "FAMILY+tm adds a translation memory with --tm-fusion (FAMILY+concat, FAMILY+attention name one)")
     p.add_argument("--tm-fusion", choices=["concat", "attention"], default=None,
                    help="fusion of the +tm families (default: the preset's)")
-    p.add_argument("--tm-k", type=int, default=None, help="memory matches per sentence of the +tm families")
+    p.add_argument("--tm-k", type=positive_int, default=None, help="memory matches per sentence of the +tm families")
     p.add_argument("--size", default=None, choices=["tiny", "iwslt_de_en", "base"],
                    help="an architecture size instead of the preset's dimensions (e.g. iwslt_de_en with --device cuda)")
-    p.add_argument("--embed-dim", type=int, help="model width" + PRESET_DEFAULT)
-    p.add_argument("--ffn-dim", type=int, help="feed-forward width" + PRESET_DEFAULT)
-    p.add_argument("--layers", type=int, help="encoder and decoder layers (each)" + PRESET_DEFAULT)
-    p.add_argument("--heads", type=int, help="attention heads" + PRESET_DEFAULT)
-    p.add_argument("--segment-tokens", help="document segment length N in subword tokens" + PRESET_DEFAULT)
-    p.add_argument("--vocab-size", type=int, help="joint SentencePiece vocabulary size" + PRESET_DEFAULT)
-    p.add_argument("--sentence-updates", type=int,
+    p.add_argument("--embed-dim", type=positive_int, help="model width" + PRESET_DEFAULT)
+    p.add_argument("--ffn-dim", type=positive_int, help="feed-forward width" + PRESET_DEFAULT)
+    p.add_argument("--layers", type=positive_int, help="encoder and decoder layers (each)" + PRESET_DEFAULT)
+    p.add_argument("--heads", type=positive_int, help="attention heads" + PRESET_DEFAULT)
+    p.add_argument("--segment-tokens", type=segment_tokens_text,
+                   help="document segment length N in subword tokens" + PRESET_DEFAULT)
+    p.add_argument("--vocab-size", type=positive_int, help="joint SentencePiece vocabulary size" + PRESET_DEFAULT)
+    p.add_argument("--sentence-updates", type=non_negative_int,
                    help="first train this many updates on sentences, then fine-tune on document segments "
                         "(G-Transformer's recipe); 0 = document segments only" + PRESET_DEFAULT)
-    p.add_argument("--max-update", type=int, help="training updates per model on document segments (the same for all)" + PRESET_DEFAULT)
-    p.add_argument("--budget-minutes", type=float, default=0,
+    p.add_argument("--max-update", type=positive_int,
+                   help="training updates per model on document segments (the same for all)" + PRESET_DEFAULT)
+    p.add_argument("--budget-minutes", type=non_negative_float, default=0,
                    help="instead of the update counts: wall-clock minutes per model (not reproducible across machines)")
-    p.add_argument("--max-tokens", type=int, help="tokens per batch" + PRESET_DEFAULT)
-    p.add_argument("--lr", type=float, help="peak learning rate (inverse square root schedule)" + PRESET_DEFAULT)
-    p.add_argument("--document-lr", type=float,
+    p.add_argument("--max-tokens", type=positive_int, help="tokens per batch" + PRESET_DEFAULT)
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (inverse square root schedule)" + PRESET_DEFAULT)
+    p.add_argument("--document-lr", type=positive_float,
                    help="peak learning rate of the document phase (default: --lr, with a fresh schedule)")
-    p.add_argument("--warmup-updates", type=int, help="learning-rate warm-up updates" + PRESET_DEFAULT)
-    p.add_argument("--dropout", type=float, help="dropout" + PRESET_DEFAULT)
-    p.add_argument("--beam", type=int, help="beam size of the evaluation and the translated chapter" + PRESET_DEFAULT)
-    p.add_argument("--validations", type=int, help="validations (greedy s-BLEU) per training phase" + PRESET_DEFAULT)
-    p.add_argument("--eval-chapters", type=int, default=0,
+    p.add_argument("--warmup-updates", type=positive_int, help="learning-rate warm-up updates" + PRESET_DEFAULT)
+    p.add_argument("--dropout", type=probability, help="dropout" + PRESET_DEFAULT)
+    p.add_argument("--beam", type=positive_int, help="beam size of the evaluation and the translated chapter" + PRESET_DEFAULT)
+    p.add_argument("--validations", type=positive_int, help="validations (greedy s-BLEU) per training phase" + PRESET_DEFAULT)
+    p.add_argument("--eval-chapters", type=non_negative_int, default=0,
                    help="evaluate on the first K held-out chapters only (0 = all 13)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=non_negative_int, default=1)
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
-    p.add_argument("--train-args", default="",
+    p.add_argument("--train-args", type=shell_words, default="",
                    help="further fairseq-train options for every family, quoted, e.g. "
                         "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")
     return p
@@ -76,11 +86,29 @@ def options_from_args(args, families) -> DemoOptions:
                        document_lr=args.document_lr, eval_chapters=args.eval_chapters, seed=args.seed,
                        bible_root=args.bible_root,
                        **{name: getattr(args, name) for name in ("tm_fusion", "tm_k") if getattr(args, name) is not None},
-                       force=args.force, device=args.device, train_args=shlex.split(args.train_args), **values)
+                       force=args.force, device=args.device, train_args=list(args.train_args), **values)
+
+
+def check_args(args) -> None:
+    """Checks that need more than one option or the machine, before any work (ValueError)."""
+    check_output_folder(args.out, "--out")
+    check_input_folder(args.bible_root, "--bible-root")
+    check_device(args.device)
+    if args.size is None:  # the preset's dimensions: the width must split into the heads
+        preset = PRESETS[args.preset]
+        embed_dim = args.embed_dim or preset["embed_dim"]
+        heads = args.heads or preset["heads"]
+        if embed_dim % heads:
+            raise ValueError(f"--embed-dim {embed_dim} is not divisible by --heads {heads}")
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     # fairseq's INFO lines (training progress) are wanted, in the run folder's log (experiments.progress)
     logging.getLogger().setLevel(logging.INFO)
     for handler in logging.getLogger().handlers:
@@ -97,10 +125,7 @@ def main(argv=None) -> int:
         unknown = [f for f in families if split_family(f)[0] not in FAMILIES]
     except ValueError as e:
         print(f"reluformer-demo: error: {e}", file=sys.stderr)
-        return 2
-    if args.tm_k is not None and args.tm_k < 1:
-        print(f"reluformer-demo: error: --tm-k: expected >= 1, got {args.tm_k}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if unknown or not families:
         print(f"reluformer-demo: error: --families: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(FAMILIES)}", file=sys.stderr)

@@ -18,8 +18,9 @@ import argparse
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
-                                     check_output_file, quiet_logging, write_error)
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_spm_model_option,
+                                     check_output_file, non_negative_int, percent, percent_list, positive_int,
+                                     quiet_logging, write_error)
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.reports import format_table, write_json
@@ -28,6 +29,13 @@ LEVELS = {"s": "sentence", "d": "document", "seg": "segment"}
 
 
 # ---------------------------------------------------------------------------------------------- bleu
+
+def bleu_tokenizers() -> List[str]:
+    """sacreBLEU's tokenizer names (an unknown one is a KeyError inside sacreBLEU)."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    return list(BLEU.TOKENIZERS)
+
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a <d>-format file, or one "
@@ -51,7 +59,7 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
                    help="pair hypothesis and reference documents by id or by position (<d> files number documents 0, 1, ...)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="documents whose sentence counts differ are reported, not an error; then only d-BLEU is scored")
-    p.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer")
+    p.add_argument("--tokenize", default="13a", choices=bleu_tokenizers(), help="sacreBLEU tokenizer")
     p.add_argument("--lowercase", action="store_true")
     p.add_argument("-b", "--score-only", action="store_true",
                    help="print only the BLEU score(s), one number a line in the order of --levels (sacrebleu -b)")
@@ -170,7 +178,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--names", nargs="+", help="display names of the checkpoints (default: their folder names)")
     p.add_argument("--data", help="data directory with the dictionaries (default: the one the checkpoint was trained on)")
     add_spm_model_option(p, "the data directory's prepared.json's, else one token per word")
-    p.add_argument("--max-tokens", type=int, default=4000, help="force-decoding batch size in tokens")
+    p.add_argument("--max-tokens", type=positive_int, default=4000, help="force-decoding batch size in tokens")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
 
 
@@ -256,9 +264,9 @@ def add_attn_stats_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--split", default="test", help="binarised split of the data directory (unless --src/--tgt or --pairs)")
     add_text_args(p)
-    p.add_argument("--limit", type=int, help="use only the first N examples")
+    p.add_argument("--limit", type=positive_int, help="use only the first N examples")
     p.add_argument("--kinds", default="enc-self,dec-self,cross", help="comma list of enc-self, dec-self, cross")
-    p.add_argument("--top-percent", type=float, default=10.0, help="top-score ratio: share of mass in the top P%% keys")
+    p.add_argument("--top-percent", type=percent, default=10.0, help="top-score ratio: share of mass in the top P%% keys")
     p.add_argument("--per-head", action="store_true", help="also print a row per layer and head")
     p.add_argument("--plot", help="PNG of the sparsity rate per layer (a line per model and attention)")
 
@@ -313,8 +321,8 @@ def _add_scoring_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="prepared directory with dictionaries, prepared.json and SentencePiece model "
                                   "(default: the one the checkpoint was trained on)")
     add_spm_model_option(p, "the data directory's prepared.json's")
-    p.add_argument("--max-tokens", type=int, default=4000, help="force-decoding batch size in tokens")
-    p.add_argument("--batch-size", type=int, default=64, help="at most this many sequences a batch")
+    p.add_argument("--max-tokens", type=positive_int, default=4000, help="force-decoding batch size in tokens")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="at most this many sequences a batch")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
 
@@ -332,7 +340,7 @@ def add_contrastive_args(p: argparse.ArgumentParser) -> None:
                    help="sum (default): log-probability of the candidate, the likelihood comparison the test asks for; "
                         "mean: per token, as contextual-mt does, which can prefer a longer, less probable candidate "
                         "(the report gives the other score's accuracy too)")
-    p.add_argument("--limit", type=int, help="only the first N examples (of each DiscEvalMT set)")
+    p.add_argument("--limit", type=positive_int, help="only the first N examples (of each DiscEvalMT set)")
     p.add_argument("--any-languages", action="store_true",
                    help="score a checkpoint whose language pair differs from the suite's (ContraPro en->de, "
                         "DiscEvalMT en->fr) instead of stopping; only a check of the pipeline")
@@ -361,10 +369,10 @@ def run_contrastive(args) -> dict:
 def add_cxmi_args(p: argparse.ArgumentParser) -> None:
     _add_scoring_args(p)
     p.add_argument("--split", default="test", help="binarised split of the prepared document-level directory (valid, test)")
-    p.add_argument("--context-sentences", type=int, default=1, help="previous sentences of the document given as context")
-    p.add_argument("--limit-docs", type=int, help="only the first N documents")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
-    p.add_argument("--seed", type=int, default=1, help="bootstrap seed")
+    p.add_argument("--context-sentences", type=positive_int, default=1, help="previous sentences of the document given as context")
+    p.add_argument("--limit-docs", type=positive_int, help="only the first N documents")
+    p.add_argument("--bootstrap", type=positive_int, default=1000, help="bootstrap resamples for the 95%% interval")
+    p.add_argument("--seed", type=non_negative_int, default=1, help="bootstrap seed")
 
 
 def run_cxmi(args) -> dict:
@@ -389,20 +397,16 @@ def add_memory_stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint of a reluformer model")
     p.add_argument("--data", required=True, help="fairseq binarised data directory")
     p.add_argument("--split", default="valid", help="split to run over (default valid)")
-    p.add_argument("--top-percent", default="0.2,1,10", help="comma list of p for the top-p%% score ratio")
-    p.add_argument("--max-tokens", type=int, default=4000)
-    p.add_argument("--max-batches", type=int, help="stop after this many batches")
-    p.add_argument("--max-rows", type=int, default=2000, help="rows per layer used for the anisotropy")
+    p.add_argument("--top-percent", type=percent_list, default="0.2,1,10", help="comma list of p for the top-p%% score ratio")
+    p.add_argument("--max-tokens", type=positive_int, default=4000)
+    p.add_argument("--max-batches", type=positive_int, help="stop after this many batches")
+    p.add_argument("--max-rows", type=positive_int, default=2000, help="rows per layer used for the anisotropy")
 
 
 def run_memory_stats(args) -> dict:
     from reluformer_mt.evaluation.memory_stats import memory_stats_report
 
-    try:
-        percents = [float(x) for x in args.top_percent.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--top-percent: got {args.top_percent!r}, expected a comma list of numbers") from None
-    return memory_stats_report(args.checkpoint, args.data, args.split, percents, max_tokens=args.max_tokens,
+    return memory_stats_report(args.checkpoint, args.data, args.split, args.top_percent, max_tokens=args.max_tokens,
                                max_batches=args.max_batches, max_rows=args.max_rows)
 
 
@@ -425,7 +429,7 @@ SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reluformer-eval", description=__doc__.split("\n")[0].replace("``", ""))
+    parser = OneLineParser(prog="reluformer-eval", description=__doc__.split("\n")[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_args, _) in SUBCOMMANDS.items():
         # help is %-formatted by argparse (so it writes %%), a description is printed as it is

@@ -8,19 +8,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
+from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
+                                     check_device, check_input_folder, check_output_folder, non_negative_float,
+                                     non_negative_int, positive_int)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.experiments.study import RUNS
 
-    p = argparse.ArgumentParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
-                                formatter_class=DefaultsHelpFormatter)
+    p = OneLineParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
+                      formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
-    p.add_argument("--budget-minutes", type=float, default=20, help="wall-clock minutes of training per run")
-    p.add_argument("--max-update", type=int, default=0, help="also stop after this many updates (0 = no limit)")
-    p.add_argument("--threads", type=int, default=1, help="threads of each training process")
+    p.add_argument("--budget-minutes", type=non_negative_float, default=20, help="wall-clock minutes of training per run")
+    p.add_argument("--max-update", type=non_negative_int, default=0, help="also stop after this many updates (0 = no limit)")
+    p.add_argument("--threads", type=positive_int, default=1, help="threads of each training process")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
@@ -29,8 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args) -> None:
+    """Checks that need more than one option or the machine, before any work (ValueError)."""
+    if args.budget_minutes <= 0 and args.max_update <= 0:
+        raise ValueError("--budget-minutes or --max-update must be > 0")
+    check_output_folder(args.out, "--out")
+    check_input_folder(args.bible_root, "--bible-root")
+    check_device(args.device)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     from reluformer_mt.plugin import register
 
     register()  # the models, criteria and task, and the fairseq fixes
@@ -41,9 +57,6 @@ def main(argv=None) -> int:
     if unknown or not names:
         print(f"reluformer-study: error: --runs: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(RUNS)}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.budget_minutes <= 0 and args.max_update <= 0:
-        print("reluformer-study: error: --budget-minutes or --max-update must be > 0", file=sys.stderr)
         return EXIT_USAGE
     try:
         run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,

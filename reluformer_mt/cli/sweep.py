@@ -6,68 +6,99 @@ Without ``--data-bin`` the corpus is built from ``../shared/data/docmt_ende/IWSL
 runs are reused, so an interrupted sweep resumes.
 """
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from reluformer_mt.cli.checks import EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
+# importing fairseq (below) logs at INFO and leaves the root logger at DEBUG, which lets
+# matplotlib's import chatter through: quiet both, so a refused option is the only line
+for _noisy in ("fairseq.tasks.text_to_speech", "matplotlib"):
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
+
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_input_folder,
+                                     check_output_folder, non_negative_int, percent_list, positive_float, positive_int,
+                                     positive_int_list)
 from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, SweepOptions, run_sweep
 from reluformer_mt.memory.ffn import FFN_VARIANTS
+
+
+def variant_list(text) -> list:
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    if not variants or any(v not in FFN_VARIANTS for v in variants):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(FFN_VARIANTS)}, got {text!r}")
+    return variants
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reluformer-sweep", description="FFN-as-memory sweep: FFN variants x slot "
-                                "counts, a fixed budget each; test BLEU and memory diagnostics",
-                                formatter_class=DefaultsHelpFormatter)
+    p = OneLineParser(prog="reluformer-sweep", description="FFN-as-memory sweep: FFN variants x slot "
+                      "counts, a fixed budget each; test BLEU and memory diagnostics",
+                      formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="output directory (data, runs, results.md/json, sweep.png)")
-    p.add_argument("--variants", default=",".join(FFN_VARIANTS),
+    p.add_argument("--variants", type=variant_list, default=",".join(FFN_VARIANTS),
                    help="comma list of FFN variants: relu (the usual FFN), softmax over the slots, softmax_ln "
                         "(softmax followed by LayerNorm); docs/METHODS.md section 2")
-    p.add_argument("--slots", default="32,64,128,256,512,1024,2048,3072,4096",
+    p.add_argument("--slots", type=positive_int_list, default="32,64,128,256,512,1024,2048,3072,4096",
                    help="comma list of FFN slot counts (the FFN's hidden size), one run per variant and count")
     p.add_argument("--data-bin", help="a binarised en-de directory (default: built from --corpus)")
     p.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="docmt_ende corpus directory")
-    p.add_argument("--valid-size", type=int, default=300, help="sentence pairs of the corpus's training side held out for validation")
-    p.add_argument("--test-size", type=int, default=500, help="first N sentence pairs of the test side for the test BLEU")
-    p.add_argument("--nwords", type=int, default=8000, help="size of the joint fairseq dictionary (words, no BPE)")
-    p.add_argument("--max-words", type=int, default=40, help="drop pairs with longer sentences")
+    p.add_argument("--valid-size", type=positive_int, default=300,
+                   help="sentence pairs of the corpus's training side held out for validation")
+    p.add_argument("--test-size", type=positive_int, default=500, help="first N sentence pairs of the test side for the test BLEU")
+    p.add_argument("--nwords", type=positive_int, default=8000, help="size of the joint fairseq dictionary (words, no BPE)")
+    p.add_argument("--max-words", type=positive_int, default=40, help="drop pairs with longer sentences")
     p.add_argument("--arch", default="softmax_tiny", help="reluformer architecture (FFN width is set by --slots)")
-    p.add_argument("--max-update", type=int, default=2000, help="the fixed budget of every run")
-    p.add_argument("--max-tokens", type=int, default=2000, help="tokens per batch")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (inverse square root schedule)")
-    p.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up updates")
-    p.add_argument("--seed", type=int, default=1, help="seed of every run")
-    p.add_argument("--beam", type=int, default=4, help="beam size of the test translation")
-    p.add_argument("--top-percent", default="1", help="comma list of p for the top-p%% ratio (the first is tabled)")
-    p.add_argument("--stats-batches", type=int, default=10, help="validation batches of the memory diagnostics")
+    p.add_argument("--max-update", type=positive_int, default=2000, help="the fixed budget of every run")
+    p.add_argument("--max-tokens", type=positive_int, default=2000, help="tokens per batch")
+    p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate (inverse square root schedule)")
+    p.add_argument("--warmup", type=positive_int, default=200, help="learning-rate warm-up updates")
+    p.add_argument("--seed", type=non_negative_int, default=1, help="seed of every run")
+    p.add_argument("--beam", type=positive_int, default=4, help="beam size of the test translation")
+    p.add_argument("--top-percent", type=percent_list, default="1",
+                   help="comma list of p for the top-p%% ratio (the first is tabled)")
+    p.add_argument("--stats-batches", type=positive_int, default=10, help="validation batches of the memory diagnostics")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoints (by default deleted once the run is scored)")
     p.add_argument("extra", nargs="*", help="after --: more fairseq-train options for every run")
     return p
 
 
-def _numbers(text: str, kind=int) -> list:
-    return [kind(x) for x in text.split(",") if x.strip()]
-
-
 def options_from_args(args) -> SweepOptions:
-    try:
-        slots, top_percent = _numbers(args.slots), _numbers(args.top_percent, float)
-    except ValueError:
-        raise ValueError("--slots / --top-percent: expected comma lists of numbers") from None
     return SweepOptions(
-        out=Path(args.out), variants=[v.strip() for v in args.variants.split(",") if v.strip()], slots=slots,
+        out=Path(args.out), variants=args.variants, slots=args.slots,
         data_bin=Path(args.data_bin) if args.data_bin else None, corpus=Path(args.corpus), valid_size=args.valid_size,
         test_size=args.test_size, nwords=args.nwords, max_words=args.max_words, arch=args.arch,
         max_update=args.max_update, max_tokens=args.max_tokens, lr=args.lr, warmup=args.warmup, seed=args.seed,
-        beam=args.beam, top_percent=top_percent, stats_batches=args.stats_batches,
+        beam=args.beam, top_percent=args.top_percent, stats_batches=args.stats_batches,
         keep_checkpoints=args.keep_checkpoints, extra=args.extra)
 
 
+def check_args(args) -> None:
+    """Paths and the architecture, before any work (ValueError)."""
+    check_output_folder(args.out, "--out")
+    if args.data_bin:
+        check_input_folder(args.data_bin, "--data-bin")
+    else:
+        check_input_folder(args.corpus, "--corpus")
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from reluformer_mt.plugin import register
+
+    register()  # the package's architectures
+    if args.arch not in ARCH_MODEL_REGISTRY:
+        ours = sorted(a for a in ARCH_MODEL_REGISTRY if a.split("_")[0] in ("softmax", "relu", "reluformer", "rela"))
+        raise ValueError(f"--arch {args.arch}: unknown architecture; expected e.g. {', '.join(ours[:6])}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     try:
         run_sweep(options_from_args(args), say=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError) as error:  # MemoryOptionError is a ValueError

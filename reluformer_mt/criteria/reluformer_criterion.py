@@ -47,12 +47,21 @@ def non_negative_number(text) -> float:
     return value
 
 
+# softmax runs fairseq's own attention, which records no rows (only a cross-attention that
+# fairseq asks for head weights would be seen), and its rows sum to 1: nothing to regularise
+NOT_REGULARISABLE = ("softmax",)
+
+
 def attention_function_names(text) -> str:
     names = {name.strip() for name in str(text).split(",") if name.strip()}
     unknown = names - set(ATTENTION_FUNCTIONS)
+    choices = [f for f in ATTENTION_FUNCTIONS if f not in NOT_REGULARISABLE]
     if unknown:
         raise ValueError(f"unknown {', '.join(sorted(unknown))}; expected comma-separated names from "
-                         f"{', '.join(ATTENTION_FUNCTIONS)}")
+                         f"{', '.join(choices)}")
+    if names & set(NOT_REGULARISABLE):
+        raise ValueError(f"softmax runs fairseq's own attention, whose rows are not recorded and sum to 1 "
+                         f"(nothing to regularise); expected comma-separated names from {', '.join(choices)}")
     return str(text)
 
 

@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -249,6 +249,21 @@ def _spm_step(cfg, out, splits, data_fp):
 
 # ---------------------------------------------------------------- encode + segment
 
+def _repair_lookalikes(sp, docs, side: str, pieces, lang: str, separator: str):
+    """Separators that SentencePiece made from look-alikes in the sentences of ``docs`` (one
+    side), removed from ``pieces`` in place; returns (document id, language, count) per sentence."""
+    texts = [s for d in docs for s in getattr(d, side)]
+    owners = [d.doc_id for d in docs for _ in getattr(d, side)]
+    return [(owners[i], lang, n) for i, n in spm_utils.repair_separator_lookalikes(sp, texts, pieces, separator)]
+
+
+def _split_counts(stats: dict) -> dict:
+    """The encode step's counts that prepared.json keeps per split (the look-alike repairs are
+    in its report)."""
+    names = {f.name for f in fields(SplitInfo)}
+    return {k: v for k, v in stats.items() if k in names}
+
+
 def _encode_step(cfg, out, splits, data_fp, spm_result, report):
     config = {"spm": spm_result["sha"], "segment_tokens": cfg.segment_tokens, "separator": cfg.separator, "data": data_fp}
 
@@ -260,6 +275,7 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
         stats = {}
         for split, docs in splits.items():
             infos, n_src_tok, n_tgt_tok, longest_src, longest_tgt, overlong = [], 0, 0, 0, 0, []
+            lookalikes = []  # (document, language, separators removed)
             with open(text_dir / f"{split}.{cfg.src}", "w", encoding="utf-8") as fs, \
                     open(text_dir / f"{split}.{cfg.tgt}", "w", encoding="utf-8") as ft:
                 chunk = 200
@@ -268,6 +284,8 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
                     part = docs[c: c + chunk]
                     src_tok = spm_utils.encode(sp_src, [s for d in part for s in d.src], cfg.workers)
                     tgt_tok = spm_utils.encode(sp_tgt, [t for d in part for t in d.tgt], cfg.workers)
+                    lookalikes += _repair_lookalikes(sp_src, part, "src", src_tok, cfg.src, cfg.separator)
+                    lookalikes += _repair_lookalikes(sp_tgt, part, "tgt", tgt_tok, cfg.tgt, cfg.separator)
                     k = 0
                     for d in part:
                         n = len(d.src)
@@ -290,11 +308,19 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
                             "source_tokens": n_src_tok, "target_tokens": n_tgt_tok,
                             "longest_source": longest_src, "longest_target": longest_tgt,
                             "overlong_sentences": sum(n for _, n in overlong),
-                            "overlong_examples": [f"document {d} ({n})" for d, n in overlong[:3]]}
+                            "overlong_examples": [f"document {d} ({n})" for d, n in overlong[:3]],
+                            "separator_lookalikes": sum(n for _, _, n in lookalikes),
+                            "separator_lookalike_examples": [f"document {d} ({lang})" for d, lang, _ in lookalikes[:3]]}
         return stats
 
     stats = run_step(out, "encode", config, encode, cfg.force)
     for split, st in stats.items():
+        if st.get("separator_lookalikes"):
+            msg = f"look-alike of the separator {cfg.separator!r} (SentencePiece normalises it into the separator) replaced by a space"
+            report.repair(msg, None, st["separator_lookalikes"])
+            report.examples.setdefault(msg, []).extend(f"{split} {e}" for e in st["separator_lookalike_examples"])
+            logger.warning("%s: %d look-alikes of %r (e.g. full-width) replaced by spaces: SentencePiece normalises "
+                           "them into the reserved separator", split, st["separator_lookalikes"], cfg.separator)
         if st["overlong_sentences"]:
             msg = f"sentence longer than N={cfg.segment_tokens} tokens, kept as its own segment"
             report.warn(msg, None, st["overlong_sentences"])
@@ -358,7 +384,8 @@ def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str
         # fairseq appends </s>: the model needs one position more than the longest segment
         max_source_positions=max(st["longest_source"] for st in stats.values()) + 1,
         max_target_positions=max(st["longest_target"] for st in stats.values()) + 1,
-        splits={split: SplitInfo(**{**st, "overlong_examples": tuple(st["overlong_examples"])}) for split, st in stats.items()},
+        splits={split: SplitInfo(**{**_split_counts(st), "overlong_examples": tuple(st["overlong_examples"])})
+                for split, st in stats.items()},
         format=cfg.fmt, extras=tuple(extras),
         report={"counts": dict(report.counts), "repaired": dict(report.repaired), "skipped": dict(report.skipped),
                 "warnings": dict(report.warnings)},

@@ -46,12 +46,9 @@ def load_sentencepiece(paths: Sequence[Path], separator: Optional[str] = None):
     if len(paths) not in (1, 2):
         raise ValueError(f"--spm-model: expected {SPM_MODEL_SYNTAX}, got {len(paths)} paths")
     if separator is None:
-        import sentencepiece as spm
+        from reluformer_mt.data.spm import open_spm
 
-        for p in paths:
-            if not p.is_file():
-                raise FileNotFoundError(f"{p}: SentencePiece model not found")
-        processors = [spm.SentencePieceProcessor(model_file=str(p)) for p in paths]
+        processors = [open_spm(p) for p in paths]
     else:
         processors = [load_spm(p, separator) for p in paths]
     return (processors[0], processors[-1])

@@ -9,7 +9,7 @@ dictionary.
 """
 import shutil
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Sequence, Tuple
 
 import sentencepiece as spm
 
@@ -47,12 +47,23 @@ def train_spm(sentences: Iterable[str], model_prefix, vocab_size: int, separator
     return model_prefix.with_suffix(".model")
 
 
-def load_spm(path, separator: str = SEPARATOR) -> spm.SentencePieceProcessor:
-    """Load a model and check the separator encodes to exactly one piece."""
+def open_spm(path) -> spm.SentencePieceProcessor:
+    """Load a model file; a missing file or one that is no SentencePiece model (a fairseq
+    dictionary, a vocabulary) is one line naming it, not the library's 'could not parse ModelProto'."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: SentencePiece model not found")
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError):
+        raise ValueError(f"{path}: not a SentencePiece model (expected the .model file reluformer-prepare or "
+                         f"spm_train writes, e.g. spm.model; not a dictionary or .vocab file)") from None
+
+
+def load_spm(path, separator: str = SEPARATOR) -> spm.SentencePieceProcessor:
+    """Load a model and check the separator encodes to exactly one piece."""
+    path = Path(path)
+    sp = open_spm(path)
     if sp.piece_to_id(separator) == sp.unk_id():
         raise ValueError(f"{path}: the SentencePiece model has no piece {separator!r}; train it with "
                          f"user_defined_symbols={separator!r} (reluformer-prepare does) or let reluformer-prepare train one")
@@ -61,6 +72,28 @@ def load_spm(path, separator: str = SEPARATOR) -> spm.SentencePieceProcessor:
 
 def encode(sp: spm.SentencePieceProcessor, sentences: Sequence[str], workers: int = 1) -> List[List[str]]:
     return sp.encode(list(sentences), out_type=str, num_threads=max(1, workers))
+
+
+def repair_separator_lookalikes(sp: spm.SentencePieceProcessor, texts: List[str], pieces: List[List[str]],
+                                separator: str = SEPARATOR) -> List[Tuple[int, int]]:
+    """Remove, in place, separators that SentencePiece's normaliser made from look-alikes.
+
+    The literal separator is refused or removed on the raw text, but NFKC (the models'
+    ``nmt_nfkc`` rule) turns e.g. the full-width ``＜sep＞`` or the small form ``﹤sep﹥`` into it,
+    so only the pieces show it. Such a sentence's text becomes its normalised form with the
+    separator replaced by a space, and is encoded again. Returns (index, separators removed) of
+    every repaired sentence."""
+    repaired = []
+    for i, p in enumerate(pieces):
+        n = p.count(separator)
+        if not n:
+            continue
+        text = texts[i]
+        while separator in sp.encode(text, out_type=str):  # "<se<sep>p>" needs a second pass
+            text = " ".join(sp.normalize(text).replace(separator, " ").replace("\u2581", " ").split())
+        texts[i], pieces[i] = text, sp.encode(text, out_type=str)
+        repaired.append((i, n))
+    return repaired
 
 
 def spm_vocabulary(sp: spm.SentencePieceProcessor) -> List[str]:

@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from reluformer_mt.data.spm import repair_separator_lookalikes
 from reluformer_mt.data.textfiles import read_lines
 from reluformer_mt.evaluation import extract
 
@@ -246,6 +247,7 @@ class ForcedScorer:
         self.separator = separator or loaded.separator  # prepared.json's, else the task's, else the default
         self.sep_src, self.sep_tgt = loaded.src_dict.index(self.separator), loaded.tgt_dict.index(self.separator)
         self.max_src, self.max_tgt = (int(x) for x in loaded.model.max_positions())
+        self.separators_replaced = 0  # separators SentencePiece made of look-alikes in the text (full-width ...)
 
     def check_separator(self) -> None:
         if self.sep_src == self.loaded.src_dict.unk() or self.sep_tgt == self.loaded.tgt_dict.unk():
@@ -257,7 +259,10 @@ class ForcedScorer:
         dictionary = self.loaded.src_dict if side == "src" else self.loaded.tgt_dict
         if sp is None:
             raise ValueError(f"{self.loaded.data_dir}: no SentencePiece model (prepared.json or --spm-model) to encode text with")
-        return [dictionary.index(p) for p in sp.encode(text, out_type=str)]
+        pieces = [sp.encode(text, out_type=str)]
+        # a separator inside one sentence would shift the context split: replaced by a space (counted)
+        self.separators_replaced += sum(n for _, n in repair_separator_lookalikes(sp, [text], pieces, self.separator))
+        return [dictionary.index(p) for p in pieces[0]]
 
     def request(self, src: Sequence[int], tgt: Sequence[int], src_context: Sequence[int] = (),
                 tgt_context: Sequence[int] = (), where: str = "") -> Request:
@@ -407,6 +412,7 @@ def run_contrastive(checkpoint, suite: str, suite_dir, context: str = "previous"
     full = limit is None
     return {"suite": suite, "suite_dir": str(suite_dir), "context": context, "score": score, "limit": limit,
             "model": loaded.describe(), "separator": scorer.separator,
+            "separators_replaced": scorer.separators_replaced,
             "definition": (f"accuracy = share of examples whose correct candidate has a strictly higher {score} "
                            f"log-probability than every contrastive one (ties count as wrong); chance = mean of "
                            f"1/candidates; context {context}"),

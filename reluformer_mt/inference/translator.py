@@ -39,6 +39,7 @@ from reluformer_mt.checkpoints import OpenedCheckpoint, open_checkpoint, pick_de
 from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
 from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
+from reluformer_mt.data.spm import repair_separator_lookalikes
 
 logger = logging.getLogger(__name__)
 
@@ -217,14 +218,20 @@ class DocumentTranslator:
                     self.stats["separator tokens removed from the input"] += s.count(sep)
                     s = s.replace(sep, " ")
                 flat.append(" ".join(s.split()))
-        pieces = self.sp_src.encode([s for s in flat if s], out_type=str) if any(flat) else []
-        out, it, k = [], iter(pieces), 0
+        at = [k for k, s in enumerate(flat) if s]  # SentencePiece encodes the non-empty sentences
+        texts = [flat[k] for k in at]
+        pieces = self.sp_src.encode(texts, out_type=str) if texts else []
+        repaired = repair_separator_lookalikes(self.sp_src, texts, pieces, sep)
+        if repaired:
+            self.stats["separator look-alikes in the input replaced by spaces"] += sum(n for _, n in repaired)
+        encoded = dict(zip(at, zip(texts, pieces)))  # the repaired text too: a long one is encoded again in parts
+        out, k = [], 0
         for doc in documents:
             enc = []
             for _ in doc:
-                p = next(it) if flat[k] else None
+                text, p = encoded.get(k, ("", None))
                 # a sentence SentencePiece normalises away counts as empty
-                enc.append(self._fit(flat[k], p) if p else None)
+                enc.append(self._fit(text, p) if p else None)
                 k += 1
             out.append(enc)
         return out
@@ -448,6 +455,10 @@ class DocumentTranslator:
                            "that fit (%d parts in all), cut at punctuation or spaces, and the parts' translations joined",
                            new["sentences split into parts to fit the model's positions"], self.max_src,
                            new["parts of split sentences"])
+        if new["separator look-alikes in the input replaced by spaces"]:
+            logger.warning("%d look-alikes of %r in the input (e.g. full-width, which SentencePiece normalises into "
+                           "the separator) were replaced by spaces (the separator is reserved)",
+                           new["separator look-alikes in the input replaced by spaces"], self.resources.separator)
         if new["separator tokens removed from the input"]:
             logger.warning("%d %r tokens in the input were replaced by spaces (the separator is reserved)",
                            new["separator tokens removed from the input"], self.resources.separator)

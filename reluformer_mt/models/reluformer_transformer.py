@@ -22,7 +22,7 @@ from fairseq.modules import transformer_layer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf
 
-from reluformer_mt.attention import (ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, AttentionConfig,
+from reluformer_mt.attention import (ATTENTION_FUNCTIONS, FUNCTIONS, POINTWISE_ACTIVATIONS, AttentionConfig,
                                      AttentionOptionError, ReluformerAttention)
 from reluformer_mt.attention.config import ATTENTION_IMPLS, GAMMA_MODES, RELA_VARIANTS
 from reluformer_mt.attention.functions import SIGMOID_BIAS_MODES
@@ -171,6 +171,30 @@ def validate_attention_args(args) -> None:
     attention_config(args, "encoder").validate()
 
 
+def inapplicable_impl_notes(args) -> list:
+    """What an explicit ``--attn-impl`` cannot do for the chosen functions: the fused kernel (and
+    FlexAttention) run h = relu functions without a row normaliser only, the blocked path any
+    function without one; the others keep their own path (softmax: fairseq's; the rest: dense)."""
+    impl = args.attn_impl
+    if impl not in ("blocked", "fused", "flex"):
+        return []
+    notes = {}  # (function, path) -> sublayers: one line per function
+    for sub in SUBLAYERS:
+        config = attention_config(args, sub)
+        function = FUNCTIONS[config.fn]
+        applies = function.tiled if impl == "blocked" else function.fused_relu(config)
+        if applies:
+            continue
+        if function.tiled:  # a tiled function with another activation (sigmoid, pointwise h != relu)
+            path = "the blocked path"
+        else:
+            path = "fairseq's attention" if config.fn == "softmax" else "the dense path"
+        what = config.fn + (f" with --pointwise-h {config.pointwise_activation}" if config.fn == "pointwise" else "")
+        notes.setdefault((what, path), []).append(sub)
+    return [f"--attn-impl {impl} does not apply to {what} ({', '.join(subs)} attention): it runs {path}"
+            for (what, path), subs in notes.items()]
+
+
 def _wrap_layer(layer, cfg):
     """fairseq's activation checkpointing and FSDP wrapping, as its own layer builders do."""
     if cfg.checkpoint_activations:
@@ -311,6 +335,8 @@ class ReluformerModel(TransformerModel):
         fill_tm_defaults(args, task)
         validate_attention_args(args)
         validate_memory_args(args)
+        for note in inapplicable_impl_notes(args):
+            logger.warning(note)
         return super().build_model(args, task)
 
     @classmethod
@@ -351,7 +377,11 @@ class ReluformerModel(TransformerModel):
         return [(name, m) for name, m in self.named_modules() if isinstance(m, ReluformerAttention)]
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Refuse, in one line, a checkpoint whose parameters belong to another architecture."""
+        """Refuse, in one line, a checkpoint whose parameters belong to another architecture.
+
+        The names are compared after fairseq's upgrade step (which the parent runs again, a no-op
+        then), so an old layout it renames (e.g. ``gamma`` -> ``log_gamma``) loads."""
+        self.upgrade_state_dict(state_dict)
         own = set(self.state_dict().keys())
         given = set(state_dict.keys())
         missing, unexpected = sorted(own - given), sorted(given - own)
