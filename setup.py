@@ -17,6 +17,7 @@ setup(
         # (0.12.2 fails on 3.11). `fairseq-fixed` is the same code as an sdist for other platforms.
         "ve-fairseq>=0.12.3",
         "sacrebleu>=2.3,<3",
+        "sacremoses>=0.1",  # Moses detokeniser: standard BLEU on tokenised references
         "sentencepiece>=0.1.99",
         "hydra-core>=1.0.7,<1.4",
         "omegaconf<2.4",

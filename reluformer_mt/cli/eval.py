@@ -48,6 +48,10 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-mismatch", action="store_true",
                    help="documents whose sentence counts differ are reported, not an error; then only d-BLEU is scored")
     p.add_argument("--tokenize", default="13a", help="sacreBLEU tokenizer")
+    p.add_argument("--detokenize", default="none", choices=list(bleu_lib.DETOKENIZERS),
+                   help="moses: detokenise hypotheses and references with sacremoses first (for tokenised "
+                        "references such as the bible's 'vineyard .', so the scores compare with other work)")
+    p.add_argument("--detokenize-lang", default="en", help="language of the Moses detokeniser's rules")
     p.add_argument("--lowercase", action="store_true")
 
 
@@ -61,7 +65,8 @@ def run_bleu(args) -> dict:
         args.hyp, args.ref, hyp_format=args.hyp_format, ref_format=args.ref_format, hyp_doc_ids=args.hyp_doc_ids,
         ref_doc_ids=args.ref_doc_ids, segments=args.segments, separator=args.separator, pieces=args.pieces,
         ref_from_generate=args.ref_from_generate, levels=levels, match=args.match_docs_by,
-        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase)
+        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase,
+        detokenize=args.detokenize, detokenize_lang=args.detokenize_lang)
     print(report["definition"])
     rows = [(r.name, r.score, r.n_items, r.verbose) for r in report["scores"].values()]
     print(format_table(["metric", "BLEU", "items", "details"], rows))
@@ -70,6 +75,14 @@ def run_bleu(args) -> dict:
     if report.get("chrf"):
         print(format_table(["metric", "chrF", "items"], [(r.name, r.score, r.n_items) for r in report["chrf"].values()]))
         print(f"chrF signature: chrF2|{next(iter(report['chrf'].values())).signature}")
+    if report.get("chrf++"):
+        print(format_table(["metric", "chrF++", "items"],
+                           [(r.name, r.score, r.n_items) for r in report["chrf++"].values()]))
+        print(f"chrF++ signature: chrF2++|{next(iter(report['chrf++'].values())).signature}")
+    if report.get("ter"):
+        print(format_table(["metric", "TER (lower is better)", "items"],
+                           [(r.name, r.score, r.n_items) for r in report["ter"].values()]))
+        print(f"TER signature: TER|{next(iter(report['ter'].values())).signature}")
     if report["mismatches"]:
         print(f"\n{len(report['mismatches'])} documents differ in sentence count:")
         print(format_table(["doc id", "hyp sentences", "ref sentences"],
@@ -388,7 +401,7 @@ def run_memory_stats(args) -> dict:
 # ---------------------------------------------------------------------------------------------- main
 
 SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
-    "bleu": ("s-BLEU and d-BLEU (and s-/d-chrF) with sacreBLEU", add_bleu_args, run_bleu),
+    "bleu": ("s-BLEU and d-BLEU (and chrF, chrF++, TER) with sacreBLEU", add_bleu_args, run_bleu),
     "aer": ("precision, recall and AER of word alignments against gold links", add_aer_args, run_aer),
     "align": ("word alignments from a model's cross-attention (force-decoded references), AER per layer",
               add_align_args, run_align),
