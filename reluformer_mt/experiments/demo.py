@@ -49,10 +49,11 @@ from reluformer_mt.evaluation.attn_stats import run_attn_stats
 from reluformer_mt.evaluation.baselines import diagonal_aer, nearest_verse_translations
 from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
 from reluformer_mt.evaluation.plots import plot_curves_against_minutes, plot_word_alignment
-from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.evaluation.reports import format_table, write_json, write_table_files
 from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
 from reluformer_mt.experiments.model_args import size_args
+from reluformer_mt.experiments.report_page import write_report_page
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
@@ -500,7 +501,7 @@ def run_demo(o: DemoOptions) -> dict:
 
     with stages.stage("evaluate: translate held-out chapters (s-BLEU, d-BLEU), AER vs gold, attention statistics"):
         base = baselines(o, dirs["doc"])
-        hypotheses = {}
+        hypotheses, free_hypotheses = {}, {}
         for family, checkpoint in checkpoints.items():
             info = checkpoint_info(checkpoint)
             results[family]["params"], results[family]["updates"] = info.parameters, info.updates
@@ -511,7 +512,7 @@ def run_demo(o: DemoOptions) -> dict:
             (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))
             results[family].update(bleu)
             free = bleu_of_model(o, checkpoint, dirs["doc"], separators="free")
-            free.pop("hypotheses")
+            free_hypotheses[family] = free.pop("hypotheses")
             results[family]["free"] = free
             for mode, b in (("constrained", bleu), ("free", free)):
                 print(f"  {family} ({mode} separators): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
@@ -550,7 +551,12 @@ def run_demo(o: DemoOptions) -> dict:
               "table": table}
     write_json(report_dir / "report.json", report, command=" ".join(sys.argv))
     notes = "\n".join(f"- {point}" for point in PAPER_POINTS)
-    (report_dir / "table.md").write_text(f"{table}\n\nPublished points of comparison:\n{notes}\n", encoding="utf-8")
+    # the readable report: table.md (Markdown and fixed width), plain hypothesis files, index.html
+    write_table_files(report_dir, TABLE_HEADERS, comparison_rows(results, base, reference), PAPER_POINTS,
+                      title=f"reluformer-demo, {o.preset} preset")
+    page = write_report_page(report_dir, dirs["doc"], checkpoints, {"constrained": hypotheses, "free": free_hypotheses},
+                             {f: results[f]["aer"] for f in o.families}, device=o.device)
+    print(f"\nHTML report (opens from the file system): {page}")
     print("\n" + table)
     print("published points of comparison:\n" + notes)
     print(f"\nreport: {report_dir}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
