@@ -30,7 +30,7 @@ setup(
         "numpy",
         "ninja",  # builds the fused C++ attention kernel on first use
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "selenium>=4.10"]},
     entry_points={
         "console_scripts": [
             "reluformer-prepare=reluformer_mt.cli.prepare:main",

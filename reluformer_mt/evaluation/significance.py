@@ -56,6 +56,10 @@ def paired_bootstrap(systems: Mapping[str, Sequence[str]], references: Sequence[
         for metric, key in zip(metrics, [m for m in scores if m != "System"]):
             r = scores[key][k]
             p = None if r.p_value is None else float(r.p_value)
+            if p is not None and r.score == scores[key][0].score:
+                # sacreBLEU counts resampled differences strictly above the observed one: with no
+                # difference at all (identical outputs, or both 0) that count is 0 and p = 1/(n+1)
+                p = 1.0
             out[name][metric] = {"score": float(r.score), "mean": float(r.mean), "ci": float(r.ci), "p_value": p,
                                  "significant": None if p is None else p < ALPHA}
     return {"baseline": baseline, "n_samples": n_samples, "alpha": ALPHA,
