@@ -13,27 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from reluformer_mt.cli import demo
 from reluformer_mt.evaluation.reports import markdown_table
 from reluformer_mt.evaluation.significance import paired_bootstrap
 from reluformer_mt.experiments.demo import TABLE_HEADERS
 from reluformer_mt.experiments.report_page import SHADES, pack_links, pack_shades
 
-FAMILIES = ["softmax", "reluformer"]
+FAMILIES = ["softmax", "reluformer"]  # the models of conftest.tiny_demo
 
 
 @pytest.fixture(scope="module")
-def report_dir(tmp_path_factory):
-    """The report folder of the smallest demo run: two models, 2 sentence + 4 document updates,
-    one held-out chapter translated."""
-    pytest.importorskip("bible_alignments")
-    out = tmp_path_factory.mktemp("html_demo") / "demo"
-    code = demo.main(["--out", str(out), "--families", ",".join(FAMILIES), "--sentence-updates", "2",
-                      "--max-update", "4", "--validations", "1", "--embed-dim", "32", "--ffn-dim", "64",
-                      "--layers", "2", "--eval-chapters", "1", "--beam", "1", "--vocab-size", "1000",
-                      "--segment-tokens", "128"])
-    assert code == 0
-    return out / "report"
+def report_dir(tiny_demo):
+    """The report folder of conftest's tiny demo run (two models, 2 sentence + 4 document updates,
+    one held-out chapter translated), shared with test_demo."""
+    assert tiny_demo["code"] == 0
+    return tiny_demo["out"] / "report"
 
 
 def test_report_folder_has_plain_outputs_metrics_and_a_self_contained_page(report_dir):
