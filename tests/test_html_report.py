@@ -66,6 +66,29 @@ def test_report_folder_has_plain_outputs_metrics_and_a_self_contained_page(repor
     assert "softmax (constrained)" in page and 'id="results-table"' in page
 
 
+def test_plain_files_rescore_with_reluformer_eval_and_pages_from_the_command_line(report_dir, tmp_path, capsys):
+    """The plain hypothesis files give metrics.json's numbers through ``reluformer-eval bleu
+    --detokenize moses``, which also writes an HTML page; ``reluformer-eval report`` rebuilds index.html."""
+    from reluformer_mt.cli.eval import main
+
+    page = tmp_path / "bleu.html"
+    assert main(["bleu", "--hyp", str(report_dir / "test_reluformer.constrained.txt"), "--hyp-doc-ids",
+                 str(report_dir / "test.chapters.txt"), "--ref", str(report_dir / "test.ref.en.txt"), "--ref-doc-ids",
+                 str(report_dir / "test.chapters.txt"), "--detokenize", "moses", "--html", str(page)]) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((report_dir / "metrics.json").read_text())["systems"]["reluformer (constrained)"]
+    shown = float(re.search(r"^s-chrF\s+([\d.]+)", printed, re.M).group(1))
+    assert shown == pytest.approx(metrics["chrf"], abs=0.01) and "s-TER" in printed
+    text = page.read_text(encoding="utf-8")
+    assert 'id="results-table"' in text and "s-chrF++" in text and "chrF2++|" in text and "Moses" in text
+
+    rebuilt = tmp_path / "again.html"
+    assert main(["report", "--dir", str(report_dir), "--output", str(rebuilt)]) == 0
+    assert rebuilt.read_text(encoding="utf-8") == (report_dir / "index.html").read_text(encoding="utf-8")
+    assert main(["report", "--dir", str(tmp_path / "missing")]) == 1
+    assert "no such report folder" in capsys.readouterr().err
+
+
 def test_shades_and_links_pack_like_the_viewer_reads_them():
     words = torch.tensor([[[0.0, 0.5, 1.0], [0.2, 0.0, 0.0]], [[2.0, 0.0, 0.01], [0.0, 0.0, 0.0]]])
     raw = base64.b64decode(pack_shades(words))

@@ -13,6 +13,8 @@ subcommand is a triple (help, add_arguments, run) registered in ``SUBCOMMANDS``;
 the report dict (so it is callable from Python) and prints its table.
 """
 import argparse
+import contextlib
+import io
 import logging
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -398,6 +400,22 @@ def run_memory_stats(args) -> dict:
                                max_batches=args.max_batches, max_rows=args.max_rows)
 
 
+# ---------------------------------------------------------------------------------------------- report
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", required=True, help="a report folder (e.g. runs/demo/report): report.json, table.json, "
+                                                "metrics.json, sentences.json, alignments.json, *.png, each if there")
+    p.add_argument("--output", help="the page to write (default: DIR/index.html)")
+
+
+def run_report(args) -> dict:
+    from reluformer_mt.evaluation.html_report import write_html_report
+
+    page = write_html_report(args.dir, args.output)
+    print(f"HTML report written to {page} (self-contained: open it from the file system)")
+    return {"dir": args.dir, "page": str(page)}
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
@@ -413,6 +431,8 @@ SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
                     add_contrastive_args, run_contrastive),
     "cxmi": ("conditional cross-mutual information: how much a model uses the previous sentences",
              add_cxmi_args, run_cxmi),
+    "report": ("(re)build the self-contained index.html of a report folder (demo, study, reference run)",
+               add_report_args, run_report),
 }
 
 
@@ -423,7 +443,24 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_args(p)
         p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+        if name != "report":
+            p.add_argument("--html", metavar="PAGE", help="also write a self-contained HTML page of this evaluation "
+                                                          "(its tables, plot and JSON report)")
     return parser
+
+
+class Tee(io.TextIOBase):
+    """Standard output that is also kept, for the --html page."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.kept.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -432,14 +469,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     run = SUBCOMMANDS[args.command][2]
     try:
-        for option in ("json", "plot", "write_pred", "output"):  # before any work, not after an hour of it
+        for option in ("json", "plot", "write_pred", "output", "html"):  # before any work, not after an hour of it
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
                                   creates_folders=option != "write_pred")
-        report = run(args)
+        command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
+        tee = Tee(sys.stdout) if getattr(args, "html", None) else None
+        with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():
+            report = run(args)
         if args.json:
-            write_json(args.json, report, command="reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv))
+            write_json(args.json, report, command=command)
             print(f"report written to {args.json}")
+        if getattr(args, "html", None):
+            from reluformer_mt.evaluation.html_report import write_evaluation_page
+
+            print(f"HTML page written to {write_evaluation_page(args.html, command, report, tee.kept.getvalue())}")
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-eval {args.command}: error: {e}", file=sys.stderr)
         return 1

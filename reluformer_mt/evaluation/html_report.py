@@ -415,6 +415,16 @@ def _script_json(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
 
 
+def page(title: str, header_html: str, body: str, data: dict) -> str:
+    """A whole self-contained page: style, body, the data as JSON and the script that reads it."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+            f"{header_html}<main>{body}</main>"
+            f'<script type="application/json" id="report-data">{_script_json(data)}</script>'
+            f"<script>{SCRIPT}</script></body></html>\n")
+
+
 def build_page(report_dir: Path, extra_sections: Sequence[str] = ()) -> str:
     """The page's HTML from the files of ``report_dir`` (see the module docstring)."""
     report = _read_json(report_dir / "report.json")
@@ -428,12 +438,7 @@ def build_page(report_dir: Path, extra_sections: Sequence[str] = ()) -> str:
     sections = [results_section(table, report), metrics_section(metrics), *extra_sections, plots_section(report_dir),
                 sentences_section(sentences, metrics), alignments_section(alignments)]
     body = "\n".join(s for s in sections if s)
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>reluformer-mt report</title><style>{STYLE}</style></head><body>"
-            f"{header(report_dir, report)}<main>{body}</main>"
-            f'<script type="application/json" id="report-data">{_script_json(data)}</script>'
-            f"<script>{SCRIPT}</script></body></html>\n")
+    return page("reluformer-mt report", header(report_dir, report), body, data)
 
 
 def write_html_report(report_dir, path: Optional[Path] = None, extra_sections: Sequence[str] = ()) -> Path:
@@ -446,4 +451,48 @@ def write_html_report(report_dir, path: Optional[Path] = None, extra_sections: S
     return out
 
 
-__all__ = ["build_page", "html_table", "write_html_report", "PLOT_CAPTIONS"]
+# ------------------------------------------------------------------------------------ one evaluation
+def score_rows(report: dict) -> List[list]:
+    """(metric, score, items, signature) of every sacreBLEU score in a ``reluformer-eval bleu`` report."""
+    rows = []
+    for key, prefix in (("scores", "BLEU"), ("chrf", "chrF2"), ("chrf++", "chrF2++"), ("ter", "TER")):
+        for r in (report.get(key) or {}).values():
+            r = r.to_dict() if hasattr(r, "to_dict") else r
+            rows.append([r["name"], r["score"], r["n_items"], f"{prefix}|{r['signature']}"])
+    return rows
+
+
+def evaluation_page(command: str, report: dict, printed: str) -> str:
+    """The page of one ``reluformer-eval`` run: its scores as a table (bleu), its plot, the tables
+    it printed and its JSON report."""
+    from reluformer_mt.evaluation.reports import to_jsonable
+
+    parts = ['<h2 id="results">Results</h2>']
+    if report.get("definition"):
+        parts.append(f'<p class="meta">{html.escape(str(report["definition"]))}</p>')
+    rows = score_rows(report)
+    if rows:
+        parts.append(html_table(["metric", "score", "items", "signature"], rows, table_id="results-table"))
+    plot = report.get("plot")
+    if plot and Path(plot).exists():
+        data = base64.b64encode(Path(plot).read_bytes()).decode("ascii")
+        parts.append(f'<h2 id="plots">Plot</h2><figure><img alt="{html.escape(Path(plot).name)}" '
+                     f'src="data:image/png;base64,{data}"><figcaption>{html.escape(str(plot))}</figcaption></figure>')
+    parts.append(f"<h2>Output</h2><pre>{html.escape(printed)}</pre>")
+    parts.append("<details><summary>The JSON report</summary><pre>"
+                 + html.escape(json.dumps(to_jsonable(report), indent=1, ensure_ascii=False)) + "</pre></details>")
+    head = (f"<header><h1>reluformer-eval</h1><div class=\"meta\">command: <code>{html.escape(command)}</code></div>"
+            "</header>")
+    return page(f"reluformer-eval: {command[:60]}", head, "\n".join(parts), {})
+
+
+def write_evaluation_page(path, command: str, report: dict, printed: str) -> Path:
+    """Write :func:`evaluation_page` to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(evaluation_page(command, report, printed), encoding="utf-8")
+    return path
+
+
+__all__ = ["build_page", "evaluation_page", "html_table", "write_evaluation_page", "write_html_report",
+           "PLOT_CAPTIONS"]
