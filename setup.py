@@ -26,6 +26,7 @@ setup(
         "matplotlib>=3.5",
         "pysbd>=0.3.4",
         "bible-alignments==0.4.2",
+        "eflomal>=2.0",  # statistical aligner: the AER reference beside the diagonal
         "tqdm",
         "numpy",
         "ninja",  # builds the fused C++ attention kernel on first use

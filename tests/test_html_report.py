@@ -59,6 +59,10 @@ def test_report_folder_has_plain_outputs_metrics_and_a_self_contained_page(repor
 
     alignments = json.loads((report_dir / "alignments.json").read_text())
     assert set(alignments["models"]) == set(FAMILIES) and alignments["models"]["softmax"]["layers"] == 2
+    eflomal = json.loads((report_dir / "aligners.json").read_text())["eflomal"]
+    diagonal = json.loads((report_dir / "report.json").read_text())["baselines"]["diagonal"]["aer"]
+    assert eflomal["aer"] < diagonal - 0.2, "a statistical aligner beats the diagonal by far (0.36 against 0.77)"
+    assert "Statistical aligner for AER: eflomal" in table
 
     page = (report_dir / "index.html").read_text(encoding="utf-8")
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the page loads nothing from the network"
@@ -110,6 +114,16 @@ def test_paired_bootstrap_tells_a_real_difference_from_none():
     assert result["systems"]["bad"]["chrF"]["score"] < result["systems"]["base"]["chrF"]["score"]
     with pytest.raises(ValueError, match="baseline 'x'"):
         paired_bootstrap({"a": good}, refs, "x")
+
+
+def test_grow_diag_final_and():
+    from reluformer_mt.evaluation.statistical_aligner import grow_diag_final_and
+
+    forward = {(0, 0), (1, 1), (2, 1), (5, 0), (4, 4)}
+    reverse = {(0, 0), (1, 1), (1, 2)}
+    # the intersection, the union's neighbours that align a new word, then (4, 4) whose words are
+    # both unaligned; (5, 0) is no neighbour and target word 0 is aligned already
+    assert grow_diag_final_and(forward, reverse) == {(0, 0), (1, 1), (2, 1), (1, 2), (4, 4)}
 
 
 def test_markdown_table_escapes_pipes_and_right_aligns_numbers():

@@ -222,7 +222,8 @@ function setupAlignments() {
       ["links", "links extracted |A|", nA], ["sure", "gold sure |S|", nS], ["possible", "gold possible |P| (incl. sure)", nP],
       ["precision", "precision |A\u2229P|/|A|", f(nA ? aP / nA : NaN)], ["recall", "recall |A\u2229S|/|S|", f(nS ? aS / nS : NaN)],
       ["aer", "AER of this verse", f(aer)], ["corpus-aer", "AER of this setting, all test verses", f(c)],
-      ["diagonal", "diagonal baseline, all test verses", f(DATA.diagonal_aer)]]
+      ["diagonal", "diagonal baseline, all test verses", f(DATA.diagonal_aer)],
+      ["eflomal", "eflomal (statistical aligner), all test verses", f(DATA.eflomal_aer)]]
       .map(([id, k, x]) => "<tr><td>" + k + '</td><td id="al-' + id + '"><b>' + x + "</b></td></tr>").join("");
   };
   model.addEventListener("change", () => { fillLayers(); drawAlignment(); });
@@ -296,6 +297,8 @@ def results_section(table: Optional[dict], report: Optional[dict]) -> str:
         parts.append(f"<pre>{html.escape(report['table'])}</pre>")
     else:
         return ""
+    for note in (table or {}).get("aer_references", []):
+        parts.append(f"<p>{html.escape(note)}</p>")
     definitions = (report or {}).get("definitions") or (table or {}).get("definitions")
     if definitions:
         parts.append("<details><summary>What the columns mean</summary><ul>" + "".join(
@@ -433,8 +436,9 @@ def build_page(report_dir: Path, extra_sections: Sequence[str] = ()) -> str:
     sentences = _read_json(report_dir / "sentences.json")
     alignments = _read_json(report_dir / "alignments.json")
     diagonal = ((report or {}).get("baselines") or {}).get("diagonal", {}).get("aer")
+    eflomal = ((_read_json(report_dir / "aligners.json") or {}).get("eflomal") or {}).get("aer")
     data = {"sentences": sentences if metrics else None, "metrics": metrics, "alignments": alignments,
-            "diagonal_aer": diagonal, "nearest_name": "nearest training verse"}
+            "diagonal_aer": diagonal, "eflomal_aer": eflomal, "nearest_name": "nearest training verse"}
     sections = [results_section(table, report), metrics_section(metrics), *extra_sections, plots_section(report_dir),
                 sentences_section(sentences, metrics), alignments_section(alignments)]
     body = "\n".join(s for s in sections if s)

@@ -14,6 +14,8 @@
   training verse's copy, every model's constrained and free output;
 - ``alignments.json``: word-level cross-attention of every model, layer, head (and head average),
   normal and shifted, for held-out verses with gold links, with the argmax links extracted from it;
+- ``aligners.json``: AER of a statistical aligner (eflomal) on the same gold links, an informed
+  reference beside the diagonal (also a line under table.md's table);
 
 then ``index.html`` (:mod:`reluformer_mt.evaluation.html_report`).
 """
@@ -200,6 +202,35 @@ def alignment_view(checkpoints: Mapping[str, Path], data_dir: Path, aer: Mapping
             "note": f"the first {len(verses)} of the {total} held-out verses with gold links"}
 
 
+# ------------------------------------------------------------------------------------ statistical aligner
+def reference_aligners(data_dir: Path) -> dict:
+    """AER of eflomal on the held-out verses (an informed reference beside the diagonal), or why not."""
+    from reluformer_mt.evaluation import statistical_aligner
+
+    if not statistical_aligner.available():
+        return {"eflomal": {"skipped": "eflomal is not installed (pip install eflomal)"}}
+    return {"eflomal": statistical_aligner.eflomal_aer(data_dir)}
+
+
+def add_table_note(report_dir: Path, note: str) -> None:
+    """One more line under table.md's table and in table.json's notes."""
+    with open(report_dir / "table.md", "a", encoding="utf-8") as f:
+        f.write(f"\n{note}\n")
+    table_json = report_dir / "table.json"
+    if table_json.exists():
+        table = json.loads(table_json.read_text(encoding="utf-8"))
+        table.setdefault("aer_references", []).append(note)
+        write_json(table_json, {k: v for k, v in table.items() if k not in ("command", "created")})
+
+
+def aligner_note(aligners: dict) -> str:
+    e = aligners["eflomal"]
+    if "skipped" in e:
+        return f"Statistical aligner for AER: skipped ({e['skipped']})."
+    return (f"Statistical aligner for AER: eflomal {e['aer']:.3f} (precision {e['precision']:.3f}, recall "
+            f"{e['recall']:.3f}) on the same gold links; {e['method']}.")
+
+
 # ------------------------------------------------------------------------------------ the page
 def write_report_page(report_dir: Path, data_dir: Path, checkpoints: Mapping[str, Path],
                       hypotheses: Mapping[str, Mapping[str, Docs]], aer: Mapping[str, dict], device: str = "cpu",
@@ -218,6 +249,10 @@ def write_report_page(report_dir: Path, data_dir: Path, checkpoints: Mapping[str
     write_json(report_dir / "sentences.json", sentence_view(sources, references, nearest, hypotheses, chapters))
     write_json(report_dir / "alignments.json",
                alignment_view(checkpoints, data_dir, aer, device, max_alignment_verses))
+    aligners = reference_aligners(data_dir)
+    write_json(report_dir / "aligners.json", aligners)
+    if (report_dir / "table.md").exists():
+        add_table_note(report_dir, aligner_note(aligners))
     return write_html_report(report_dir)
 
 
