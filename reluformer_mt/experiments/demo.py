@@ -14,7 +14,8 @@ verse. The demo
    baselines (copying the nearest training verse; the diagonal alignment);
 4. translates one held-out chapter with ``reluformer-translate``;
 5. writes the report: one table, the JSON of every number, the chapter beside its reference,
-   learning curves against minutes, word-level attention of one verse with the gold links.
+   learning curves against updates and minutes, word-level attention of one verse with the gold
+   links, and ``index.html`` with all of it (``report_page``, docs/REPORT.md).
 
 Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 25 minutes on 2 CPU
 cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
