@@ -66,6 +66,8 @@ figcaption{color:#5a6472;font-size:12.5px;margin-top:4px}
 select,button{font:inherit;font-size:13px}
 #sentences td{text-align:left;max-width:420px;overflow-wrap:anywhere}
 #sentences td.num{white-space:nowrap;color:#5a6472}
+#sentences th{text-align:left}
+.cut{color:#5a6472;font-size:12px}
 #sentences tr.chapter th{background:#e4ebf5;text-align:left}
 .hyp{margin:1px 0}.sys{display:inline-block;min-width:170px;color:#3b4452;font-size:12px}
 .score{display:inline-block;min-width:52px;font-variant-numeric:tabular-nums;font-size:12px;color:#2357a0}
@@ -113,6 +115,13 @@ function setupSentences() {
   if (names.length > 1) b.value = names.find((n) => n.startsWith(S.models[S.models.length > 1 ? 1 : 0])) || names[1];
   a.value = names[0];
   const fmt = (x) => (x === null || x === undefined ? "n/a" : x.toFixed(1));
+  // a model output over twice the reference's length (repeating itself up to the length limit)
+  // is cut for the eye; the whole text is its tooltip
+  const text = (t, ref) => {
+    const most = 2 * ref.length + 40;
+    return t.length <= most ? esc(t) : '<span title="' + esc(t) + '">' + esc(t.slice(0, most)) +
+      '</span><span class="cut"> \u2026 (' + t.length + " characters)</span>";
+  };
   const alignIndex = {};
   if (DATA.alignments) DATA.alignments.verses.forEach((v, i) => { alignIndex[v.chapter + ":" + v.verse] = i; });
 
@@ -136,7 +145,7 @@ function setupSentences() {
       }
       const lines = systems.map(([model, mode, name]) =>
         '<div class="hyp"><span class="sys">' + esc(name) + '</span><span class="score">' + fmt(chrf(name, r.idx)) +
-        "</span>" + esc(r.v.hyp[model][mode]) + "</div>");
+        "</span>" + text(r.v.hyp[model][mode], r.v.ref) + "</div>");
       lines.push('<div class="hyp"><span class="sys">' + esc(nearest) + '</span><span class="score">' +
                  fmt(chrf(nearest, r.idx)) + "</span>" + esc(r.v.nearest) + "</div>");
       const where = r.chapter + ":" + r.verse;
