@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

@@ -23,7 +23,7 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from reluformer_mt.evaluation.significance import verdict
 
