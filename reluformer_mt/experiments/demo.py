@@ -449,8 +449,9 @@ def comparison_rows(results: Dict[str, dict], base: dict, reference: Optional[di
 
 
 DEFINITIONS = {
-    "s_bleu": "sacreBLEU over verses of the held-out chapters (detokenised; the reference is the BSB tokenised as "
-              "the gold alignment's words)",
+    "s_bleu": "sacreBLEU (13a) over verses of the held-out chapters, on tokenised text: the reference is the BSB "
+              "tokenised as the gold alignment's words ('vineyard .'), and so are the outputs; BLEU on Moses-"
+              "detokenised text, comparable with other work, is in metrics.json and index.html",
     "d_bleu": "sacreBLEU over whole chapters (documents)",
     "aer": "Och & Ney AER of cross-attention links vs the manual verse alignments, the minimum over layers and over "
            "normal/shifted; best head chosen on the same gold set, head average needs no choice",
