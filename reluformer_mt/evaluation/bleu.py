@@ -12,7 +12,7 @@ Definitions (METHODS.md section 4):
   warn and give scores that other work cannot compare with; ``detokenize="moses"`` runs
   sacremoses' Moses detokeniser over hypotheses and references before every score.
 
-Scores are detokenised sacreBLEU (default tokenizer 13a) and equal the ``sacrebleu`` command line
+Scores are sacreBLEU's (its own tokenizer, 13a by default, on the text as given) and equal the ``sacrebleu`` command line
 on the same sentence (or document-per-line) files. Files are read the way that command reads them
 (split on ``\\n`` only, trailing whitespace stripped), so CRLF files give the same score.
 """
