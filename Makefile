@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test test-fast demo clean
+.PHONY: setup test-setup test test-fast demo clean
 
 $(VENV)/.installed: requirements.txt setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,12 @@ $(VENV)/.installed: requirements.txt setup.py
 
 setup: $(VENV)/.installed
 
-test: setup
+# the test set-up: the virtualenv, and Debian's chromium + chromedriver for the HTML report's
+# browser test (idempotent; skipped with a message where apt-get or root is missing)
+test-setup: setup
+	sh scripts/install_browser.sh
+
+test: test-setup
 	$(PY) -m pytest -q tests
 
 # the main job; options: make demo DEMO_ARGS="--max-update 4000 --size iwslt_de_en --device cuda"

@@ -19,6 +19,7 @@ setup(
         # (0.12.2 fails on 3.11). `fairseq-fixed` is the same code as an sdist for other platforms.
         "ve-fairseq>=0.12.3",
         "sacrebleu>=2.3,<3",
+        "sacremoses>=0.1",  # Moses detokeniser: standard BLEU on tokenised references
         "sentencepiece>=0.1.99",
         "hydra-core>=1.0.7,<1.4",
         "omegaconf<2.4",
@@ -29,11 +30,12 @@ setup(
         "matplotlib>=3.5",
         "pysbd>=0.3.4",
         "bible-alignments==0.4.2",
+        "eflomal>=2.0",  # statistical aligner: the AER reference beside the diagonal
         "tqdm",
         "numpy",
         "ninja",  # builds the fused C++ attention kernel on first use
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "selenium>=4.10"]},
     entry_points={
         "console_scripts": [
             "reluformer-prepare=reluformer_mt.cli.prepare:main",

@@ -7,14 +7,10 @@ from reluformer_mt.cli import demo
 from reluformer_mt.evaluation.baselines import nearest_verse_translations
 
 
-def test_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
-    pytest.importorskip("bible_alignments")
-    out = tmp_path / "demo"
+def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     # both phases of G-Transformer's recipe: 2 updates on sentences, then 4 on document segments
-    code = demo.main(["--out", str(out), "--families", "softmax,reluformer", "--sentence-updates", "2",
-                      "--max-update", "4", "--validations", "1", "--embed-dim", "32", "--ffn-dim", "64",
-                      "--layers", "2", "--eval-chapters", "1", "--beam", "1", "--vocab-size", "1000",
-                      "--segment-tokens", "128"])
+    # (the run is conftest's tiny_demo, shared with test_html_report)
+    out, code = tiny_demo["out"], tiny_demo["code"]
     assert code == 0
     report_dir = out / "report"
     report = json.loads((report_dir / "report.json").read_text())
@@ -47,7 +43,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
     summary = json.loads((report_dir / "summary.json").read_text())
     assert summary["preset"] == "quick" and set(summary["families"]) == {"softmax", "reluformer"}
     assert summary["families"]["softmax"]["s_bleu"] == round(report["models"]["softmax"]["s_bleu"], 2)
-    table = capsys.readouterr().out
+    table = tiny_demo["stdout"]
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
 

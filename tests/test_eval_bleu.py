@@ -266,3 +266,38 @@ def test_no_document_bleu_is_defined_without_document_boundaries(tmp_path, capsy
                  "-b"]) == 0
     scores = capsys.readouterr().out.split()  # s-BLEU, then d-BLEU over the two documents
     assert len(scores) == 2 and all(0 < float(x) < 100 for x in scores)
+def test_chrf_plus_plus_and_ter_equal_the_sacrebleu_cli_and_moses_detokenises(tmp_path, capsys):
+    """chrF++ and TER equal ``sacrebleu -m chrf --chrf-word-order 2`` / ``-m ter`` on the same
+    lines; --detokenize moses turns the bible's tokenised "vineyard ." into "vineyard." on both
+    sides before scoring, and says so."""
+    refs = ["The master of the vineyard said , \" Go ! \"", "He went away ; and they said nothing .",
+            "It is a vineyard ( a small one ) .", "Why ? Because it 's late ."]
+    hyps = ["The master of vineyard said , \" go ! \"", "He went ; they said nothing .",
+            "It is vineyard ( small one ) .", "Why ? It 's late ."]
+    ref, hyp = tmp_path / "ref", tmp_path / "hyp"
+    ref.write_text("".join(x + "\n" for x in refs), encoding="utf-8")
+    hyp.write_text("".join(x + "\n" for x in hyps), encoding="utf-8")
+
+    def cli(*metric):
+        out = subprocess.run([str(SACREBLEU), str(ref), "-i", str(hyp), "-b", "-w", "6", *metric],
+                             capture_output=True, text=True, check=True).stdout
+        return float(out.split()[0])
+
+    report = bleu_from_files(hyp, ref, levels=("sentence",))
+    assert report["chrf++"]["sentence"].score == pytest.approx(cli("-m", "chrf", "--chrf-word-order", "2"), abs=1e-5)
+    assert report["ter"]["sentence"].score == pytest.approx(cli("-m", "ter"), abs=1e-5)
+    assert report["chrf++"]["sentence"].name == "s-chrF++" and report["ter"]["sentence"].name == "s-TER"
+
+    detok = bleu_from_files(hyp, ref, levels=("sentence",), detokenize="moses")
+    from reluformer_mt.evaluation.bleu import moses_detokenize
+    assert moses_detokenize(["the vineyard .", "he said , \" go ! \""]) == ["the vineyard.", 'he said, "go!"']
+    plain_ref, plain_hyp = tmp_path / "ref.detok", tmp_path / "hyp.detok"
+    plain_ref.write_text("".join(x + "\n" for x in moses_detokenize(refs)), encoding="utf-8")
+    plain_hyp.write_text("".join(x + "\n" for x in moses_detokenize(hyps)), encoding="utf-8")
+    assert detok["scores"]["sentence"].score == pytest.approx(sacrebleu_cli(plain_ref, [plain_hyp])[0], abs=1e-6)
+    assert detok["scores"]["sentence"].score != pytest.approx(report["scores"]["sentence"].score, abs=1e-3)
+    assert "Moses detokeniser" in detok["definition"] and "Moses" not in report["definition"]
+
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--levels", "s", "--detokenize", "moses"]) == 0
+    out = capsys.readouterr().out
+    assert "s-chrF++" in out and "s-TER" in out and "TER signature: TER|" in out and "detokenised with sacremoses" in out

@@ -15,6 +15,9 @@ the report dict (so it is callable from Python) and prints its table. Exit codes
 or input error (``reluformer_mt.cli.checks``).
 """
 import argparse
+import contextlib
+import io
+import logging
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -60,6 +63,10 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-mismatch", action="store_true",
                    help="documents whose sentence counts differ are reported, not an error; then only d-BLEU is scored")
     p.add_argument("--tokenize", default="13a", choices=bleu_tokenizers(), help="sacreBLEU tokenizer")
+    p.add_argument("--detokenize", default="none", choices=list(bleu_lib.DETOKENIZERS),
+                   help="moses: detokenise hypotheses and references with sacremoses first (for tokenised "
+                        "references such as the bible's 'vineyard .', so the scores compare with other work)")
+    p.add_argument("--detokenize-lang", default="en", help="language of the Moses detokeniser's rules")
     p.add_argument("--lowercase", action="store_true")
     p.add_argument("-b", "--score-only", action="store_true",
                    help="print only the BLEU score(s), one number a line in the order of --levels (sacrebleu -b)")
@@ -75,6 +82,14 @@ def print_bleu_report(report: dict) -> None:
     if report.get("chrf"):
         print(format_table(["metric", "chrF", "items"], [(r.name, r.score, r.n_items) for r in report["chrf"].values()]))
         print(f"chrF signature: chrF2|{next(iter(report['chrf'].values())).signature}")
+    if report.get("chrf++"):
+        print(format_table(["metric", "chrF++", "items"],
+                           [(r.name, r.score, r.n_items) for r in report["chrf++"].values()]))
+        print(f"chrF++ signature: chrF2++|{next(iter(report['chrf++'].values())).signature}")
+    if report.get("ter"):
+        print(format_table(["metric", "TER (lower is better)", "items"],
+                           [(r.name, r.score, r.n_items) for r in report["ter"].values()]))
+        print(f"TER signature: TER|{next(iter(report['ter'].values())).signature}")
     if report["mismatches"]:
         print(f"\n{len(report['mismatches'])} documents differ in sentence count:")
         print(format_table(["doc id", "hyp sentences", "ref sentences"],
@@ -93,7 +108,8 @@ def run_bleu(args) -> dict:
         args.hyp, args.ref, hyp_format=args.hyp_format, ref_format=args.ref_format, hyp_doc_ids=args.hyp_doc_ids,
         ref_doc_ids=args.ref_doc_ids, segments=args.segments, separator=args.separator, pieces=args.pieces,
         ref_from_generate=args.ref_from_generate, levels=levels, match=args.match_docs_by,
-        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase)
+        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase,
+        detokenize=args.detokenize, detokenize_lang=args.detokenize_lang)
     if args.score_only:  # scores in the order asked; a level that could not be scored prints nothing
         for level in levels:
             if level in report["scores"]:
@@ -410,10 +426,26 @@ def run_memory_stats(args) -> dict:
                                max_batches=args.max_batches, max_rows=args.max_rows)
 
 
+# ---------------------------------------------------------------------------------------------- report
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", required=True, help="a report folder (e.g. runs/demo/report): report.json, table.json, "
+                                                "metrics.json, sentences.json, alignments.json, *.png, each if there")
+    p.add_argument("--output", help="the page to write (default: DIR/index.html)")
+
+
+def run_report(args) -> dict:
+    from reluformer_mt.evaluation.html_report import write_html_report
+
+    page = write_html_report(args.dir, args.output)
+    print(f"HTML report written to {page} (self-contained: open it from the file system)")
+    return {"dir": args.dir, "page": str(page)}
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
-    "bleu": ("s-BLEU and d-BLEU (and s-/d-chrF) with sacreBLEU", add_bleu_args, run_bleu),
+    "bleu": ("s-BLEU and d-BLEU (and chrF, chrF++, TER) with sacreBLEU", add_bleu_args, run_bleu),
     "aer": ("precision, recall and AER of word alignments against gold links", add_aer_args, run_aer),
     "align": ("word alignments from a model's cross-attention (force-decoded references), AER per layer",
               add_align_args, run_align),
@@ -425,6 +457,8 @@ SUBCOMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
                     add_contrastive_args, run_contrastive),
     "cxmi": ("conditional cross-mutual information: how much a model uses the previous sentences",
              add_cxmi_args, run_cxmi),
+    "report": ("(re)build the self-contained index.html of a report folder (demo, study, reference run)",
+               add_report_args, run_report),
 }
 
 
@@ -437,7 +471,24 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=DefaultsHelpFormatter)
         add_args(p)
         p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+        if name != "report":
+            p.add_argument("--html", metavar="PAGE", help="also write a self-contained HTML page of this evaluation "
+                                                          "(its tables, plot and JSON report)")
     return parser
+
+
+class Tee(io.TextIOBase):
+    """Standard output that is also kept, for the --html page."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.kept.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -445,14 +496,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     run = SUBCOMMANDS[args.command][2]
     try:
-        for option in ("json", "plot", "write_pred", "output"):  # before any work, not after an hour of it
+        for option in ("json", "plot", "write_pred", "output", "html"):  # before any work, not after an hour of it
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
                                   creates_folders=option != "write_pred")
-        report = run(args)
+        command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
+        tee = Tee(sys.stdout) if getattr(args, "html", None) else None
+        with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():
+            report = run(args)
         if args.json:
-            write_json(args.json, report, command="reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv))
+            write_json(args.json, report, command=command)
             print(f"report written to {args.json}")
+        if getattr(args, "html", None):
+            from reluformer_mt.evaluation.html_report import write_evaluation_page
+
+            print(f"HTML page written to {write_evaluation_page(args.html, command, report, tee.kept.getvalue())}")
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-eval {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -250,10 +250,14 @@ def run_align(checkpoints: Sequence[str], src=None, tgt=None, pairs=None, data=N
         if gold_links is not None:
             entry["aer_per_layer"] = aer_per_layer(ml, gold_links)
         report["models"][name] = entry
+    if gold_links is not None:  # the trivial reference every attention AER stands beside
+        diagonal = [aer_lib.diagonal_alignment(ns, nt) for ns, nt in lengths]
+        report["diagonal_aer"] = aer_lib.corpus_aer(diagonal, gold_links).aer
     if plot:
         from reluformer_mt.evaluation.plots import plot_aer_per_layer
 
         data_by_model = {n: {m: {k: e["aer_per_layer"][m][k] for k in ("best_head", "head_average")} for m in MODES}
                          for n, e in report["models"].items()}
-        report["plot"] = str(plot_aer_per_layer(data_by_model, plot, title=f"AER per layer on {Path(gold).name}"))
+        report["plot"] = str(plot_aer_per_layer(data_by_model, plot, title=f"AER per layer on {Path(gold).name}",
+                                                baselines={"diagonal": report["diagonal_aer"]}))
     return report

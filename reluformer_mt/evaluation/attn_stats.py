@@ -99,9 +99,12 @@ def run_attn_stats(checkpoints: Sequence[str], data=None, split: Optional[str] =
     if plot:
         from reluformer_mt.evaluation.plots import plot_sparsity_per_layer
 
-        lines = {f"{n} {KIND_LABELS[k]}": s["per_layer"]["sparsity"]
-                 for n, e in report["models"].items() for k, s in e["stats"].items()}
-        report["plot"] = str(plot_sparsity_per_layer(lines, plot, title=f"sparsity per layer ({Path(report['data']).name})"))
+        panels = {}  # a panel per kind of attention, a line per model
+        for n, e in report["models"].items():
+            for k, s in e["stats"].items():
+                panels.setdefault(f"{KIND_LABELS[k]} attention", {})[n] = s["per_layer"]["sparsity"]
+        report["plot"] = str(plot_sparsity_per_layer({}, plot, panels=panels,
+                                                     title=f"sparsity per layer ({Path(report['data']).name})"))
     return report
 
 

@@ -6,9 +6,13 @@ Definitions (docs/METHODS.md section 4):
   same number of sentences in every document, otherwise it is an error naming the document.
 - d-BLEU: corpus BLEU over whole documents (each document's sentences joined by a space), or
   over segments when asked (``level="segment"``). The report always names the level.
-- s-chrF and d-chrF: sacreBLEU's chrF over the same sentences and whole documents.
+- s-chrF and d-chrF: sacreBLEU's chrF over the same sentences and whole documents; chrF++ (chrF
+  with word unigrams and bigrams, Popović, WMT 2017) and TER (Snover et al. 2006) likewise.
+- Detokenisation: references that are tokenised text (the bible's "vineyard .") make sacreBLEU
+  warn and give scores that other work cannot compare with; ``detokenize="moses"`` runs
+  sacremoses' Moses detokeniser over hypotheses and references before every score.
 
-Scores are detokenised sacreBLEU (default tokenizer 13a) and equal the ``sacrebleu`` command line
+Scores are sacreBLEU's (its own tokenizer, 13a by default, on the text as given) and equal the ``sacrebleu`` command line
 on the same sentence (or document-per-line) files. Files are read the way that command reads them
 (split on ``\\n`` only, trailing whitespace stripped), so CRLF files give the same score; ``-``
 is standard input, and a pipe (``/dev/stdin``, a FIFO, ``<(...)``) is read once, as sacreBLEU does.
@@ -24,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU, CHRF, TER
 
 from reluformer_mt.data import textfiles
 from reluformer_mt.data.documents import DOC_MARKER, is_doc_marker
@@ -94,41 +98,107 @@ def corpus_dbleu(hyp_docs: Sequence[Union[str, Sequence[str]]], ref_docs: Sequen
 
 @dataclass
 class ChrfResult:
-    """sacreBLEU's chrF (Popović, WMT 2015; defaults: character 6-grams, beta 2, no word n-grams)."""
+    """sacreBLEU's chrF (Popović, WMT 2015; defaults: character 6-grams, beta 2, no word n-grams),
+    or chrF++ with ``word_order=2`` (word unigrams and bigrams too; Popović, WMT 2017)."""
     score: float
     signature: str
     level: str  # "sentence" (s-chrF) or "document" (d-chrF)
     n_items: int
+    word_order: int = 0
 
     @property
     def name(self) -> str:
-        return "s-chrF" if self.level == "sentence" else "d-chrF"
+        return ("s-" if self.level == "sentence" else "d-") + ("chrF++" if self.word_order else "chrF")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "name": self.name}
 
 
 def corpus_chrf(hyps: Sequence[Union[str, Sequence[str]]], refs: Sequence[Union[str, Sequence[str]]],
-                level: str = "document", lowercase: bool = False) -> ChrfResult:
+                level: str = "document", lowercase: bool = False, word_order: int = 0) -> ChrfResult:
     """Corpus chrF over items: sentences, or whole documents (lists of sentences joined by a
-    space, as for d-BLEU); equal to ``sacrebleu REF -i HYP -m chrf`` on one item a line."""
+    space, as for d-BLEU); equal to ``sacrebleu REF -i HYP -m chrf`` on one item a line
+    (``--chrf-word-order 2`` for chrF++)."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    metric = CHRF(lowercase=lowercase)
+    metric = CHRF(lowercase=lowercase, word_order=word_order)
     r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in refs]])
-    return ChrfResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps))
+    return ChrfResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps),
+                      word_order=word_order)
 
 
 def chrf_scores(pairs, levels=("sentence", "document"), mismatched: bool = False,
-                lowercase: bool = False) -> Dict[str, ChrfResult]:
-    """s-chrF and d-chrF of paired documents (``pair_documents``), beside s-BLEU and d-BLEU."""
+                lowercase: bool = False, word_order: int = 0) -> Dict[str, ChrfResult]:
+    """s-chrF and d-chrF (chrF++ with ``word_order=2``) of paired documents (``pair_documents``)."""
     out: Dict[str, ChrfResult] = {}
     if "sentence" in levels and not mismatched:
         out["sentence"] = corpus_chrf([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
-                                      "sentence", lowercase)
+                                      "sentence", lowercase, word_order)
     if "document" in levels:
-        out["document"] = corpus_chrf([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], "document", lowercase)
+        out["document"] = corpus_chrf([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], "document", lowercase,
+                                      word_order)
     return out
+
+
+@dataclass
+class TerResult:
+    """sacreBLEU's TER (Snover et al. 2006): edits per reference word, in %; lower is better."""
+    score: float
+    signature: str
+    level: str
+    n_items: int
+
+    @property
+    def name(self) -> str:
+        return "s-TER" if self.level == "sentence" else "d-TER"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+
+def corpus_ter(hyps: Sequence[Union[str, Sequence[str]]], refs: Sequence[Union[str, Sequence[str]]],
+               level: str = "document", lowercase: bool = False) -> TerResult:
+    """Corpus TER over sentences or whole documents; equal to ``sacrebleu REF -i HYP -m ter``
+    (which, unlike BLEU and chrF, ignores case unless told otherwise: ``lowercase`` changes nothing)."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    metric = TER()
+    r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in refs]])
+    return TerResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps))
+
+
+def ter_scores(pairs, levels=("sentence",), mismatched: bool = False, lowercase: bool = False) -> Dict[str, TerResult]:
+    """s-TER of paired documents (``pair_documents``). Never over whole documents: TER's shift
+    search grows faster than quadratically with the item's length (a TED talk of 2,000 words took
+    minutes), and d-TER is not what other work reports."""
+    out: Dict[str, TerResult] = {}
+    if "sentence" in levels and not mismatched:
+        out["sentence"] = corpus_ter([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
+                                     "sentence", lowercase)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# detokenisation
+
+DETOKENIZERS = ("none", "moses")
+
+
+def moses_detokenize(lines: Sequence[str], lang: str = "en") -> List[str]:
+    """Tokenised text ("the vineyard .") -> plain text ("the vineyard.") with sacremoses' port of
+    the Moses detokeniser (Koehn et al. 2007), so that BLEU's own 13a tokenisation sees text as
+    other work feeds it."""
+    try:
+        from sacremoses import MosesDetokenizer
+    except ImportError as e:  # a requirement; say which one when it is missing
+        raise ValueError("detokenising needs sacremoses (pip install sacremoses)") from e
+    detok = MosesDetokenizer(lang=lang)
+    return [detok.detokenize(line.split()) for line in lines]
+
+
+def detokenize_pairs(pairs, lang: str = "en"):
+    """``pair_documents`` pairs with hypothesis and reference sentences detokenised."""
+    return [(d, moses_detokenize(hs, lang), moses_detokenize(rs, lang)) for d, hs, rs in pairs]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,7 +440,7 @@ def definition_line(scores: Dict[str, BleuResult], n_sentences: int, n_documents
                     lowercase: bool = False) -> str:
     """What the scores are computed over; names only the levels that were scored (without
     document boundaries there is no d-BLEU to define)."""
-    parts = [f"detokenised sacreBLEU ({tokenize}{', lowercased' if lowercase else ''})"]
+    parts = [f"sacreBLEU ({tokenize}{', lowercased' if lowercase else ''})"]
     if "sentence" in scores:
         parts.append(f"s-BLEU = corpus BLEU over {n_sentences} reference sentences")
     if "document" in scores:
@@ -461,19 +531,24 @@ def read_once(paths: Dict[str, Optional[str]]):
 def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
-                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict:
+                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
+                    detokenize: str = "none", detokenize_lang: str = "en") -> dict:
     """Load hypothesis and reference (``<d>`` files, plain files with doc-id files, or
     fairseq-generate output split with ``segments`` = a ``{split}.segments.tsv`` path or list),
     check the sentence counts per document and score. Any input may be ``-`` (standard input) or
-    a pipe. Returns a report dict with ``scores`` ({level: BleuResult}), ``mismatches``, ``notes``,
-    ``chrf`` and a ``definition`` line.
+    a pipe. Returns a report dict with ``scores`` ({level: BleuResult}), ``chrf``, ``chrf++`` and
+    ``ter`` (likewise), ``mismatches``, ``notes`` and a ``definition`` line.
+    ``detokenize="moses"``: both sides go through the Moses detokeniser first.
     """
+    if detokenize not in DETOKENIZERS:
+        raise ValueError(f"detokenize must be one of {', '.join(DETOKENIZERS)}, got {detokenize!r}")
     with read_once({"--hyp": hyp, "--ref": ref, "--hyp-doc-ids": hyp_doc_ids, "--ref-doc-ids": ref_doc_ids}) as (
             files, names):
         try:
             return _bleu_from_paths(
                 files["--hyp"], files["--ref"], hyp_format, ref_format, files["--hyp-doc-ids"], files["--ref-doc-ids"],
-                segments, separator, pieces, ref_from_generate, levels, match, allow_mismatch, tokenize, lowercase)
+                segments, separator, pieces, ref_from_generate, levels, match, allow_mismatch, tokenize, lowercase,
+                detokenize, detokenize_lang)
         except (ValueError, FileNotFoundError) as e:  # name the stream, not its temporary copy
             message = str(e)
             for copy, name in names.items():
@@ -484,7 +559,8 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
 def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
-                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict:
+                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
+                    detokenize: str = "none", detokenize_lang: str = "en") -> dict:
     """:func:`bleu_from_files` once every input is a regular file."""
     if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
         segments = read_segment_metadata(segments)
@@ -522,10 +598,18 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         notes.append(f"{len(mismatches)} documents differ in sentence count: s-BLEU not computed, d-BLEU only")
     if "segment" in levels and segments is None:
         notes.append("segment-level d-BLEU needs --segments: skipped")
+    if detokenize == "moses":
+        pairs = detokenize_pairs(pairs, detokenize_lang)
+        if hyp_seg is not None:
+            hyp_seg = [(seg, moses_detokenize([text], detokenize_lang)[0]) for seg, text in hyp_seg]
     scores = score_documents(pairs, levels, segments, hyp_seg, bool(mismatches), tokenize, lowercase)
     chrf = chrf_scores(pairs, levels, bool(mismatches), lowercase)
+    chrf_pp = chrf_scores(pairs, levels, bool(mismatches), lowercase, word_order=2)
+    ter = ter_scores(pairs, levels, bool(mismatches), lowercase)
     n_sent = sum(len(rs) for _, _, rs in pairs)
-    definition = definition_line(scores, n_sent, len(pairs), tokenize, lowercase)
+    prefix = ("hypotheses and references detokenised with sacremoses' Moses detokeniser "
+              f"({detokenize_lang}), then " if detokenize == "moses" else "")
+    definition = prefix + definition_line(scores, n_sent, len(pairs), tokenize, lowercase)
     return {"definition": definition, "scores": scores, "n_documents": len(pairs), "n_sentences": n_sent,
             "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": r} for d, h, r in mismatches],
-            "notes": notes, "chrf": chrf}
+            "notes": notes, "chrf": chrf, "chrf++": chrf_pp, "ter": ter, "detokenize": detokenize}

@@ -53,3 +53,31 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: 
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 2) -> str:
+    """A GitHub-flavoured Markdown table (numbers right-aligned); '|' in cells escaped."""
+    def cell(value: Any) -> str:
+        return _cell(value, digits).replace("|", "\\|")
+
+    numeric = [i > 0 for i in range(len(headers))]
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
+             "|" + "|".join("---:" if right else ":---" for right in numeric) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_table_files(report_dir, headers: Sequence[str], rows: Sequence[Sequence[Any]], notes: Sequence[str] = (),
+                      title: str = "Results", digits: int = 2) -> str:
+    """``table.md`` (a Markdown table, then the fixed-width one in a code block, then ``notes``) and
+    ``table.json`` (headers, rows, notes: what the HTML report renders); returns the fixed-width table."""
+    report_dir = Path(report_dir)
+    fixed = format_table(headers, rows, digits)
+    text = [f"# {title}", "", markdown_table(headers, rows, digits), "", "The same table in fixed width:", "",
+            "```text", fixed, "```"]
+    if notes:
+        text += ["", "Published points of comparison:", ""] + [f"- {n}" for n in notes]
+    (report_dir / "table.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+    write_json(report_dir / "table.json", {"headers": list(headers), "rows": [list(r) for r in rows],
+                                           "notes": list(notes)})
+    return fixed

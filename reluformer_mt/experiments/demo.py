@@ -14,7 +14,8 @@ verse. The demo
    baselines (copying the nearest training verse; the diagonal alignment);
 4. translates one held-out chapter with ``reluformer-translate``;
 5. writes the report: one table, the JSON of every number, the chapter beside its reference,
-   learning curves against minutes, word-level attention of one verse with the gold links.
+   learning curves against updates and minutes, word-level attention of one verse with the gold
+   links, and ``index.html`` with all of it (``report_page``, docs/REPORT.md).
 
 Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 25 minutes on 2 CPU
 cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
@@ -48,11 +49,12 @@ from reluformer_mt.evaluation.attn_stats import run_attn_stats
 from reluformer_mt.evaluation.baselines import diagonal_aer, nearest_verse_translations
 from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
 from reluformer_mt.evaluation.plots import plot_curves_against_minutes, plot_word_alignment
-from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.evaluation.reports import format_table, write_json, write_table_files
 from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
 from reluformer_mt.experiments.model_args import size_args
 from reluformer_mt.experiments.progress import Stages, demo_plan
+from reluformer_mt.experiments.report_page import write_report_page
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
@@ -488,8 +490,9 @@ def comparison_rows(results: Dict[str, dict], base: dict, reference: Optional[di
 
 
 DEFINITIONS = {
-    "s_bleu": "sacreBLEU over verses of the held-out chapters (detokenised; the reference is the BSB tokenised as "
-              "the gold alignment's words)",
+    "s_bleu": "sacreBLEU (13a) over verses of the held-out chapters, on tokenised text: the reference is the BSB "
+              "tokenised as the gold alignment's words ('vineyard .'), and so are the outputs; BLEU on Moses-"
+              "detokenised text, comparable with other work, is in metrics.json and index.html",
     "d_bleu": "sacreBLEU over whole chapters (documents)",
     "aer": "Och & Ney AER of cross-attention links vs the manual verse alignments, the minimum over layers and over "
            "normal/shifted; best head chosen on the same gold set, head average needs no choice",
@@ -553,7 +556,7 @@ def run_demo(o: DemoOptions) -> dict:
 
     with stages.stage("evaluate: translate held-out chapters (s-BLEU, d-BLEU), AER vs gold, attention statistics"):
         base = baselines(o, dirs["doc"])
-        hypotheses = {}
+        hypotheses, free_hypotheses = {}, {}
         for family, checkpoint in checkpoints.items():
             info = checkpoint_info(checkpoint)
             results[family]["params"], results[family]["updates"] = info.parameters, info.updates
@@ -568,7 +571,7 @@ def run_demo(o: DemoOptions) -> dict:
             (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))
             results[family].update(bleu)
             free = bleu_of_model(o, checkpoint, dirs["doc"], separators="free")
-            free.pop("hypotheses")
+            free_hypotheses[family] = free.pop("hypotheses")
             free.pop("matches")
             results[family]["free"] = free
             for mode, b in (("constrained", bleu), ("free", free)):
@@ -611,7 +614,12 @@ def run_demo(o: DemoOptions) -> dict:
               "table": table}
     write_json(report_dir / "report.json", report, command=" ".join(sys.argv))
     notes = "\n".join(f"- {point}" for point in PAPER_POINTS)
-    (report_dir / "table.md").write_text(f"{table}\n\nPublished points of comparison:\n{notes}\n", encoding="utf-8")
+    # the readable report: table.md (Markdown and fixed width), plain hypothesis files, index.html
+    write_table_files(report_dir, TABLE_HEADERS, comparison_rows(results, base, reference), PAPER_POINTS,
+                      title=f"reluformer-demo, {o.preset} preset")
+    page = write_report_page(report_dir, dirs["doc"], checkpoints, {"constrained": hypotheses, "free": free_hypotheses},
+                             {f: results[f]["aer"] for f in o.families}, device=o.device)
+    print(f"\nHTML report (opens from the file system): {page}")
     print("\n" + table)
     print("published points of comparison:\n" + notes)
     print(f"\nreport: {report_dir}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
