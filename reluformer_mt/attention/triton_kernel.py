@@ -97,6 +97,17 @@ if triton is not None:
         return g
 
     @triton.jit
+    def _dot(x, y, PREC: tl.constexpr, UPCAST: tl.constexpr):
+        """x @ y accumulated in float32. UPCAST (interpreter with half inputs only): the product of
+        float32 copies of the (already rounded) operands, because triton 3.9's interpreter returns
+        garbage for bf16 tl.dot (measured: errors of 1e10 on a 16 x 16 product)."""
+        if UPCAST:
+            out = tl.dot(x.to(tl.float32), y.to(tl.float32), input_precision="ieee")
+        else:
+            out = tl.dot(x, y, input_precision=PREC)
+        return out
+
+    @triton.jit
     def _visible(offs_m, offs_n, T, start, end, offset, CAUSAL: tl.constexpr):
         """(BLOCK_M, BLOCK_N) bool: query i is a real row and sees key j (Visibility's rule)."""
         vis = (offs_m[:, None] < T) & (offs_n[None, :] >= start) & (offs_n[None, :] < end)
@@ -105,10 +116,11 @@ if triton is not None:
         return vis
 
     @triton.jit
-    def _weights(q, k, c, b, vis, HAS_C: tl.constexpr, HAS_B: tl.constexpr, ACT: tl.constexpr,
-                 PREC: tl.constexpr):
-        """Logits z = q k^T + b, h(z) and the masked weights a = c h(z), all float32."""
-        z = tl.dot(q, tl.trans(k), input_precision=PREC)
+    def _weights(q, k, scale, c, b, vis, HAS_C: tl.constexpr, HAS_B: tl.constexpr, ACT: tl.constexpr,
+                 PREC: tl.constexpr, UPCAST: tl.constexpr):
+        """Logits z = scale q k^T + b, h(z) and the masked weights a = c h(z), all float32 (the
+        scale applied here, not to bf16 queries: their rounding would move logits near 0)."""
+        z = _dot(q, tl.trans(k), PREC, UPCAST) * scale
         if HAS_B:
             z = z + b[:, None]
         h = _act(z, ACT)
@@ -118,10 +130,10 @@ if triton is not None:
 
     @triton.jit
     def _fwd_kernel(Q, K, V, C, Bb, Starts, Ends, Out, Mass, Xlogx, Nnz,
-                    T, S, D, DV, heads, n_ranges, offset,
+                    T, S, D, DV, heads, n_ranges, offset, scale,
                     s_qn, s_qt, s_kn, s_ks, s_vn, s_vs, s_on, s_ot,
                     HAS_C: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                    ROWS: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         pid_m = tl.program_id(0)
         n = tl.program_id(1)
@@ -152,8 +164,8 @@ if triton is not None:
             v = tl.load(V + n * s_vn + offs_n[:, None] * s_vs + offs_dv[None, :],
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             vis = _visible(offs_m, offs_n, T, start, end, offset, CAUSAL)
-            z, h, a = _weights(q, k, c, b, vis, HAS_C, HAS_B, ACT, PREC)
-            acc += tl.dot(a.to(v.dtype), v, input_precision=PREC)
+            z, h, a = _weights(q, k, scale, c, b, vis, HAS_C, HAS_B, ACT, PREC, UPCAST)
+            acc += _dot(a.to(v.dtype), v, PREC, UPCAST)
             if ROWS:
                 mass += tl.sum(a, 1)
                 xlogx += tl.sum(a * tl.log(tl.maximum(a, 1e-30)), 1)
@@ -166,11 +178,11 @@ if triton is not None:
             tl.store(Nnz + n * T + offs_m, nnz.to(tl.int64), mask=row_ok)
 
     @triton.jit
-    def _tile_grad(q, k, v, do, c, b, gm, ge, vis, HAS_C: tl.constexpr, HAS_B: tl.constexpr,
-                   ACT: tl.constexpr, ROWS: tl.constexpr, PREC: tl.constexpr):
+    def _tile_grad(q, k, v, do, scale, c, b, gm, ge, vis, HAS_C: tl.constexpr, HAS_B: tl.constexpr,
+                   ACT: tl.constexpr, ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
         """The tile's weights a, dL/da (with the row statistics' terms), and dL/dz (masked)."""
-        z, h, a = _weights(q, k, c, b, vis, HAS_C, HAS_B, ACT, PREC)
-        da = tl.dot(do, tl.trans(v), input_precision=PREC)
+        z, h, a = _weights(q, k, scale, c, b, vis, HAS_C, HAS_B, ACT, PREC, UPCAST)
+        da = _dot(do, tl.trans(v), PREC, UPCAST)
         if ROWS:  # d m_i/d a_ij = 1, d e_i/d a_ij = log a_ij + 1 (cut below where h' = 0)
             da = da + gm[:, None] + ge[:, None] * (tl.log(tl.maximum(a, 1e-30)) + 1.0)
         dh = da * c[:, None] if HAS_C else da
@@ -179,10 +191,10 @@ if triton is not None:
 
     @triton.jit
     def _bwd_kv_kernel(Q, K, V, C, Bb, Gm, Ge, DO, DK, DVv, Starts, Ends,
-                       T, S, D, DV, heads, n_ranges, offset,
+                       T, S, D, DV, heads, n_ranges, offset, scale,
                        s_qn, s_qt, s_kn, s_ks, s_vn, s_vs, s_on, s_ot,
                        HAS_C: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                       ROWS: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         pid_n = tl.program_id(0)
         n = tl.program_id(1)
@@ -218,9 +230,10 @@ if triton is not None:
             gm = tl.load(Gm + n * T + offs_m, mask=row_ok, other=0.0) if ROWS else None
             ge = tl.load(Ge + n * T + offs_m, mask=row_ok, other=0.0) if ROWS else None
             vis = _visible(offs_m, offs_n, T, start, end, offset, CAUSAL)
-            h, a, da, dz = _tile_grad(q, k, v, do, c, b, gm, ge, vis, HAS_C, HAS_B, ACT, ROWS, PREC)
-            dv += tl.dot(tl.trans(a.to(do.dtype)), do, input_precision=PREC)
-            dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=PREC)
+            h, a, da, dz = _tile_grad(q, k, v, do, scale, c, b, gm, ge, vis, HAS_C, HAS_B, ACT, ROWS, PREC, UPCAST)
+            dv += _dot(tl.trans(a.to(do.dtype)), do, PREC, UPCAST)
+            dk += _dot(tl.trans(dz.to(q.dtype)), q, PREC, UPCAST)
+        dk = dk * scale  # d z_ij / d k_j = scale q_i
         tl.store(DK + n * s_kn + offs_n[:, None] * s_ks + offs_d[None, :], dk.to(DK.dtype.element_ty),
                  mask=col_ok[:, None] & (offs_d[None, :] < D))
         tl.store(DVv + n * s_vn + offs_n[:, None] * s_vs + offs_dv[None, :], dv.to(DVv.dtype.element_ty),
@@ -228,10 +241,10 @@ if triton is not None:
 
     @triton.jit
     def _bwd_q_kernel(Q, K, V, C, Bb, Gm, Ge, DO, DQ, DC, DB, Starts, Ends,
-                      T, S, D, DV, heads, n_ranges, offset,
+                      T, S, D, DV, heads, n_ranges, offset, scale,
                       s_qn, s_qt, s_kn, s_ks, s_vn, s_vs, s_on, s_ot,
                       HAS_C: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                      ROWS: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         pid_m = tl.program_id(0)
         n = tl.program_id(1)
@@ -265,12 +278,13 @@ if triton is not None:
             v = tl.load(V + n * s_vn + offs_n[:, None] * s_vs + offs_dv[None, :],
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             vis = _visible(offs_m, offs_n, T, start, end, offset, CAUSAL)
-            h, a, da, dz = _tile_grad(q, k, v, do, c, b, gm, ge, vis, HAS_C, HAS_B, ACT, ROWS, PREC)
-            dq += tl.dot(dz.to(k.dtype), k, input_precision=PREC)
+            h, a, da, dz = _tile_grad(q, k, v, do, scale, c, b, gm, ge, vis, HAS_C, HAS_B, ACT, ROWS, PREC, UPCAST)
+            dq += _dot(dz.to(k.dtype), k, PREC, UPCAST)
             if HAS_C:  # d a_ij / d c_i = h_ij on visible keys
                 dc += tl.sum(tl.where(vis, da * h, 0.0), 1)
             if HAS_B:  # d z_ij / d b_i = 1
                 db += tl.sum(dz, 1)
+        dq = dq * scale
         tl.store(DQ + n * s_qn + offs_m[:, None] * s_qt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_d[None, :] < D))
         if HAS_C:
@@ -298,24 +312,24 @@ def _ranges(visible: Optional[Visibility], S: int, device):
             causal, visible.causal_offset if causal else 0)
 
 
-def _common_args(q, k, v, out, heads, n_ranges, offset):
+def _common_args(q, k, v, out, heads, n_ranges, offset, scale):
     N, T, D = q.shape
     S, DV = k.size(1), v.size(2)
-    return (T, S, D, DV, heads, n_ranges, offset,
+    return (T, S, D, DV, heads, n_ranges, offset, float(scale),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1))
 
 
 class TritonReluFamilyAttention(torch.autograd.Function):
     """out = (c * h(q k^T + b) over visible keys) v, and per-row (mass, sum a log a, non-zeros).
 
-    q (N, T, D) already scaled, k (N, S, D), v (N, S, Dv), N = batch * heads, contiguous;
-    c, b (N, T) float32 or None; ``visible`` a Visibility of key ranges (no dense mask) or None.
+    q (N, T, D), k (N, S, D), v (N, S, Dv), N = batch * heads, contiguous; ``scale`` multiplies
+    the logits (in float32, inside the kernel); c, b (N, T) float32 or None; ``visible`` a Visibility of key ranges (no dense mask) or None.
     Outputs as ``blocked._TiledAttention``: out (N, T, Dv) in q's dtype; mass, xlogx (N, T) float32
     and nonzero (N, T) int64 when ``want_rows`` (else empty).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, c, b, visible, act, heads, want_rows, blocks):
+    def forward(ctx, q, k, v, c, b, scale, visible, act, heads, want_rows, blocks):
         N, T, D = q.shape
         S, DV = k.size(1), v.size(2)
         block_m, block_n = blocks
@@ -329,11 +343,11 @@ class TritonReluFamilyAttention(torch.autograd.Function):
         consts = _constants(q, c, b, causal, act, want_rows, block_m, block_n, D, DV)
         grid = (triton.cdiv(T, block_m), N)
         _fwd_kernel[grid](q, k, v, c if c is not None else dummy, b if b is not None else dummy, starts, ends,
-                          out, mass, xlogx, nonzero, *_common_args(q, k, v, out, heads, starts.numel(), offset),
+                          out, mass, xlogx, nonzero, *_common_args(q, k, v, out, heads, starts.numel(), offset, scale),
                           **consts)
         ctx.mark_non_differentiable(nonzero)
         ctx.save_for_backward(q, k, v, c, b, starts, ends)
-        ctx.setup = (causal, offset, act, heads, want_rows, blocks)
+        ctx.setup = (scale, causal, offset, act, heads, want_rows, blocks)
         if not want_rows:
             mass, xlogx, nonzero = mass[:0], xlogx[:0], nonzero[:0]
         return out, mass, xlogx, nonzero
@@ -341,7 +355,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
         q, k, v, c, b, starts, ends = ctx.saved_tensors
-        causal, offset, act, heads, want_rows, (block_m, block_n) = ctx.setup
+        scale, causal, offset, act, heads, want_rows, (block_m, block_n) = ctx.setup
         N, T, D = q.shape
         S, DV = k.size(1), v.size(2)
         g_out = torch.zeros(N, T, DV, dtype=q.dtype, device=q.device) if g_out is None else g_out.contiguous()
@@ -353,14 +367,14 @@ class TritonReluFamilyAttention(torch.autograd.Function):
         dc = torch.empty(N, T, dtype=torch.float32, device=q.device) if c is not None else dummy
         db = torch.empty(N, T, dtype=torch.float32, device=q.device) if b is not None else dummy
         consts = _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV)
-        common = _common_args(q, k, v, g_out, heads, starts.numel(), offset)
+        common = _common_args(q, k, v, g_out, heads, starts.numel(), offset, scale)
         c_arg, b_arg = (c if c is not None else dummy), (b if b is not None else dummy)
         _bwd_kv_kernel[(triton.cdiv(S, block_n), N)](q, k, v, c_arg, b_arg, gm, ge, g_out, dk, dv, starts, ends,
                                                      *common, **consts)
         _bwd_q_kernel[(triton.cdiv(T, block_m), N)](q, k, v, c_arg, b_arg, gm, ge, g_out, dq, dc, db, starts, ends,
                                                     *common, **consts)
         return (dq, dk, dv, dc if c is not None else None, db if b is not None else None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def _row_grad(g: Optional[Tensor], N: int, T: int, device) -> Tensor:
@@ -371,7 +385,7 @@ def _row_grad(g: Optional[Tensor], N: int, T: int, device) -> Tensor:
 
 def _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV) -> dict:
     return dict(HAS_C=c is not None, HAS_B=b is not None, CAUSAL=causal, ACT=ACTIVATIONS[act], ROWS=bool(rows),
-                PREC="ieee", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV))
+                PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreting() and q.dtype != torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV))
 
 
 def _rows_of(t: Optional[Tensor], B: int, H: int, T: int) -> Optional[Tensor]:
@@ -406,13 +420,12 @@ def triton_tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation:
     S = k.size(2)
     if n_visible is None:
         n_visible = keep.n_visible(q.device)
-    if scaling is not None:
-        q = q * scaling
     q3 = q.reshape(B * H, T, D).contiguous()
     k3 = k.reshape(B * H, S, D).contiguous()
     v3 = v.reshape(B * H, S, v.size(-1)).contiguous()
     out, mass, xlogx, nonzero = TritonReluFamilyAttention.apply(
-        q3, k3, v3, _rows_of(row_factor, B, H, T), _rows_of(row_bias, B, H, T), visible, activation, H,
+        q3, k3, v3, _rows_of(row_factor, B, H, T), _rows_of(row_bias, B, H, T), 1.0 if scaling is None else scaling,
+        visible, activation, H,
         want_rows, tuple(tiles))
     return blocked._finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
 
