@@ -212,9 +212,8 @@ if triton is not None:
         dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
         dv = tl.zeros((BLOCK_N, BLOCK_DV), dtype=tl.float32)
         lo = 0
-        hi = T
-        if (pid_n * BLOCK_N >= end) | (pid_n * BLOCK_N + BLOCK_N <= start):
-            hi = 0  # no row sees this key block: zero gradients
+        # no row sees a key block outside [start, end): zero gradients, no loop
+        hi = tl.where((pid_n * BLOCK_N >= end) | (pid_n * BLOCK_N + BLOCK_N <= start), 0, T)
         if CAUSAL:  # rows before (first key - offset) see none of the block
             lo = tl.maximum(pid_n * BLOCK_N - offset, 0)
             lo = (lo // BLOCK_M) * BLOCK_M
@@ -384,8 +383,16 @@ def _row_grad(g: Optional[Tensor], N: int, T: int, device) -> Tensor:
 
 
 def _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV) -> dict:
-    return dict(HAS_C=c is not None, HAS_B=b is not None, CAUSAL=causal, ACT=ACTIVATIONS[act], ROWS=bool(rows),
-                PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=interpreting() and q.dtype != torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV))
+    """The kernels' compile-time arguments and launch options. Rows of more than 256 bytes (fp32
+    with head size > 64) get 2 pipeline stages instead of 3: compiled for sm_90 with 3, the dq
+    kernel in fp32 at head size 128 needs 208 KB of shared memory, near the H100/H200 limit of
+    227 KB (144 KB with 2); bf16 at 128 needs 64 KB with 3 (triton.compile, tests/test_triton_kernel.py)."""
+    stages = 2 if q.element_size() * _pow2(max(D, DV)) > 256 else 3
+    half = q.dtype != torch.float32
+    return dict(num_warps=4, num_stages=stages,
+                HAS_C=c is not None, HAS_B=b is not None, CAUSAL=causal, ACT=ACTIVATIONS[act], ROWS=bool(rows),
+                PREC="tf32" if half else "ieee", UPCAST=interpreting() and half,
+                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV))
 
 
 def _rows_of(t: Optional[Tensor], B: int, H: int, T: int) -> Optional[Tensor]:
@@ -421,8 +428,8 @@ def triton_tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation:
     if n_visible is None:
         n_visible = keep.n_visible(q.device)
     q3 = q.reshape(B * H, T, D).contiguous()
-    k3 = k.reshape(B * H, S, D).contiguous()
-    v3 = v.reshape(B * H, S, v.size(-1)).contiguous()
+    k3 = k.reshape(B * H, S, D).to(q.dtype).contiguous()  # tl.dot needs one dtype (autocast may mix)
+    v3 = v.reshape(B * H, S, v.size(-1)).to(q.dtype).contiguous()
     out, mass, xlogx, nonzero = TritonReluFamilyAttention.apply(
         q3, k3, v3, _rows_of(row_factor, B, H, T), _rows_of(row_bias, B, H, T), 1.0 if scaling is None else scaling,
         visible, activation, H,
