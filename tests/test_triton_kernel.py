@@ -43,6 +43,10 @@ CASES = [
     ("pointwise", {"pointwise_activation": "relu2"}),
     ("sigmoid", {}),
     ("sigmoid", {"sigmoid_bias": "learned"}),
+    ("pointwise", {"pointwise_activation": "softplus"}),
+    ("pointwise", {"pointwise_activation": "gelu"}),
+    ("pointwise", {"pointwise_activation": "relu6"}),
+    ("pointwise", {"pointwise_activation": "identity"}),
 ]
 
 
@@ -163,7 +167,11 @@ def check(fn, options, mask, dtype, rel, rel_grad):
     assert out.dtype == dtype and rows[0].dtype == torch.float32
     assert_close(out, ref_out, rel, "out")
     assert_close(rows[0], ref_rows[0], rel, "mass")
-    assert_close(rows[1], ref_rows[1], rel, "sum a log a")
+    # sum a log a is defined for a >= 0: with signed weights (gelu, identity) the regularisers run on
+    # the reference path, and the kernel's number (a log max(a, 1e-30), as the blocked path's) is not compared
+    signed = function.signed(config)
+    if not signed:
+        assert_close(rows[1], ref_rows[1], rel, "sum a log a")
     if dtype == torch.float32:
         assert torch.equal(rows[2], ref_rows[2]), "non-zero counts"
     else:  # a logit within float32 rounding of 0 may change sign (or relu2's square underflow)
@@ -173,7 +181,7 @@ def check(fn, options, mask, dtype, rel, rel_grad):
     # d(a log a)/da = log a + 1 is unbounded near a = 0: where a logit within float32 rounding
     # of 0 changes sign (bf16 inputs), that term's gradient differs by any amount, so bf16
     # checks the gradients of the output and the mass only (float32 checks all three)
-    exact = dtype == torch.float32
+    exact = dtype == torch.float32 and not signed
     ref_grads = torch.autograd.grad(loss(ref_out, ref_rows, xlogx=exact), [*ref_in, *(ref_params[n] for n in names)])
     grads = torch.autograd.grad(loss(out, rows, xlogx=exact), [*got_in, *(got_params[n] for n in names)])
     for what, got, want in zip(["q", "k", "v", *names], grads, ref_grads):
@@ -210,15 +218,23 @@ def test_rows_without_visible_keys_are_exact_zeros():
     assert torch.isfinite(out).all() and torch.isfinite(rows[1]).all()
 
 
+def test_every_registered_activation_is_covered():
+    from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS
+
+    assert set(triton_kernel.ACTIVATIONS) == set(POINTWISE_ACTIVATIONS)
+    tested = {case[1].get("pointwise_activation", "relu") for case in CASES if case[0] == "pointwise"}
+    assert tested | {"sigmoid"} == set(POINTWISE_ACTIVATIONS)
+
+
 def test_uncovered_calls_fall_back_to_the_blocked_path():
-    """A dense mask (padding inside a sentence) and an activation the kernel lacks still give
-    the reference's result through the fallback."""
+    """A dense mask (padding inside a sentence) still gives the reference's result, through the
+    fallback; so would returned weights or an activation the kernel lacks."""
     function, config, learned = function_and_params("pointwise", {"pointwise_activation": "softplus"})
-    kpm = torch.zeros(B, 37, dtype=torch.bool)
+    kpm = torch.zeros(B, 37, dtype=torch.bool, device=DEVICE)
     kpm[0, 10:12] = True  # a hole: not a key range
     vis = Visibility.from_padding(29, 37, kpm)
-    assert vis.mask is not None and not triton_kernel.applies("relu", vis, False)
-    assert not triton_kernel.applies("softplus", None, False)
+    assert vis.mask is not None and not triton_kernel.applies("softplus", vis, False)
+    assert not triton_kernel.applies("relu", None, True) and not triton_kernel.applies("tanh", None, False)
     q, k, v = inputs(29, 37, torch.float32)
     (ref_out, _), _, _ = reference(q, k, v, vis, function, config, learned, 0.5)
     (out, _), _, _ = kernel(q, k, v, vis, function, config, learned, 0.5)
@@ -291,9 +307,11 @@ def test_auto_routes_cuda_calls_with_statistics_to_triton(monkeypatch):
             assert module._attention_path(512, 512, None, False, cuda_q) == "triton"
             assert module._attention_path(512, 512, None, True, cuda_q) != "triton"  # weights wanted
             assert module._attention_path(512, 512, None, False, cpu_q) != "triton"
-    gelu = sublayer("pointwise", "auto", {"pointwise_activation": "softplus"})
-    with record_attention(gelu, regularise=True):
-        assert gelu._attention_path(512, 512, None, False, cuda_q) != "triton"
+    signed = sublayer("pointwise", "auto", {"pointwise_activation": "gelu"})
+    with record_attention(signed, regularise=True):  # signed weights regularise on the reference path
+        assert signed._attention_path(512, 512, None, False, cuda_q) == "reference"
+    with record_attention(signed):  # statistics only: the kernel
+        assert signed._attention_path(512, 512, None, False, cuda_q) == "triton"
 
 
 # --------------------------------------------------------------------------- compiled for a GPU, without one

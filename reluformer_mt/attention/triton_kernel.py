@@ -1,8 +1,8 @@
 """Triton kernel for the tiled ReLU-family attention functions (``--attn-impl triton``, CUDA).
 
 Weights a_ij = c_i h(s_ij + b_i) over the visible keys (ReLUFormer, ReLA before its norm,
-pointwise, sigmoid: every function whose ``WeightFunction.tiled`` is true and whose activation h
-is in ``ACTIVATIONS``) have no row normaliser, so a FlashAttention-style kernel needs no running
+pointwise with any of its activations h, sigmoid: every function whose ``WeightFunction.tiled``
+is true) have no row normaliser, so a FlashAttention-style kernel needs no running
 row maximum and no rescaling of its accumulator: each (query block, key block) tile adds
 a_tile v_tile to the output. This is why FlashSigmoid, a kernel for the same family, is faster than
 FlashAttention-2 (Ramapuram et al. 2024, arXiv:2409.04431); ReLU needs not even the exponential.
@@ -43,8 +43,8 @@ try:  # optional: the ``gpu`` extra of setup.py (requirements.txt installs it ev
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = tl = None
 
-# activation h -> the kernel's ACT code; others (gelu, softplus, identity, relu6) take the blocked path
-ACTIVATIONS = {"relu": 0, "relu2": 1, "sigmoid": 2}
+# activation h -> the kernel's ACT code: every h of functions.POINTWISE_ACTIVATIONS
+ACTIVATIONS = {"relu": 0, "relu2": 1, "sigmoid": 2, "relu6": 3, "softplus": 4, "gelu": 5, "identity": 6}
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # tile sizes on a GPU (64 x 64 is FlashAttention-2's choice for head dims up to 128 in bf16)
 BLOCK_M, BLOCK_N = 64, 64
@@ -76,13 +76,22 @@ if triton is not None:
 
     @triton.jit
     def _act(z, ACT: tl.constexpr):
+        """h(z) as in functions.POINTWISE_ACTIVATIONS (gelu: the exact, erf form of F.gelu)."""
         if ACT == 0:
             h = tl.maximum(z, 0.0)
         elif ACT == 1:
             r = tl.maximum(z, 0.0)
             h = r * r
-        else:
+        elif ACT == 2:
             h = tl.sigmoid(z)
+        elif ACT == 3:
+            h = tl.minimum(tl.maximum(z, 0.0), 6.0)
+        elif ACT == 4:  # log(1 + e^z) without overflow
+            h = tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))
+        elif ACT == 5:
+            h = 0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))
+        else:
+            h = z
         return h
 
     @triton.jit
@@ -92,8 +101,16 @@ if triton is not None:
             g = tl.where(z > 0, 1.0, 0.0)
         elif ACT == 1:
             g = 2.0 * tl.maximum(z, 0.0)
-        else:
+        elif ACT == 2:
             g = h * (1.0 - h)
+        elif ACT == 3:  # as torch's hardtanh backward: 1 strictly inside (0, 6)
+            g = tl.where((z > 0) & (z < 6.0), 1.0, 0.0)
+        elif ACT == 4:
+            g = tl.sigmoid(z)
+        elif ACT == 5:  # Phi(z) + z phi(z)
+            g = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476)) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
+        else:
+            g = z * 0.0 + 1.0
         return g
 
     @triton.jit
