@@ -168,7 +168,8 @@ def run_cuda_tests(budget: Budget):
                                "tests/test_triton_kernel.py"], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=timeout)
         tail = (done.stdout + done.stderr).strip().splitlines()
-        return {"returncode": done.returncode, "summary": tail[-1] if tail else "", "seconds": time.monotonic() - started,
+        return {"returncode": done.returncode, "summary": tail[-1] if tail else "",
+                "seconds": time.monotonic() - started,
                 "output_tail": "\n".join(tail[-40:]) if done.returncode else ""}
     except subprocess.TimeoutExpired:
         return {"returncode": None, "summary": f"timed out after {timeout:.0f} s", "seconds": timeout}
@@ -558,7 +559,8 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions per kernel / sublayer variant")
     parser.add_argument("--train-reps", type=int, default=5, help="timed training steps per model")
     parser.add_argument("--smoke-cpu", action="store_true",
-                        help="check this script on the CPU: tiny sizes, the kernel interpreted, no tests; numbers mean nothing")
+                        help="check this script on the CPU: tiny sizes, the kernel interpreted, no tests; "
+                             "its numbers mean nothing")
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.smoke_cpu:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton): the kernel cannot be tested")
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton): nothing to test")
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention  # noqa: E402
 from reluformer_mt.attention import triton_kernel  # noqa: E402
@@ -133,7 +133,8 @@ def kernel(q, k, v, vis, function, config, learned, scaling):
     n_visible = vis.n_visible(q.device)
     out, rows, _ = triton_kernel.triton_tiled_attention(
         q, k, v, vis, activation=function.activation(config), scaling=scaling,
-        row_factor=function.row_factor(n_visible, params, q.dtype), row_bias=function.row_bias(n_visible, params, q.dtype),
+        row_factor=function.row_factor(n_visible, params, q.dtype),
+        row_bias=function.row_bias(n_visible, params, q.dtype),
         n_visible=n_visible, want_rows=True, tiles=TILES)
     return (out, rows[:3]), (q, k, v), learned
 
@@ -307,6 +308,9 @@ def test_auto_routes_cuda_calls_with_statistics_to_triton(monkeypatch):
             assert module._attention_path(512, 512, None, False, cuda_q) == "triton"
             assert module._attention_path(512, 512, None, True, cuda_q) != "triton"  # weights wanted
             assert module._attention_path(512, 512, None, False, cpu_q) != "triton"
+            monkeypatch.setenv("RELUFORMER_NO_TRITON", "1")
+            assert module._attention_path(512, 512, None, False, cuda_q) != "triton"
+            monkeypatch.delenv("RELUFORMER_NO_TRITON")
     signed = sublayer("pointwise", "auto", {"pointwise_activation": "gelu"})
     with record_attention(signed, regularise=True):  # signed weights regularise on the reference path
         assert signed._attention_path(512, 512, None, False, cuda_q) == "reference"

@@ -198,8 +198,9 @@ class ReluformerAttention(MultiheadAttention):
         """Issue 24 hook, kept apart so the route chooser can absorb it: ``--attn-impl triton``
         always (one clear error without CUDA), ``auto`` on CUDA when the call records row
         statistics (ReLUFormer training: FlexAttention cannot return them, the blocked path
-        is a Python loop over tiles). Calls the kernel does not cover (dense masks, returned
-        weights, other activations) fall back to the blocked path inside ``triton_tiled_attention``."""
+        is a Python loop over tiles; ``RELUFORMER_NO_TRITON=1`` turns this off). Calls the kernel
+        does not cover (dense masks, float64) fall back to the blocked path inside
+        ``triton_tiled_attention``."""
         impl = self.config.impl
         if q is None or want_weights or impl not in ("triton", "auto"):
             return False
@@ -207,7 +208,7 @@ class ReluformerAttention(MultiheadAttention):
             triton_kernel.require_device(q)
             return True
         counting = self._recorder is not None and self._recorder.records_statistics(self)
-        return (counting and q.is_cuda and triton_kernel.supports(q)
+        return (counting and triton_kernel.auto_allowed(q)
                 and self.function.activation(self.config) in triton_kernel.ACTIVATIONS)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visible: Visibility, additive: Optional[Tensor],

@@ -17,7 +17,8 @@ What one forward program (one block of ``BLOCK_M`` queries of one head) does:
   inputs use ``input_precision="ieee"``, not TF32, so results match the reference to 1e-5);
 - in the same pass, when asked, the per-row statistics ReLUFormer's regularisers and the sparsity
   statistics need (Shen et al. 2023, arXiv:2302.06461): mass m_i = sum_j a_ij,
-  e_i = sum_j a_ij log a_ij and the number of non-zero weights, as ``blocked._TiledAttention`` and
+  e_i = sum_j a_ij log a_ij (log a taken as log 1e-30 at a = 0, as ``blocked._safe_log``, so
+  0 log 0 = 0) and the number of non-zero weights, as ``blocked._TiledAttention`` and
   ``fused.FusedReluAttention`` return them (the recorder drops padding query rows afterwards).
 
 Backward recomputes each tile's logits (nothing of size T x S was kept) in two kernels without
@@ -25,8 +26,8 @@ atomics: one program per key block accumulates dk, dv; one per query block accum
 row gradients of c_i (sum_j dL/da_ij h_ij) and b_i (sum_j dL/dz_ij). The row statistics' gradients
 enter as dL/da_ij += g_m + g_e (log a_ij + 1), as in the blocked path.
 
-Triton also runs on the CPU in interpreter mode (``TRITON_INTERPRET=1``, set before this module
-is imported): ``tests/test_triton_kernel.py`` checks values and gradients against the reference
+Triton also runs on the CPU in interpreter mode (``TRITON_INTERPRET=1``, set before triton is
+imported): ``tests/test_triton_kernel.py`` checks values and gradients against the reference
 path that way. Measured on a GPU: not yet (``benchmarks/gpu_check.sh``, docs/PERFORMANCE.md).
 """
 import os
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from reluformer_mt.attention.visibility import Visibility, as_visibility
 
-try:  # optional: the ``gpu`` extra of setup.py (requirements.txt installs it everywhere)
+try:  # installed on Linux (requirements.txt, setup.py); elsewhere the blocked path runs
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised only where triton is missing
@@ -48,7 +49,6 @@ ACTIVATIONS = {"relu": 0, "relu2": 1, "sigmoid": 2, "relu6": 3, "softplus": 4, "
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # tile sizes on a GPU (64 x 64 is FlashAttention-2's choice for head dims up to 128 in bf16)
 BLOCK_M, BLOCK_N = 64, 64
-_LOG_FLOOR = 1e-30  # log a at a = 0 is log 1e-30 (a log a = 0 there), as blocked._safe_log
 
 
 def available() -> bool:
@@ -64,6 +64,12 @@ def interpreting() -> bool:
 def supports(q: Tensor) -> bool:
     """CUDA (or interpreted CPU) tensors of float32/float16/bfloat16 with triton importable."""
     return available() and q.dtype in DTYPES and (q.is_cuda or (interpreting() and q.device.type == "cpu"))
+
+
+def auto_allowed(q: Tensor) -> bool:
+    """``--attn-impl auto`` may take the kernel: CUDA tensors it supports, not turned off with
+    ``RELUFORMER_NO_TRITON=1`` (the kernel has not been measured on a GPU yet)."""
+    return q.is_cuda and supports(q) and os.environ.get("RELUFORMER_NO_TRITON") != "1"
 
 
 def applies(activation: str, visible: Optional[Visibility], want_weights: bool) -> bool:
@@ -150,8 +156,8 @@ if triton is not None:
                     T, S, D, DV, heads, n_ranges, offset, scale,
                     s_qn, s_qt, s_kn, s_ks, s_vn, s_vs, s_on, s_ot,
                     HAS_C: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                    ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         pid_m = tl.program_id(0)
         n = tl.program_id(1)
         r = (n // heads) % n_ranges  # one range per sentence, or one for all
@@ -211,8 +217,8 @@ if triton is not None:
                        T, S, D, DV, heads, n_ranges, offset, scale,
                        s_qn, s_qt, s_kn, s_ks, s_vn, s_vs, s_on, s_ot,
                        HAS_C: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                       ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                       ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         pid_n = tl.program_id(0)
         n = tl.program_id(1)
         r = (n // heads) % n_ranges
@@ -260,8 +266,8 @@ if triton is not None:
                       T, S, D, DV, heads, n_ranges, offset, scale,
                       s_qn, s_qt, s_kn, s_ks, s_vn, s_vs, s_on, s_ot,
                       HAS_C: tl.constexpr, HAS_B: tl.constexpr, CAUSAL: tl.constexpr, ACT: tl.constexpr,
-                      ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                      ROWS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
         pid_m = tl.program_id(0)
         n = tl.program_id(1)
         r = (n // heads) % n_ranges
@@ -324,8 +330,8 @@ def _ranges(visible: Optional[Visibility], S: int, device):
     if starts.numel() != ends.numel():
         starts, ends = torch.broadcast_tensors(starts.to(device), ends.to(device))
     causal = visible.causal_offset is not None
-    return (starts.to(device=device, dtype=torch.long).contiguous(), ends.to(device=device, dtype=torch.long).contiguous(),
-            causal, visible.causal_offset if causal else 0)
+    as_kernel = (lambda t: t.to(device=device, dtype=torch.long).contiguous())
+    return as_kernel(starts), as_kernel(ends), causal, visible.causal_offset if causal else 0
 
 
 def _common_args(q, k, v, out, heads, n_ranges, offset, scale):
@@ -339,8 +345,9 @@ class TritonReluFamilyAttention(torch.autograd.Function):
     """out = (c * h(q k^T + b) over visible keys) v, and per-row (mass, sum a log a, non-zeros).
 
     q (N, T, D), k (N, S, D), v (N, S, Dv), N = batch * heads, contiguous; ``scale`` multiplies
-    the logits (in float32, inside the kernel); c, b (N, T) float32 or None; ``visible`` a Visibility of key ranges (no dense mask) or None.
-    Outputs as ``blocked._TiledAttention``: out (N, T, Dv) in q's dtype; mass, xlogx (N, T) float32
+    the logits (in float32, inside the kernel); c, b (N, T) float32 or None; ``visible`` a
+    Visibility of key ranges (no dense mask) or None (every key visible). Outputs as
+    ``blocked._TiledAttention``: out (N, T, Dv) in q's dtype; mass, xlogx (N, T) float32
     and nonzero (N, T) int64 when ``want_rows`` (else empty).
     """
 
@@ -463,5 +470,5 @@ def require_device(q: Tensor) -> None:
                            "use --attn-impl auto, fused or blocked on the CPU")
 
 
-__all__ = ["ACTIVATIONS", "TritonReluFamilyAttention", "applies", "available", "interpreting", "require_device",
-           "supports", "triton_tiled_attention"]
+__all__ = ["ACTIVATIONS", "TritonReluFamilyAttention", "applies", "auto_allowed", "available", "interpreting",
+           "require_device", "supports", "triton_tiled_attention"]
