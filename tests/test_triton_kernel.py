@@ -270,6 +270,7 @@ def test_sublayer_with_attn_impl_triton_equals_reference(fn, options):
         with record_attention(module, regularise=True) as record:
             out, _ = module(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
         totals = record.totals()
+        assert {"norm_loss", "entropy_margin", "rows", "zeros"} <= totals.keys()
         objective = out.square().sum() + sum(v for k, v in totals.items() if k in ("norm_loss", "entropy_margin"))
         objective.backward()
         grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
