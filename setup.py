@@ -34,6 +34,9 @@ setup(
         "tqdm",
         "numpy",
         "ninja",  # builds the fused C++ attention kernel on first use
+        # the Triton kernel (--attn-impl triton, CUDA; tested on the CPU in interpreter mode).
+        # Linux only, where its wheels exist; not pinned, so a CUDA torch keeps the triton it needs
+        'triton>=3.0; platform_system == "Linux"',
     ],
     extras_require={"test": ["pytest>=7", "selenium>=4.10"]},
     entry_points={

@@ -8,7 +8,8 @@ from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACT
 
 GAMMA_MODES = ("fixed", "layer", "head")
 RELA_VARIANTS = ("gated", "ungated")
-ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused", "flex")
+# "triton": the Triton kernel of triton_kernel.py (CUDA; issue 24)
+ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused", "flex", "triton")
 
 
 def valid_sigmoid_bias(value) -> bool:

@@ -28,11 +28,12 @@ from reluformer_mt.attention import functions as F_attn
 from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention import flex as flex_kernel
 from reluformer_mt.attention import fused as fused_kernel
+from reluformer_mt.attention import triton_kernel  # issue 24 hook (see _triton_route)
 from reluformer_mt.attention.config import AttentionConfig
 from reluformer_mt.attention.functions import RELA_EPS, rela_gate_init_range  # noqa: F401  (re-exported)
 from reluformer_mt.attention.visibility import Visibility, is_causal_mask
 
-PATHS = ("reference", "dense", "blocked", "fused", "flex")
+PATHS = ("reference", "dense", "blocked", "fused", "flex", "triton")
 
 
 def causal_float_mask(tgt_len: int, src_len: int, like: Tensor) -> Tensor:
@@ -177,6 +178,10 @@ class ReluformerAttention(MultiheadAttention):
             return "reference"
         if self._recorder is not None and self._recorder.regularises(self) and function.signed(config):
             return "reference"
+        # ---- issue 24 hook: the Triton kernel (move into the new route chooser) ----
+        if self._triton_route(want_weights, q):
+            return "triton"
+        # ---- end of the issue 24 hook ----
         fusable = function.fused_relu(config) and not want_weights
         if config.impl in ("auto", "flex") and fusable and q is not None and flex_kernel.supports(q):
             return "flex"  # CUDA: FlexAttention with log relu scores (flex.py); blocked where it cannot serve
@@ -188,6 +193,23 @@ class ReluformerAttention(MultiheadAttention):
             return "fused"  # measured faster there (docs/PERFORMANCE.md)
         blocked = config.impl in ("blocked", "fused") or (config.impl == "auto" and src_len >= config.blocked_min_len and tgt_len > 1)
         return "blocked" if blocked and not want_weights else "dense"
+
+    def _triton_route(self, want_weights: bool, q: Optional[Tensor]) -> bool:
+        """Issue 24 hook, kept apart so the route chooser can absorb it: ``--attn-impl triton``
+        always (one clear error without CUDA), ``auto`` on CUDA when the call records row
+        statistics (ReLUFormer training: FlexAttention cannot return them, the blocked path
+        is a Python loop over tiles; ``RELUFORMER_NO_TRITON=1`` turns this off). Calls the kernel
+        does not cover (dense masks, float64) fall back to the blocked path inside
+        ``triton_tiled_attention``."""
+        impl = self.config.impl
+        if q is None or want_weights or impl not in ("triton", "auto"):
+            return False
+        if impl == "triton":
+            triton_kernel.require_device(q)
+            return True
+        counting = self._recorder is not None and self._recorder.records_statistics(self)
+        return (counting and triton_kernel.auto_allowed(q)
+                and self.function.activation(self.config) in triton_kernel.ACTIVATIONS)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visible: Visibility, additive: Optional[Tensor],
                 want_weights: bool, live_queries: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
@@ -203,7 +225,9 @@ class ReluformerAttention(MultiheadAttention):
         path = self._attention_path(q.size(2), k.size(2), additive, want_weights, q)
         n_visible = visible.n_visible(q.device)
         if path != "reference":
-            out, rows, weights = tiled_attention(
+            # issue 24 hook: the Triton kernel takes tiled_attention's arguments
+            attend = triton_kernel.triton_tiled_attention if path == "triton" else tiled_attention
+            out, rows, weights = attend(
                 q, k, v, visible, activation=function.activation(self.config),
                 scaling=self.scaling if scale_logits else None,
                 row_factor=function.row_factor(n_visible, params, q.dtype),

@@ -116,7 +116,8 @@ def add_attention_args(parser):
                             "learned = a scalar per head initialised at -log 64, or a fixed number")
     group.add_argument("--attn-impl", choices=list(ATTENTION_IMPLS),
                        help="dense, memory-bounded blocked, fused (C++ CPU kernel built on first use; blocked if it cannot be built), "
-                            "or auto (blocked from --attn-blocked-min-len keys on)")
+                            "flex (FlexAttention, CUDA), triton (Triton kernel, CUDA; docs/PERFORMANCE.md), "
+                            "or auto (blocked from --attn-blocked-min-len keys on; on CUDA triton when training records statistics)")
     positive_int = checked_number(lambda n: n >= 1, "an integer >= 1", int)
     group.add_argument("--attn-blocked-min-len", type=positive_int, metavar="L",
                        help="auto: use the blocked path from this key length on")
