@@ -117,12 +117,13 @@ def doc_checkpoint(prepared_doc_data, tmp_path_factory):
 # ------------------------------------------------------------------------------------------------
 # The demo at toy scale, run once for the tests that read its report (test_demo, test_html_report).
 
-TINY_DEMO_FAMILIES = ("softmax", "reluformer")
+TINY_DEMO_FAMILIES = ("softmax", "reluformer", "softmax+tm")  # + a translation-memory family
 
 
 @pytest.fixture(scope="session")
 def tiny_demo(tmp_path_factory):
-    """``reluformer-demo`` end to end at toy scale: softmax and reluformer (32-dim, 2+2 layers),
+    """``reluformer-demo`` end to end at toy scale: softmax, reluformer and softmax with a
+    translation memory (32-dim, 2+2 layers; two trained at a time),
     2 sentence-level then 4 document-level updates, one held-out chapter translated with beam 1.
     Returns {"out": the run folder (report in out/report), "code": the exit code, "stdout": what
     it printed (the table)}."""
@@ -138,5 +139,5 @@ def tiny_demo(tmp_path_factory):
         code = demo.main(["--out", str(out), "--families", ",".join(TINY_DEMO_FAMILIES), "--sentence-updates", "2",
                           "--max-update", "4", "--validations", "1", "--embed-dim", "32", "--ffn-dim", "64",
                           "--layers", "2", "--eval-chapters", "1", "--beam", "1", "--vocab-size", "1000",
-                          "--segment-tokens", "128"])
+                          "--segment-tokens", "128", "--tm-k", "1"])
     return {"out": out, "code": code, "stdout": printed.getvalue()}

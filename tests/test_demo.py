@@ -1,6 +1,8 @@
 """The demo end to end at toy scale: every stage runs and the report holds every number."""
 import json
 
+from conftest import TINY_DEMO_FAMILIES
+
 import pytest
 
 from reluformer_mt.cli import demo
@@ -14,7 +16,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     assert code == 0
     report_dir = out / "report"
     report = json.loads((report_dir / "report.json").read_text())
-    assert set(report["models"]) == {"softmax", "reluformer"}
+    assert set(report["models"]) == set(TINY_DEMO_FAMILIES)
     assert report["options"]["preset"] == "quick" and report["options"]["lr"] == demo.PRESETS["quick"]["lr"]
     for family, r in report["models"].items():
         assert r["updates"] == 4  # the document phase starts from the sentence model with fresh counters
@@ -41,11 +43,17 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     side = (report_dir / f"chapter_{chapter['chapter']}.side_by_side.md").read_text(encoding="utf-8").splitlines()
     assert len(side) == 4 + len(source_lines) and "reference (BSB)" in side[2]
     summary = json.loads((report_dir / "summary.json").read_text())
-    assert summary["preset"] == "quick" and set(summary["families"]) == {"softmax", "reluformer"}
+    assert summary["preset"] == "quick" and set(summary["families"]) == set(TINY_DEMO_FAMILIES)
     assert summary["families"]["softmax"]["s_bleu"] == round(report["models"]["softmax"]["s_bleu"], 2)
     table = tiny_demo["stdout"]
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
+    # the memory family: its bands (with, without, copy of the match) and the copy baseline's row
+    bands = report["models"]["softmax+tm"]["memory_bands"]
+    assert [b["band"] for b in bands["bands"]] == ["<50", "50-70", "70-90", ">=90", ">=50", "all"]
+    assert bands["bands"][-1]["sentences"] == report["models"]["softmax+tm"]["verses"]
+    assert 0 <= bands["without_memory"]["s_bleu"] <= 100 and 0 < report["baselines"]["tm_copy"]["s_bleu"] < 100
+    assert "baseline: copy of the memory's match" in table and "by the best match's fuzzy-match band" in table
 
 
 def test_reference_run_rows_come_from_its_summary():

@@ -17,7 +17,9 @@ from reluformer_mt.evaluation.significance import paired_bootstrap
 from reluformer_mt.experiments.demo import TABLE_HEADERS
 from reluformer_mt.experiments.report_page import SHADES, pack_links, pack_shades
 
-FAMILIES = ["softmax", "reluformer"]  # the models of conftest.tiny_demo
+from conftest import TINY_DEMO_FAMILIES
+
+FAMILIES = list(TINY_DEMO_FAMILIES)  # the models of conftest.tiny_demo
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 25 
 cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
 (docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
 """
+import contextlib
 import json
 import logging
 import math
@@ -59,7 +60,9 @@ from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_FAMILIES = ("reluformer", "rela", "softmax")
+# the three families without and two with a translation memory (their twins; ReLA with a memory is in
+# the read-out study, docs/TRANSLATION_MEMORY.md)
+DEFAULT_FAMILIES = ("reluformer", "rela", "softmax", "reluformer+tm", "softmax+tm")
 # a family with a translation memory: "softmax+concat", "reluformer+attention"; "+tm" = ``tm_fusion``
 MEMORY_SUFFIXES = ("tm", "concat", "attention")
 NEIGHBOURS_K = 16  # neighbours computed per sentence at preparation (the study reads up to 16)
@@ -115,8 +118,10 @@ class DemoOptions:
     # further fairseq-train options for every family, e.g. ["--relu-no-length-scale"] (ablations)
     train_args: List[str] = field(default_factory=list)
     # translation memory of the "+tm" families: fusion and matches per sentence
-    tm_fusion: str = "concat"
-    tm_k: int = 1
+    tm_fusion: str = "attention"
+    tm_k: int = 2
+    # families trained at once on a CPU, one thread each (see training_jobs)
+    jobs: int = 2
 
 
 def split_family(spec: str, default_fusion: str = "concat") -> tuple:
@@ -258,6 +263,34 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
         seconds += phase_seconds
         init_from = checkpoint
     return {"checkpoint": init_from, "train_seconds": round(seconds, 1), "learning_curve": curve}
+
+
+def training_jobs(o: "DemoOptions") -> int:
+    """Families trained at once: on a CPU, small models gain little from a second thread, so two
+    one-thread trainings side by side finish about twice as fast as one after the other."""
+    return max(1, min(o.jobs, len(o.families))) if o.device == "cpu" else 1
+
+
+def _train_worker(o: "DemoOptions", family: str, dirs: Dict[str, Path], log_file: Path) -> dict:
+    """One family in a worker process (one thread; its console output into the demo's log)."""
+    torch.set_num_threads(1)
+    register()
+    with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        logging.basicConfig(stream=log, level=logging.INFO, force=True,
+                            format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+        return train_family(o, family, dirs)
+
+
+def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], log_file: Path) -> Dict[str, dict]:
+    """Every family, ``training_jobs(o)`` at a time, each in its own process (fresh fairseq state)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=context) as pool:
+        futures = {family: pool.submit(_train_worker, o, family, dirs, log_file) for family in o.families}
+        return {family: future.result() for family, future in futures.items()}
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -542,11 +575,18 @@ def run_demo(o: DemoOptions) -> dict:
         dirs = prepare_corpus(o)
 
     results, checkpoints, curves = {}, {}, {}
+    budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
+        (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
+    if training_jobs(o) > 1:  # one stage: the families train side by side, one thread each
+        with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"):
+            trained_families = train_in_parallel(o, dirs, o.out / "logs" / "demo.log")
+    else:
+        trained_families = {}
+        for family in o.families:
+            with stages.stage(f"train {family} ({budget})"):
+                trained_families[family] = train_family(o, family, dirs)
     for family in o.families:
-        budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
-            (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
-        with stages.stage(f"train {family} ({budget})"):
-            trained = train_family(o, family, dirs)
+        trained = trained_families[family]
         checkpoints[family] = trained["checkpoint"]
         curves[family] = trained["learning_curve"]
         document_valid = [p for p in curves[family]["valid"] if p["phase"] == "document"]

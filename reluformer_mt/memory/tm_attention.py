@@ -32,7 +32,9 @@ from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from reluformer_mt.attention import ATTENTION_FUNCTIONS, AttentionOptionError, ReluformerAttention
 
-TM_DEFAULTS = {"tm_attention": False, "tm_attn_fn": None, "tm_encoder_layers": 1, "tm_no_copy": False}
+# no memory encoder layer by default: with the previous-token feature and the copy distribution a
+# 1-layer encoder learned no faster (docs/TRANSLATION_MEMORY.md) and costs k times a source encoder
+TM_DEFAULTS = {"tm_attention": False, "tm_attn_fn": None, "tm_encoder_layers": 0, "tm_no_copy": False}
 
 
 def add_tm_args(parser) -> None:
@@ -40,7 +42,7 @@ def add_tm_args(parser) -> None:
     group.add_argument("--tm-attn-fn", choices=list(ATTENTION_FUNCTIONS),
                        help="weight function of the memory-attention sublayers (default: --cross-attn-fn)")
     group.add_argument("--tm-encoder-layers", type=int, metavar="N",
-                       help="encoder layers of the memory encoder (0: embeddings and positions only; default 1)")
+                       help="encoder layers of the memory encoder (0, the default: embeddings, positions and the previous token)")
     group.add_argument("--tm-no-copy", action="store_true", default=None,
                        help="ablation: no copy distribution over the memory tokens (the readers only)")
     group.add_argument("--tm-attention", action="store_true", default=None,
