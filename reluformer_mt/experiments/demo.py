@@ -289,8 +289,10 @@ def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], log_file: Path) -
     log_file.parent.mkdir(parents=True, exist_ok=True)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=context) as pool:
-        futures = {family: pool.submit(_train_worker, o, family, dirs, log_file) for family in o.families}
-        return {family: future.result() for family, future in futures.items()}
+        # the slower memory families first, so that no long run starts last and alone
+        order = sorted(o.families, key=lambda f: split_family(f)[1] is None)
+        futures = {family: pool.submit(_train_worker, o, family, dirs, log_file) for family in order}
+        return {family: futures[family].result() for family in o.families}
 
 
 # ------------------------------------------------------------------------------------ evaluation
