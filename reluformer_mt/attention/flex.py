@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.routes import register_route
 from reluformer_mt.attention.visibility import Visibility
 
 _compiled = None
@@ -44,6 +45,20 @@ def _flex_attention():
 def supports(q: Tensor) -> bool:
     """CUDA queries, FlexAttention present, not disabled by ``RELUFORMER_NO_FLEX=1``."""
     return q.is_cuda and os.environ.get("RELUFORMER_NO_FLEX") != "1" and _flex_attention() is not None
+
+
+def _cannot_serve(call) -> Optional[str]:
+    if not supports(call.q):
+        return "FlexAttention needs CUDA queries and torch >= 2.5 (and RELUFORMER_NO_FLEX unset)"
+    if call.want_rows:
+        return "the regularisers' row sums and statistics are not a weighted sum of the values"
+    if not call.key_ranges:
+        return "the visible keys are a dense mask, not key ranges + causal"
+    return None
+
+
+# auto: every call it can serve; asked for where it cannot: what auto would run without it
+register_route("flex", _cannot_serve, auto=lambda call: True, fallback="auto")
 
 
 def log_relu_score(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -365,35 +365,8 @@ def get_function(name: str) -> WeightFunction:
     return FUNCTIONS[name]
 
 
-# --------------------------------------------------------------------------- ReLUFormer's row losses
-def entropy_margin_target(n_visible: Tensor, ratio: float = 0.7, dtype: torch.dtype = torch.float32) -> Tensor:
-    """C_i = ratio * log(n_i), the entropy a row may reach before the margin loss applies."""
-    return ratio * torch.log(n_visible.clamp(min=1).to(dtype))
-
-
-def row_regularisers(weights: Tensor, keep: Tensor, n_visible: Tensor, ratio: float = 0.7):
-    """ReLUFormer's two losses per query row, over the scaled weights a_i.
-
-    - normalisation loss |log(sum_j a_ij)| pulls each row's mass towards 1;
-    - entropy-margin loss max(H(p_i) - C_i, 0) with p_i = a_i / sum_j a_ij.
-
-    Rows whose mass is 0 (null attention) or that see no key are excluded: log(0) has no
-    useful gradient. Returns (norm_loss_sum, entropy_margin_sum, n_rows_used).
-    """
-    w = weights.double() if weights.dtype == torch.float64 else weights.float()
-    mass = w.sum(-1)
-    live = (mass > 0) & keep.any(-1).expand_as(mass)
-    safe_mass = torch.where(live, mass, torch.ones_like(mass))
-    norm_loss = torch.log(safe_mass).abs().masked_fill(~live, 0.0)
-    p = w / safe_mass.unsqueeze(-1)
-    entropy = -(p * torch.log(p.clamp(min=1e-12))).sum(-1)
-    target = entropy_margin_target(n_visible.squeeze(-1), ratio, w.dtype).expand_as(entropy)
-    margin = torch.relu(entropy - target).masked_fill(~live, 0.0)
-    return norm_loss.sum(), margin.sum(), live.sum()
-
-
 __all__ = [
     "ATTENTION_FUNCTIONS", "FUNCTIONS", "PARAMETER_NAMES", "POINTWISE_ACTIVATIONS", "Params", "WeightFunction",
     "accumulation_dtype", "get_function", "softmax_weights", "relu_weights", "rela_weights", "pointwise_weights",
-    "sparsemax_weights", "entmax15_weights", "sigmoid_weights", "softpick_weights", "row_regularisers",
+    "sparsemax_weights", "entmax15_weights", "sigmoid_weights", "softpick_weights",
 ]

@@ -1,0 +1,159 @@
+"""How one attention call runs: :func:`choose_route`, the one place that decides, returns a named route.
+
+Routes (all give the same results up to float rounding; docs/PERFORMANCE.md measures them):
+
+- ``fairseq``: fairseq's own ``MultiheadAttention.forward`` (PyTorch's fused softmax attention),
+  for plain softmax sublayers that need no per-head weights;
+- ``reference``: the logits, then the weight function's ``weights()`` (:mod:`.functions`), then
+  ``weights @ v``; the only route for normalised functions, additive float masks, attention
+  dropout in training and regularised rows of signed weights;
+- ``direct``: one tile of plain tensor ops for short calls of functions without a row normaliser
+  (``tiled``): h = relu with autograd, or any h without gradients (decoding steps);
+- ``dense`` / ``blocked``: the tiled autograd kernel of :mod:`.blocked`, whole key rows / blocks of
+  ``block_size`` (nothing of size T x S kept);
+- accelerated routes, registered in :data:`ACCELERATED` with what they can serve: ``fused`` (the
+  C++ CPU kernel of :mod:`.fused`) and ``flex`` (FlexAttention on CUDA, :mod:`.flex`).
+
+``--attn-impl`` asks for a route (``auto`` lets this module choose). An accelerated route asked for
+but unable to serve a call falls back to the route named in its registration, decided here and
+logged once per reason. Adding an accelerated route is one :func:`register_route` call in the
+kernel's module (imported by :mod:`reluformer_mt.attention`); ``--attn-impl`` then offers it.
+"""
+import logging
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+# rows x keys up to which a dense call is one tile (1 MB of float32 per head: the L2 cache here);
+# below it the ``direct`` route's plain tensor ops beat the tiling's bookkeeping (docs/PERFORMANCE.md)
+DENSE_TILE_ELEMENTS = 2 ** 18
+
+# routes that need no registration; ``reference`` can also be asked for (tests, comparisons)
+BASE_ROUTES = ("fairseq", "reference", "direct", "dense", "blocked")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a call asks for, as the chooser sees it.
+
+    ``q``: the projected queries (B, H, T, D) (device and dtype decide the accelerated routes);
+    ``key_ranges``: the visible keys are key ranges + a causal flag (no dense mask);
+    ``needs_grad``: gradients flow to q, k, v or the function's parameters.
+    """
+
+    tgt_len: int
+    src_len: int
+    q: Tensor
+    want_weights: bool = False
+    want_rows: bool = False
+    additive: bool = False
+    dropout: bool = False
+    regularised: bool = False
+    key_ranges: bool = True
+    needs_grad: bool = False
+
+
+@dataclass(frozen=True)
+class AcceleratedRoute:
+    """A kernel for h = relu without row bias (``WeightFunction.fused_relu``).
+
+    ``cannot_serve(call)``: None when the kernel runs this call, else the reason (one line);
+    ``auto(call)``: whether ``--attn-impl auto`` takes it for a call it can serve;
+    ``fallback``: what an explicit ``--attn-impl <name>`` runs where it cannot serve: ``blocked``
+    or ``auto`` (the route ``auto`` would choose without it).
+    """
+
+    name: str
+    cannot_serve: Callable[[Call], Optional[str]]
+    auto: Callable[[Call], bool]
+    fallback: str = "auto"
+
+
+ACCELERATED: Dict[str, AcceleratedRoute] = {}
+
+
+def register_route(name: str, cannot_serve: Callable[[Call], Optional[str]], auto: Callable[[Call], bool],
+                   fallback: str = "auto") -> AcceleratedRoute:
+    """Add an accelerated route (``auto`` tries them in registration order)."""
+    if name in BASE_ROUTES:
+        raise ValueError(f"route {name!r} is built in")
+    ACCELERATED[name] = route = AcceleratedRoute(name, cannot_serve, auto, fallback)
+    return route
+
+
+def impl_choices() -> Tuple[str, ...]:
+    """The values of ``--attn-impl``."""
+    return ("auto", "reference", "dense", "blocked") + tuple(ACCELERATED)
+
+
+def routes() -> Tuple[str, ...]:
+    """Every route name."""
+    return BASE_ROUTES + tuple(ACCELERATED)
+
+
+_logged = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning(message)
+
+
+def uses_fairseq_forward(function, config) -> bool:
+    """Plain softmax attention (no qk-layernorm, gate or output norm) can run fairseq's forward."""
+    return function.name == "softmax" and not (config.qk_layernorm or config.output_gate or config.output_norm)
+
+
+def choose_module_route(function, config, head_weights: bool, before_softmax: bool = False) -> Optional[str]:
+    """``fairseq`` when fairseq's own forward runs the whole call (it averages the heads, so not
+    when per-head weights are wanted), else None: the module projects the call and
+    :func:`choose_route` picks the route of its attention core."""
+    if uses_fairseq_forward(function, config) and not head_weights and not before_softmax:
+        return "fairseq"
+    return None
+
+
+def choose_route(function, config, call: Call) -> str:
+    """The route of one attention core call (see the module docstring), fallbacks included."""
+    if config.impl == "reference" or not function.tiled or call.additive or call.dropout:
+        return "reference"
+    if call.regularised and function.signed(config):
+        return "reference"  # the row entropy of signed weights is the reference's definition
+    fusable = function.fused_relu(config) and not call.want_weights
+    impl = config.impl
+    accelerated = ACCELERATED.get(impl)
+    if accelerated is not None:
+        reason = None if fusable else "needs h = relu without row bias and no returned weights"
+        reason = reason or accelerated.cannot_serve(call)
+        if reason is None:
+            return impl
+        if fusable:  # outside its domain (other functions, weights wanted) nothing is a fallback
+            _log_once(f"--attn-impl {impl}: {reason}; running the {accelerated.fallback} route instead")
+        impl = accelerated.fallback
+    elif impl == "auto" and fusable:
+        for route in ACCELERATED.values():
+            if route.auto(call) and route.cannot_serve(call) is None:
+                return route.name
+    return _tiled_route(function, config, call, impl)
+
+
+def _tiled_route(function, config, call: Call, impl: str) -> str:
+    """``direct``, ``dense`` or ``blocked`` for ``impl`` dense, blocked or auto (blocked from
+    ``blocked_min_len`` keys on, except for single-query decoding steps); weights need dense."""
+    long_call = impl == "auto" and call.src_len >= config.blocked_min_len and call.tgt_len > 1
+    if (impl == "blocked" or long_call) and not call.want_weights:
+        return "blocked"
+    if call.tgt_len * call.src_len <= DENSE_TILE_ELEMENTS:
+        if function.fused_relu(config):
+            return "direct"
+        if not call.needs_grad and not call.want_rows and not call.want_weights:
+            return "direct"
+    return "dense"
+
+
+__all__ = ["ACCELERATED", "AcceleratedRoute", "BASE_ROUTES", "Call", "DENSE_TILE_ELEMENTS", "choose_module_route",
+           "choose_route", "impl_choices", "register_route", "routes", "uses_fairseq_forward"]
