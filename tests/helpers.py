@@ -14,6 +14,18 @@ USER_DIR = str(REPO / "reluformer_mt")
 SHARED_DATA = Path(os.environ.get("RELUFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
 DOCMT = SHARED_DATA / "docmt_ende"
 
+def route_of(module, tgt: int, src: int, want_weights: bool = False, want_rows: bool = False, q=None) -> str:
+    """The route ``module`` takes for a call of ``tgt`` queries x ``src`` keys, every key visible
+    (queries with gradients, as in training, unless ``q`` is given)."""
+    import torch
+
+    from reluformer_mt.attention.visibility import Visibility
+
+    if q is None:
+        q = torch.zeros(1, module.num_heads, tgt, module.head_dim, requires_grad=True)
+    return module.route(q, src, Visibility(tgt, src), None, want_weights, want_rows)
+
+
 def load_benchmark_script():
     """benchmarks/run.py as a module (it is a script, not part of the package)."""
     import importlib.util
