@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reluformer_mt.cli.inprocess import run_fairseq  # noqa: F401  (re-exported for the tests)
+from reluformer_mt.fairseq_runner import run_fairseq  # noqa: F401  (re-exported for the tests)
 from reluformer_mt.data.documents import DOC_MARKER
 
 REPO = Path(__file__).resolve().parents[1]

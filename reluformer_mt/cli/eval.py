@@ -418,6 +418,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv is None:  # a real command line: importing fairseq set the root logger to DEBUG (matplotlib floods it)
         logging.getLogger().setLevel(logging.WARNING)
     run = SUBCOMMANDS[args.command][2]
+    if getattr(args, "checkpoint", None):  # subcommands that load models: the entry point registers
+        from reluformer_mt.plugin import register
+
+        register()
     try:
         for option in ("json", "plot", "write_pred", "output"):  # before any work, not after an hour of it
             if getattr(args, option, None):

@@ -62,6 +62,9 @@ def options_from_args(args) -> SweepOptions:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from reluformer_mt.plugin import register
+
+    register()  # the entry point registers the plugin (models, criterion, task, fairseq fixes)
     try:
         run_sweep(options_from_args(args), say=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError) as error:  # MemoryOptionError is a ValueError
