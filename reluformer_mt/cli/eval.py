@@ -18,6 +18,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.cli.checks import add_spm_model_option, check_output_file, write_error
+from reluformer_mt.data.documents import FORMAT as DOCMT
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.reports import format_table, write_json
@@ -28,12 +29,12 @@ LEVELS = {"s": "sentence", "d": "document", "seg": "segment"}
 # ---------------------------------------------------------------------------------------------- bleu
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a <d>-format file, or one sentence a line")
-    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", "d", "plain"],
-                   help="auto: <d> on the first line = d; S-/H- lines = generate; else plain")
+    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a docmt file (<d> starts each document), or one sentence a line")
+    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, "plain"],
+                   help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; else plain")
     p.add_argument("--hyp-doc-ids", help="doc id per line of a plain --hyp")
-    p.add_argument("--ref", help="reference: a <d>-format file or one sentence a line (raw, untokenised)")
-    p.add_argument("--ref-format", default="auto", choices=["auto", "d", "plain"])
+    p.add_argument("--ref", help="reference: a docmt file (<d> starts each document) or one sentence a line (raw, untokenised)")
+    p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, "plain"])
     p.add_argument("--ref-doc-ids", help="doc id per line of a plain --ref")
     p.add_argument("--ref-from-generate", action="store_true",
                    help="use the T- lines of --hyp as reference (binarised targets: may hold <unk>)")
