@@ -159,7 +159,7 @@ def bench_kernel(lengths, reps, budget_gb, heads=8, head_dim=64, block=512):
         n_visible = keep.n_visible(q.device)
         route = {impl: m.route(q, L, keep, None, False, False) for impl, m in modules.items()}
         # ReLUFormer's row factor 1 / (gamma sqrt(n_i / 2)), gamma = 1
-        factor = modules["auto"].function.row_factor(n_visible, modules["auto"]._params(), q.dtype)
+        factor = modules["auto"].function.row_factor(n_visible, modules["auto"]._params(), torch.float32)
 
         def sdpa():
             return F.scaled_dot_product_attention(q, k, v)  # flash attention on CPU: nothing T x S kept

@@ -26,9 +26,15 @@ DIMS = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_em
             encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
             decoder_attention_heads=4, dropout=0.0, attention_dropout=0.0)
 # every route of the ReLU-type functions: auto (dense / direct here), blocked in small tiles,
-# the C++ kernel, and auto switching to blocked at this short length
+# the C++ kernel, auto switching to blocked at this short length, the reference route (attention
+# dropout in training), and options with learned tensors or other formulas
 IMPLS = {"auto": {}, "dense": dict(attn_impl="dense"), "blocked": dict(attn_impl="blocked", attn_block_size=4),
-         "fused": dict(attn_impl="fused", attn_block_size=4), "auto_long": dict(attn_blocked_min_len=6)}
+         "fused": dict(attn_impl="fused", attn_block_size=4), "auto_long": dict(attn_blocked_min_len=6),
+         "dropout": dict(attention_dropout=0.1),
+         "options": dict(relu_gamma_mode="head", relu_gamma=1.3, sigmoid_bias="learned", pointwise_alpha=0.5,
+                         rela_variant="ungated", rela_gain_init=0.7, attn_impl="blocked", attn_block_size=4),
+         "no_length_scale": dict(relu_gamma_mode="layer", relu_no_length_scale=True, relu_no_logit_scale=True,
+                                 pointwise_h="gelu", sigmoid_bias=0.5, attention_dropout=0.1)}
 
 
 def tiny_task():
@@ -80,6 +86,7 @@ def fingerprint():
             criterion = ReluformerCriterion(task, False, 0.1, regularise_fns=",".join(sorted(
                 {m.fn for _, m in model.attention_modules()})))
             model.train()
+            torch.manual_seed(1)  # the same dropout masks before and after
             loss, _, logs = criterion(model, batch)
             loss.backward()
             key = f"{family}/{impl}"

@@ -206,7 +206,10 @@ def test_relu_counts_visible_tokens_per_position_in_causal_attention():
 
 def test_relu_variance_property():
     """sum_j ReLU(x_j) v_j has variance ~ n/2; ReLUFormer's factor keeps it ~1 for n in 16..1024."""
-    from reluformer_mt.attention.functions import relu_weights
+    from reluformer_mt.attention import AttentionConfig
+    from reluformer_mt.attention.functions import FUNCTIONS, Params
+
+    relu, params = FUNCTIONS["relu"], Params(AttentionConfig(fn="relu"), {})
 
     torch.manual_seed(0)
     trials = 4000
@@ -215,7 +218,7 @@ def test_relu_variance_property():
         v = torch.randn(trials, 1, n, 1)
         keep = torch.ones(1, 1, 1, n, dtype=torch.bool)
         unscaled = (torch.relu(s) @ v).var().item()
-        scaled = (relu_weights(s, keep, torch.full((1, 1, 1, 1), n), torch.tensor(1.0)) @ v).var().item()
+        scaled = (relu.weights(s, keep, torch.full((1, 1, 1, 1), n), params) @ v).var().item()
         assert abs(unscaled / (n / 2) - 1) < 0.1, (n, unscaled)
         assert abs(scaled - 1) < 0.1, (n, scaled)
 

@@ -176,11 +176,12 @@ class ReluformerAttention(MultiheadAttention):
         route = self.route(q, k.size(2), visible, additive, want_weights, counting, k, v)
         n_visible = visible.n_visible(q.device)
         if route != "reference":
+            acc = F_attn.accumulation_dtype(q.dtype)  # row factors and biases in float32 at least
             out, rows, weights = tiled_attention(
                 q, k, v, visible, route=route, activation=function.activation(self.config),
                 scaling=self.scaling if scale_logits else None,
-                row_factor=function.row_factor(n_visible, params, q.dtype),
-                row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible,
+                row_factor=function.row_factor(n_visible, params, acc),
+                row_bias=function.row_bias(n_visible, params, acc), n_visible=n_visible,
                 block_q=self.config.block_size, block_k=self.config.block_size,
                 want_rows=counting, want_weights=want_weights)
             if rows is not None:
