@@ -93,17 +93,18 @@ def softmax_weights(scores: Tensor, keep: Tensor) -> Tensor:
     return torch.nan_to_num(weights, nan=0.0).type_as(scores)
 
 
-# sparsemax / 1.5-entmax on CPU: the sort-free row kernel of ``sparse_maps`` (exact; measured
-# 2-4x faster than the ``entmax`` package's top-k search at 512-1024 keys, docs/PERFORMANCE.md).
-# Elsewhere the ``entmax`` package, its threshold searched among the k largest logits of a row
-# (torch.topk instead of a full sort; it re-solves a row with 2k, 4k, ... keys when the support
-# reaches k, so the result is exact for any k; k = 64 was 3-4x faster than the full sort).
+# sparsemax / 1.5-entmax: with ``kernel`` (the ``sparse`` route, CPU: routes.choose_route decides)
+# the sort-free row kernel of ``sparse_maps`` (exact; measured 2-4x faster than the ``entmax``
+# package's top-k search at 512-1024 keys, docs/PERFORMANCE.md); else the ``entmax`` package, its
+# threshold searched among the k largest logits of a row (torch.topk instead of a full sort; it
+# re-solves a row with 2k, 4k, ... keys when the support reaches k, so the result is exact for
+# any k; k = 64 was 3-4x faster than the full sort).
 PARTIAL_SORT_K = 64
 
 
-def _sparse_map(scores: Tensor, keep: Tensor, name: str) -> Tensor:
+def _sparse_map(scores: Tensor, keep: Tensor, name: str, kernel: bool) -> Tensor:
     logits = scores.float()
-    if sparse_maps.supports(logits):  # masks inside the kernel: no masked copies of T x S tensors
+    if kernel:  # masks inside the kernel: no masked copies of T x S tensors
         return sparse_maps.sparse_map(logits, name, keep).type_as(scores)
     from entmax import entmax15, sparsemax
 
@@ -112,14 +113,14 @@ def _sparse_map(scores: Tensor, keep: Tensor, name: str) -> Tensor:
     return weights.masked_fill(~keep, 0.0).type_as(scores)
 
 
-def sparsemax_weights(scores: Tensor, keep: Tensor) -> Tensor:
+def sparsemax_weights(scores: Tensor, keep: Tensor, kernel: bool = False) -> Tensor:
     """sparsemax (Martins & Astudillo 2016)."""
-    return _sparse_map(scores, keep, "sparsemax")
+    return _sparse_map(scores, keep, "sparsemax", kernel)
 
 
-def entmax15_weights(scores: Tensor, keep: Tensor) -> Tensor:
+def entmax15_weights(scores: Tensor, keep: Tensor, kernel: bool = False) -> Tensor:
     """1.5-entmax (Peters, Niculae, Martins 2019)."""
-    return _sparse_map(scores, keep, "entmax15")
+    return _sparse_map(scores, keep, "entmax15", kernel)
 
 
 def softpick_weights(scores: Tensor, keep: Tensor, eps: float = SOFTPICK_EPS) -> Tensor:
@@ -173,6 +174,8 @@ class WeightFunction:
     normalised: bool = False
     tiled: bool = False
     learned: Tuple[Learned, ...] = ()
+    # the registered route that computes ``weights`` faster (``kernel_weights``), if any
+    weights_kernel: Optional[str] = None
 
     @property
     def parameter_names(self) -> Tuple[str, ...]:
@@ -237,11 +240,16 @@ class Softmax(WeightFunction):
 
 @dataclass(frozen=True)
 class SparseMap(WeightFunction):
-    """sparsemax / 1.5-entmax: probability maps with exact zeros, from the ``entmax`` package."""
-    formula: Callable[[Tensor, Tensor], Tensor] = None
+    """sparsemax / 1.5-entmax: probability maps with exact zeros; ``weights`` from the ``entmax``
+    package, ``kernel_weights`` (the ``sparse`` route) from the C++ row kernel, same values."""
+    formula: Callable[..., Tensor] = None
+    weights_kernel: Optional[str] = "sparse"
 
     def weights(self, scores, keep, n_visible, params):
         return self.formula(scores, keep)
+
+    def kernel_weights(self, scores, keep, n_visible, params):
+        return self.formula(scores, keep, kernel=True)
 
 
 def relu_gamma(params: Params, dtype: torch.dtype) -> Tensor:

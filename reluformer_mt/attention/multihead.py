@@ -118,10 +118,6 @@ class ReluformerAttention(MultiheadAttention):
             return None
         return ~padding.bool().view(padding.size(0), 1, tgt_len)
 
-    def attention_weights(self, scores: Tensor, keep: Tensor, n_visible: Tensor) -> Tensor:
-        """The reference weights of this sublayer's function."""
-        return self.function.weights(scores, keep, n_visible, self._params())
-
     def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], is_causal: bool = False) -> Tuple[Visibility, Optional[Tensor]]:
         """The keys each query may see, and an additive float mask (or None).
@@ -175,7 +171,7 @@ class ReluformerAttention(MultiheadAttention):
         scale_logits = function.scale_logits(self.config)
         route = self.route(q, k.size(2), visible, additive, want_weights, counting, k, v)
         n_visible = visible.n_visible(q.device)
-        if route != "reference":
+        if not routes.computes_weights(route):
             acc = F_attn.accumulation_dtype(q.dtype)  # row factors and biases in float32 at least
             out, rows, weights = tiled_attention(
                 q, k, v, visible, route=route, activation=function.activation(self.config),
@@ -191,7 +187,10 @@ class ReluformerAttention(MultiheadAttention):
         if additive is not None:
             scores = scores + additive
         keep = visible.dense(q.device)
-        weights = function.weights(scores, keep, n_visible, params)
+        if route == "reference":
+            weights = function.weights(scores, keep, n_visible, params)
+        else:  # a registered kernel of the function's weights (routes.computes_weights)
+            weights = function.kernel_weights(scores, keep, n_visible, params)
         if counting:
             recorder.add_weights(self, weights, keep, n_visible, live_queries)
         out = torch.matmul(self.dropout_module(weights), v)

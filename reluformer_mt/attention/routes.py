@@ -12,12 +12,15 @@ Routes (all give the same results up to float rounding; docs/PERFORMANCE.md meas
 - ``dense`` / ``blocked``: the tiled autograd kernel of :mod:`.blocked`, whole key rows / blocks of
   ``block_size`` (nothing of size T x S kept);
 - accelerated routes, registered in :data:`ACCELERATED` with what they can serve: ``fused`` (the
-  C++ CPU kernel of :mod:`.fused`) and ``flex`` (FlexAttention on CUDA, :mod:`.flex`).
+  C++ CPU kernel of :mod:`.fused`) and ``flex`` (FlexAttention on CUDA, :mod:`.flex`) for h = relu,
+  and ``sparse`` (:mod:`.sparse_maps`: the reference route with sparsemax / 1.5-entmax weights
+  from a C++ row kernel instead of the ``entmax`` package).
 
 ``--attn-impl`` asks for a route (``auto`` lets this module choose). An accelerated route asked for
 but unable to serve a call falls back to the route named in its registration, decided here and
 logged once per reason. Adding an accelerated route is one :func:`register_route` call in the
-kernel's module (imported by :mod:`reluformer_mt.attention`); ``--attn-impl`` then offers it.
+kernel's module, imported where :mod:`.multihead` imports ``flex`` and ``fused``; ``--attn-impl``
+then offers it (the config's choices come from :func:`impl_choices`).
 """
 import logging
 from dataclasses import dataclass
@@ -64,29 +67,37 @@ class AcceleratedRoute:
     ``auto(call)``: whether ``--attn-impl auto`` takes it for a call it can serve;
     ``fallback``: what an explicit ``--attn-impl <name>`` runs where it cannot serve: ``blocked``
     or ``auto`` (the route ``auto`` would choose without it).
+    ``weights_of(function, config)``: set for a kernel of a (non-tiled) function's weights on the
+    reference route instead (taken wherever it can serve, unless ``--attn-impl reference``).
     """
 
     name: str
     cannot_serve: Callable[[Call], Optional[str]]
     auto: Callable[[Call], bool]
     fallback: str = "auto"
+    weights_of: Optional[Callable] = None
 
 
 ACCELERATED: Dict[str, AcceleratedRoute] = {}
 
 
 def register_route(name: str, cannot_serve: Callable[[Call], Optional[str]], auto: Callable[[Call], bool],
-                   fallback: str = "auto") -> AcceleratedRoute:
+                   fallback: str = "auto", weights_of: Optional[Callable] = None) -> AcceleratedRoute:
     """Add an accelerated route (``auto`` tries them in registration order)."""
     if name in BASE_ROUTES:
         raise ValueError(f"route {name!r} is built in")
-    ACCELERATED[name] = route = AcceleratedRoute(name, cannot_serve, auto, fallback)
+    ACCELERATED[name] = route = AcceleratedRoute(name, cannot_serve, auto, fallback, weights_of)
     return route
 
 
 def impl_choices() -> Tuple[str, ...]:
-    """The values of ``--attn-impl``."""
-    return ("auto", "reference", "dense", "blocked") + tuple(ACCELERATED)
+    """The values of ``--attn-impl`` (weight kernels are not asked for: they serve where they can)."""
+    return ("auto", "reference", "dense", "blocked") + tuple(n for n, r in ACCELERATED.items() if r.weights_of is None)
+
+
+def computes_weights(route: str) -> bool:
+    """Whether ``route`` runs the reference formula (its weights from the function or a kernel)."""
+    return route == "reference" or (route in ACCELERATED and ACCELERATED[route].weights_of is not None)
 
 
 def routes() -> Tuple[str, ...]:
@@ -119,7 +130,11 @@ def choose_module_route(function, config, head_weights: bool, before_softmax: bo
 
 def choose_route(function, config, call: Call) -> str:
     """The route of one attention core call (see the module docstring), fallbacks included."""
-    if config.impl == "reference" or not function.tiled or call.additive or call.dropout:
+    if config.impl == "reference":
+        return "reference"
+    if not function.tiled:
+        return _weights_route(function, config, call)
+    if call.additive or call.dropout:
         return "reference"
     if call.regularised and function.signed(config):
         return "reference"  # the row entropy of signed weights is the reference's definition
@@ -136,9 +151,17 @@ def choose_route(function, config, call: Call) -> str:
         impl = accelerated.fallback
     elif impl == "auto" and fusable:
         for route in ACCELERATED.values():
-            if route.auto(call) and route.cannot_serve(call) is None:
+            if route.weights_of is None and route.auto(call) and route.cannot_serve(call) is None:
                 return route.name
     return _tiled_route(function, config, call, impl)
+
+
+def _weights_route(function, config, call: Call) -> str:
+    """A registered kernel of the function's weights where it can serve, else ``reference``."""
+    for route in ACCELERATED.values():
+        if route.weights_of is not None and route.weights_of(function, config) and route.cannot_serve(call) is None:
+            return route.name
+    return "reference"
 
 
 def _tiled_route(function, config, call: Call, impl: str) -> str:
@@ -156,4 +179,4 @@ def _tiled_route(function, config, call: Call, impl: str) -> str:
 
 
 __all__ = ["ACCELERATED", "AcceleratedRoute", "BASE_ROUTES", "Call", "DENSE_TILE_ELEMENTS", "choose_module_route",
-           "choose_route", "impl_choices", "register_route", "routes", "uses_fairseq_forward"]
+           "choose_route", "computes_weights", "impl_choices", "register_route", "routes", "uses_fairseq_forward"]
