@@ -155,7 +155,7 @@ def test_auto_threshold_and_option_override():
     assert path("blocked", 3, 3) == "blocked"
     assert path("blocked", 100, 100, training=True, dropout=0.1) == "reference"
     assert path("blocked", 100, 100, training=False, dropout=0.1) == "blocked"
-    assert path("auto", 5000, 5000, fn="softmax") == "reference"
+    assert path("auto", 5000, 5000, fn="softmax") == "fairseq"  # fairseq's own forward, heads averaged
     gelu = ReluformerAttention(E, H, AttentionConfig(fn="pointwise", pointwise_activation="gelu", impl="blocked"),
                                self_attention=True)
     assert route_of(gelu, 9, 9) == "blocked"

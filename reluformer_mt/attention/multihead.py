@@ -145,21 +145,23 @@ class ReluformerAttention(MultiheadAttention):
 
     # ------------------------------------------------------------------ attention core
     def route(self, q: Tensor, src_len: int, visible: Visibility, additive: Optional[Tensor], want_weights: bool,
-              want_rows: bool, k: Optional[Tensor] = None, v: Optional[Tensor] = None) -> str:
-        """The route of this call's attention core, chosen by :func:`routes.choose_route` from what
-        the weight function declares and what the call asks (all routes give the same results)."""
+              want_rows: bool, k: Optional[Tensor] = None, v: Optional[Tensor] = None,
+              head_weights: bool = False) -> str:
+        """The route of this projected call, chosen by :func:`routes.choose_route` from what the
+        weight function declares and what the call asks (all routes give the same results)."""
         learned = [getattr(self, name) for name in self._function_params]
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, *learned))
         call = routes.Call(
-            tgt_len=q.size(2), src_len=src_len, q=q, want_weights=want_weights, want_rows=want_rows,
+            head_weights=head_weights, tgt_len=q.size(2), src_len=src_len, q=q, want_weights=want_weights, want_rows=want_rows,
             additive=additive is not None, dropout=self.training and self.dropout_module.p > 0,
             regularised=self._recorder is not None and self._recorder.regularises(self),
             key_ranges=visible.mask is None or visible.all_visible, needs_grad=needs_grad)
         return routes.choose_route(self.function, self.config, call)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visible: Visibility, additive: Optional[Tensor],
-                want_weights: bool, live_queries: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                want_weights: bool, live_queries: Optional[Tensor] = None,
+                head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted.
 
         ``live_queries`` (B, 1, T) marks real query rows: only they enter the recorded statistics
@@ -169,7 +171,7 @@ class ReluformerAttention(MultiheadAttention):
         recorder = self._recorder
         counting = recorder is not None and recorder.records_statistics(self)
         scale_logits = function.scale_logits(self.config)
-        route = self.route(q, k.size(2), visible, additive, want_weights, counting, k, v)
+        route = self.route(q, k.size(2), visible, additive, want_weights, counting, k, v, head_weights)
         n_visible = visible.n_visible(q.device)
         if not routes.computes_weights(route):
             acc = F_attn.accumulation_dtype(q.dtype)  # row factors and biases in float32 at least
@@ -221,7 +223,8 @@ class ReluformerAttention(MultiheadAttention):
         counting = recorder is not None and recorder.records_statistics(self)
         need_head_weights = need_head_weights or capture
         # fairseq's fused path averages the heads, so per-head weights take our own routes
-        if routes.choose_module_route(self.function, self.config, need_head_weights, before_softmax) == "fairseq":
+        before = routes.Call(head_weights=need_head_weights, before_softmax=before_softmax)
+        if routes.choose_route(self.function, self.config, before) == "fairseq":
             out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
                                            incremental_state=incremental_state, need_weights=need_weights,
                                            static_kv=static_kv, attn_mask=attn_mask,
@@ -273,7 +276,7 @@ class ReluformerAttention(MultiheadAttention):
             if key_padding_mask is not None and counting:
                 key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
         live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
-        out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries)
+        out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries, need_head_weights)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self._output_transform(out, query)

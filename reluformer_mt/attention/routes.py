@@ -42,14 +42,18 @@ BASE_ROUTES = ("fairseq", "reference", "direct", "dense", "blocked")
 class Call:
     """What a call asks for, as the chooser sees it.
 
-    ``q``: the projected queries (B, H, T, D) (device and dtype decide the accelerated routes);
-    ``key_ranges``: the visible keys are key ranges + a causal flag (no dense mask);
-    ``needs_grad``: gradients flow to q, k, v or the function's parameters.
+    ``head_weights`` / ``before_softmax``: fairseq's forward arguments (fairseq's own forward
+    averages the heads); ``q``: the projected queries (B, H, T, D) (device and dtype decide the
+    accelerated routes), None before the projections; ``key_ranges``: the visible keys are key
+    ranges + a causal flag (no dense mask); ``needs_grad``: gradients flow to q, k, v or the
+    function's parameters.
     """
 
-    tgt_len: int
-    src_len: int
-    q: Tensor
+    head_weights: bool = False
+    before_softmax: bool = False
+    q: Optional[Tensor] = None
+    tgt_len: int = 0
+    src_len: int = 0
     want_weights: bool = False
     want_rows: bool = False
     additive: bool = False
@@ -119,17 +123,16 @@ def uses_fairseq_forward(function, config) -> bool:
     return function.name == "softmax" and not (config.qk_layernorm or config.output_gate or config.output_norm)
 
 
-def choose_module_route(function, config, head_weights: bool, before_softmax: bool = False) -> Optional[str]:
-    """``fairseq`` when fairseq's own forward runs the whole call (it averages the heads, so not
-    when per-head weights are wanted), else None: the module projects the call and
-    :func:`choose_route` picks the route of its attention core."""
-    if uses_fairseq_forward(function, config) and not head_weights and not before_softmax:
+def choose_route(function, config, call: Call) -> Optional[str]:
+    """The route of one attention call (see the module docstring), fallbacks included.
+
+    The module asks first with ``call.q`` None (before projecting anything): the answer is
+    ``fairseq`` when fairseq's own forward runs the whole call, else None; it then projects the
+    queries and keys and asks again with the whole call."""
+    if uses_fairseq_forward(function, config) and not call.head_weights and not call.before_softmax:
         return "fairseq"
-    return None
-
-
-def choose_route(function, config, call: Call) -> str:
-    """The route of one attention core call (see the module docstring), fallbacks included."""
+    if call.q is None:
+        return None
     if config.impl == "reference":
         return "reference"
     if not function.tiled:
@@ -178,5 +181,5 @@ def _tiled_route(function, config, call: Call, impl: str) -> str:
     return "dense"
 
 
-__all__ = ["ACCELERATED", "AcceleratedRoute", "BASE_ROUTES", "Call", "DENSE_TILE_ELEMENTS", "choose_module_route",
+__all__ = ["ACCELERATED", "AcceleratedRoute", "BASE_ROUTES", "Call", "DENSE_TILE_ELEMENTS",
            "choose_route", "computes_weights", "impl_choices", "register_route", "routes", "uses_fairseq_forward"]
