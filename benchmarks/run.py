@@ -125,7 +125,7 @@ def held_t_by_s_gb(path, L, heads, training):
     reference several (logits, weights, their gradients), dense in training its kept weights and
     as much again (the old sublayer profile: 1120 MB at L = 4096 for 537 MB of weights), dense in
     inference and blocked / fused / SDPA none (tiles only)."""
-    copies = {"reference": 4, "dense": 2 if training else 0}.get(path, 0)
+    copies = {"reference": 4, "dense": 2 if training else 0, "direct": 2 if training else 0}.get(path, 0)
     return copies * heads * L * L * 4 / 1e9
 
 
@@ -145,29 +145,34 @@ def attention_flops(L, heads, head_dim, backward):
 
 def bench_kernel(lengths, reps, budget_gb, heads=8, head_dim=64, block=512):
     from reluformer_mt.attention import AttentionConfig, ReluformerAttention
-    from reluformer_mt.attention.blocked import relu_family_attention
+    from reluformer_mt.attention.blocked import tiled_attention
     from reluformer_mt.attention.fused import available as fused_available
     from reluformer_mt.attention.visibility import Visibility
 
-    # the module's own choice of path under the default config (asked, not re-implemented here)
-    default = ReluformerAttention(heads * head_dim, heads, AttentionConfig(fn="relu"), self_attention=True)
+    # each --attn-impl's route as the module's chooser picks it (asked, not re-implemented here)
+    modules = {impl: ReluformerAttention(heads * head_dim, heads, AttentionConfig(fn="relu", impl=impl), self_attention=True)
+               for impl in ("auto", "dense", "blocked", "fused")}
     rows = []
     for L in lengths:
         q, k, v = (torch.randn(1, heads, L, head_dim, requires_grad=True) for _ in range(3))
         keep = Visibility(L, L)  # every key visible, as key ranges: no T x S mask (SDPA gets none either)
-        auto_impl = "relu_" + default._attention_path(L, L, None, False, q)
+        n_visible = keep.n_visible(q.device)
+        route = {impl: m.route(q, L, keep, None, False, False) for impl, m in modules.items()}
+        # ReLUFormer's row factor 1 / (gamma sqrt(n_i / 2)), gamma = 1
+        factor = modules["auto"].function.row_factor(n_visible, modules["auto"]._params(), torch.float32)
 
         def sdpa():
             return F.scaled_dot_product_attention(q, k, v)  # flash attention on CPU: nothing T x S kept
 
-        def relu(blocked, fused=False):
-            return lambda: relu_family_attention(q, k, v, keep, fn="relu", scaling=head_dim ** -0.5,
-                                                 gamma=torch.tensor(1.0), blocked=blocked,
-                                                 block_q=block, block_k=block, fused=fused)[0]
+        def relu(impl):
+            return lambda: tiled_attention(q, k, v, keep, route=route[impl], activation="relu",
+                                           scaling=head_dim ** -0.5, row_factor=factor, n_visible=n_visible,
+                                           block_q=block, block_k=block)[0]
 
-        variants = {"sdpa": sdpa, "relu_dense": relu(False), "relu_blocked": relu(True)}
+        variants = {"sdpa": sdpa, "relu_dense": relu("dense"), "relu_blocked": relu("blocked")}
         if fused_available():  # the C++ kernel (reluformer_mt/attention/fused.py), if it could be built
-            variants["relu_fused"] = relu(True, fused=True)
+            variants["relu_fused"] = relu("fused")
+        auto_impl = next((name for name in variants if name != "sdpa" and route[name[5:]] == route["auto"]), None)
         for backward in (False, True):
             pass_ = "fwd+bwd" if backward else "fwd"
             skipped = {}
@@ -204,6 +209,7 @@ def bench_sublayer(train_lengths, infer_lengths, reps, budget_gb, embed=512, hea
     from fairseq.modules.multihead_attention import MultiheadAttention
 
     from reluformer_mt.attention import AttentionConfig, ReluformerAttention
+    from reluformer_mt.attention.visibility import Visibility
 
     def fairseq_mha():
         torch.manual_seed(0)  # same seed: the copy has the reference's weights
@@ -213,12 +219,10 @@ def bench_sublayer(train_lengths, infer_lengths, reps, budget_gb, embed=512, hea
         torch.manual_seed(0)
         return ReluformerAttention(embed, heads, AttentionConfig(fn=fn, impl=impl), self_attention=True)
 
-    unfused = ours("relu", "dense")
-    unfused._attention_path = lambda *args: "reference"  # the unfused functions.py path, for comparison
     modules = {
         REFERENCE_MHA: fairseq_mha(),
         COPY_MHA: fairseq_mha(),  # noise check: should time as the reference
-        "relu_reference": unfused,
+        "relu_reference": ours("relu", "reference"),  # the unfused functions.py path, for comparison
         "relu_dense": ours("relu", "dense"),
         "relu_blocked": ours("relu", "blocked"),
         "reluformer_default": ours("relu"),  # what a reluformer model runs (--attn-impl auto)
@@ -229,7 +233,8 @@ def bench_sublayer(train_lengths, infer_lengths, reps, budget_gb, embed=512, hea
         if not isinstance(module, ReluformerAttention):
             return "sdpa"  # fairseq's MultiheadAttention calls torch's fused attention
         module.train(training)
-        return module._attention_path(L, L, None, False, torch.empty(1, heads, L, embed // heads))
+        q = torch.empty(1, heads, L, embed // heads, requires_grad=training)
+        return module.route(q, L, Visibility(L, L), None, False, False)
 
     rows = []
     for training, lengths in ((True, train_lengths), (False, infer_lengths)):

@@ -23,9 +23,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from reluformer_mt import fairseq_compat
 from reluformer_mt.data.prepared import PREPARED_NAME, Prepared, load_sentencepiece, parse_spm_models
 from reluformer_mt.data.segments import SEPARATOR
-from reluformer_mt.plugin import register
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 _MODULE_SUFFIX = {"cross": "encoder_attn", "decoder_self": "self_attn", "encoder_self": "self_attn"}
@@ -68,7 +68,7 @@ def read_state(path) -> dict:
     """The checkpoint's dict, read with ``weights_only=True`` and the plugin's allowlist; ``cfg``
     as an OmegaConf object and old layouts upgraded, as fairseq's ``load_checkpoint_to_cpu`` does."""
     path = _checked_path(path)
-    register()  # the plugin's allowlist (fairseq_compat), the models and tasks fairseq must know
+    fairseq_compat.allow_fairseq_checkpoints()  # the allowlist is this loader's safety policy
     if not hasattr(torch.serialization, "add_safe_globals"):  # no allowlist to extend: never load unchecked
         raise CheckpointError(f"{path}: loading checkpoints safely (weights_only=True with an allowlist) needs "
                               f"torch >= 2.4, found {torch.__version__}")
@@ -149,6 +149,9 @@ def _check_known(path: Path, cfg) -> None:
     from fairseq.tasks import TASK_REGISTRY
 
     arch = _get(cfg.model, "arch") or _get(cfg.model, "_name")
+    if "reluformer" not in MODEL_REGISTRY:  # the loader only loads: registering is the entry point's job
+        raise CheckpointError(f"{path}: the reluformer_mt plugin is not registered in this process; call "
+                              f"reluformer_mt.register() first (its console scripts and --user-dir do)")
     if arch not in ARCH_MODEL_REGISTRY and arch not in MODEL_REGISTRY:
         ours = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if a.startswith("reluformer"))
         raise CheckpointError(f"{path}: architecture {arch!r} is not known to fairseq or reluformer_mt "

@@ -8,6 +8,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 from helpers import DOCMT, TINY_MODEL, read_docmt_pairs, run_fairseq, tiny_train_args  # noqa: E402
+from reluformer_mt.plugin import register  # noqa: E402
+
+register()  # the test session is an entry point: models, criterion, task and fairseq fixes
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,25 @@ from pathlib import Path
 
 import pytest
 
-from reluformer_mt.cli.inprocess import run_fairseq  # noqa: F401  (re-exported for the tests)
+from reluformer_mt.fairseq_runner import run_fairseq  # noqa: F401  (re-exported for the tests)
 from reluformer_mt.data.documents import DOC_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "reluformer_mt")
 SHARED_DATA = Path(os.environ.get("RELUFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
 DOCMT = SHARED_DATA / "docmt_ende"
+
+def route_of(module, tgt: int, src: int, want_weights: bool = False, want_rows: bool = False, q=None) -> str:
+    """The route ``module`` takes for a call of ``tgt`` queries x ``src`` keys, every key visible
+    (queries with gradients, as in training, unless ``q`` is given)."""
+    import torch
+
+    from reluformer_mt.attention.visibility import Visibility
+
+    if q is None:
+        q = torch.zeros(1, module.num_heads, tgt, module.head_dim, requires_grad=True)
+    return module.route(q, src, Visibility(tgt, src), None, want_weights, want_rows)
+
 
 def load_benchmark_script():
     """benchmarks/run.py as a module (it is a script, not part of the package)."""

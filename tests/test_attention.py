@@ -206,7 +206,10 @@ def test_relu_counts_visible_tokens_per_position_in_causal_attention():
 
 def test_relu_variance_property():
     """sum_j ReLU(x_j) v_j has variance ~ n/2; ReLUFormer's factor keeps it ~1 for n in 16..1024."""
-    from reluformer_mt.attention.functions import relu_weights
+    from reluformer_mt.attention import AttentionConfig
+    from reluformer_mt.attention.functions import FUNCTIONS, Params
+
+    relu, params = FUNCTIONS["relu"], Params(AttentionConfig(fn="relu"), {})
 
     torch.manual_seed(0)
     trials = 4000
@@ -215,7 +218,7 @@ def test_relu_variance_property():
         v = torch.randn(trials, 1, n, 1)
         keep = torch.ones(1, 1, 1, n, dtype=torch.bool)
         unscaled = (torch.relu(s) @ v).var().item()
-        scaled = (relu_weights(s, keep, torch.full((1, 1, 1, 1), n), torch.tensor(1.0)) @ v).var().item()
+        scaled = (relu.weights(s, keep, torch.full((1, 1, 1, 1), n), params) @ v).var().item()
         assert abs(unscaled / (n / 2) - 1) < 0.1, (n, unscaled)
         assert abs(scaled - 1) < 0.1, (n, scaled)
 
@@ -375,3 +378,33 @@ def test_stats_of_padded_calls_count_only_visible_keys(fn):
     assert int(stats["zeros"]) == int(((w == 0) & live).sum())
     assert int(stats["rows"]) == int(live.any(-1).sum())
     assert int(stats["null_rows"]) == int((live.any(-1) & ~((w != 0) & live).any(-1)).sum())
+
+
+def test_every_option_is_declared_once_on_the_config():
+    """Issue 21: argparse arguments, defaults, the sublayer config and validation all come from
+    the fields of AttentionConfig: a default namespace gives the default config in every sublayer,
+    and every bad value names its command-line option, at parsing and in validate()."""
+    import argparse
+    from dataclasses import fields
+
+    from reluformer_mt.attention.config import (OPTIONS, SUBLAYERS, add_attention_args, config_from_args,
+                                                fill_attention_defaults)
+
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    add_attention_args(parser)
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    assert dests == {d for spec in OPTIONS for d in spec.dests()}
+    assert [spec.name for spec in OPTIONS] == [f.name for f in fields(AttentionConfig)]
+    args = parser.parse_args([])
+    fill_attention_defaults(args)
+    for sub in SUBLAYERS:
+        assert config_from_args(args, sub) == AttentionConfig()
+    flipped = parser.parse_args(["--relu-no-length-scale", "--cross-attn-fn", "relu", "--attn-impl", "reference"])
+    fill_attention_defaults(flipped)
+    cross = config_from_args(flipped, "cross")
+    assert not cross.relu_length_scale and cross.fn == "relu" and cross.impl == "reference"
+    assert config_from_args(flipped, "encoder").fn == "softmax"
+    with pytest.raises(AttentionOptionError, match="^--cross-attn-fn: got 'tanh'"):
+        AttentionConfig(fn="tanh").validate("cross")
+    with pytest.raises(AttentionOptionError, match=r"^--attn-block-size: got 0, expected an integer >= 1$"):
+        AttentionConfig(block_size=0).validate()

@@ -58,7 +58,7 @@ def test_smallest_run(bench, tmp_path, capsys):
 
     impls = {r["impl"] for r in saved["sublayer"]}
     assert {"fairseq_softmax_copy", "reluformer_default", "rela_default"} <= impls
-    assert {r["path"] for r in saved["sublayer"] if r["impl"].endswith("_default")} <= {"dense", "blocked", "fused"}
+    assert {r["path"] for r in saved["sublayer"] if r["impl"].endswith("_default")} <= {"direct", "dense", "blocked", "fused"}
     assert any(r["auto"] for r in saved["kernel"])
     copies = [r for r in saved["training"] if r["model"] == "fairseq_transformer_copy"]
     assert copies and all("ratio" in r for r in copies)

@@ -4,6 +4,7 @@ import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention
 from reluformer_mt.attention.blocked import tiled_attention
+from helpers import route_of
 
 E, H = 16, 2
 T, S = 23, 19  # not multiples of the block size, on purpose
@@ -38,11 +39,6 @@ def make_module(fn, options, impl, self_attention=False, seed=0):
     if module.sigmoid_bias is not None:
         with torch.no_grad():
             module.sigmoid_bias.copy_(torch.linspace(-3.0, -1.0, H))
-    return module
-
-
-def force_reference(module):
-    module._attention_path = lambda *args, **kwargs: "reference"
     return module
 
 
@@ -86,7 +82,7 @@ def assert_same(a, b):
                          [(fn, opts, causal, True) for fn, opts in CASES for causal in (False, True)]
                          + [("relu", {}, False, False), ("rela", {}, True, False)])
 def test_fast_paths_match_reference(fn, options, causal, padding):
-    reference = run(force_reference(make_module(fn, options, "dense", causal)), causal, padding)
+    reference = run(make_module(fn, options, "reference", causal), causal, padding)
     blocked = run(make_module(fn, options, "blocked", causal), causal, padding)
     assert_same(blocked, reference)
     dense = run(make_module(fn, options, "dense", causal), causal, padding)
@@ -98,7 +94,7 @@ def test_fast_paths_match_reference(fn, options, causal, padding):
                                         ("sigmoid", {"sigmoid_bias": "learned"})])
 def test_stats_and_regularisers_match_reference(impl, fn, options):
     """Zeros, null rows and ReLUFormer's two losses (values and gradients) from per-block row sums."""
-    reference = run(force_reference(make_module(fn, options, "dense", True)), True, True, regularise=True)
+    reference = run(make_module(fn, options, "reference", True), True, True, regularise=True)
     fast = run(make_module(fn, options, impl, True), True, True, regularise=True)
     assert set(fast[2]) == {"zeros", "visible", "null_rows", "rows", "norm_loss", "entropy_margin", "reg_rows"}
     assert_same(fast, reference)
@@ -111,7 +107,7 @@ def test_null_rows_counted_and_not_nan():
     v = torch.randn(1, 2, 12, 4)
     keep = torch.ones(1, 1, 12, 12, dtype=torch.bool)
     out, rows, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.5, row_factor=torch.full((1, 1, 12, 1), 0.4),
-                                   blocked=True, block_q=5, block_k=5, want_rows=True)
+                                   route="blocked", block_q=5, block_k=5, want_rows=True)
     assert torch.equal(out, torch.zeros_like(out))
     mass, xlogx, nonzero, n = rows
     assert int(nonzero.sum()) == 0 and bool((mass == 0).all()) and bool((n == 12).all())
@@ -131,7 +127,8 @@ def test_blocked_backward_keeps_no_full_size_tensor():
     for blocked in (False, True):
         sizes.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.35, blocked=blocked,
+            out, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.35,
+                                        route="blocked" if blocked else "dense",
                                         block_q=32, block_k=32)
         out.sum().backward()
         if blocked:
@@ -145,27 +142,31 @@ def test_auto_threshold_and_option_override():
         config = AttentionConfig(fn=fn, impl=impl, blocked_min_len=min_len)
         module = ReluformerAttention(E, H, config, self_attention=True, dropout=dropout)
         module.train(training)
-        return module._attention_path(tgt, src, None, want_weights)
+        return route_of(module, tgt, src, want_weights)
 
-    assert path("auto", 63, 63) == "dense"
+    assert path("auto", 63, 63) == "direct"          # one tile of plain tensor ops
     assert path("auto", 64, 64) == "blocked"
     assert path("auto", 8, 64) == "blocked"          # cross-attention to a long source
-    assert path("auto", 1, 5000) == "dense"          # one incremental decoding step
-    assert path("auto", 100, 100, want_weights=True) == "dense"
+    assert path("auto", 1, 5000) == "direct"         # one incremental decoding step
+    assert path("auto", 100, 100, want_weights=True) == "direct"
+    assert path("auto", 600, 600, want_weights=True, min_len=10_000) == "dense"  # more than one tile
     assert path("dense", 5000, 5000) == "dense"
+    assert path("reference", 5000, 5000) == "reference"
     assert path("blocked", 3, 3) == "blocked"
     assert path("blocked", 100, 100, training=True, dropout=0.1) == "reference"
     assert path("blocked", 100, 100, training=False, dropout=0.1) == "blocked"
-    assert path("auto", 5000, 5000, fn="softmax") == "reference"
+    assert path("auto", 5000, 5000, fn="softmax") == "fairseq"  # fairseq's own forward, heads averaged
     gelu = ReluformerAttention(E, H, AttentionConfig(fn="pointwise", pointwise_activation="gelu", impl="blocked"),
                                self_attention=True)
-    assert gelu._attention_path(9, 9, None, False) == "blocked"
+    assert route_of(gelu, 9, 9) == "blocked"
     with record_attention(gelu, regularise=True):  # negative weights: the row entropy is the reference's definition
-        assert gelu._attention_path(9, 9, None, False) == "reference"
-    assert gelu._attention_path(9, 9, None, False) == "blocked"
-    assert path("auto", 5000, 5000, fn="entmax15") == "reference"
+        assert route_of(gelu, 9, 9) == "reference"
+    assert route_of(gelu, 9, 9) == "blocked"
+    assert path("auto", 5000, 5000, fn="entmax15") == "sparse"  # the reference with the C++ weights kernel
     assert path("auto", 5000, 5000, fn="softpick") == "reference"
-    assert path("auto", 63, 63, fn="sigmoid") == "dense"
+    assert path("auto", 63, 63, fn="sigmoid") == "dense"  # gradients: the tiled kernel
+    sigmoid = ReluformerAttention(E, H, AttentionConfig(fn="sigmoid", blocked_min_len=64), self_attention=True)
+    assert route_of(sigmoid, 1, 63, q=torch.zeros(1, H, 1, E // H)) == "direct"  # a decoding step
     assert path("auto", 64, 64, fn="sigmoid") == "blocked"
 
 
@@ -173,7 +174,7 @@ def test_model_option_reaches_attention(tmp_path):
     """--attn-impl / --attn-blocked-min-len / --attn-block-size reach every attention module."""
     from argparse import Namespace
 
-    from reluformer_mt.models.reluformer_transformer import attention_config, fill_attention_defaults
+    from reluformer_mt.attention.config import config_from_args as attention_config, fill_attention_defaults
 
     args = Namespace(encoder_attn_fn="relu", decoder_attn_fn="rela", cross_attn_fn="pointwise",
                      attn_impl="blocked", attn_blocked_min_len=100, attn_block_size=64)

@@ -141,3 +141,19 @@ def test_every_entry_point_refuses_an_arbitrary_pickled_class(entry, bad_checkpo
         rc, err = 1, f"error: {e.value}"
     assert rc in (1, 2)
     assert_refused(err, bad_checkpoint)
+
+
+def test_the_loader_only_loads_and_says_when_nothing_registered(trained_checkpoint):
+    """Registering is the entry points' job (issue 21): a process that did not register gets one line."""
+    import subprocess
+    import sys
+
+    code = ("from reluformer_mt.checkpoints import CheckpointError, open_checkpoint\n"
+            f"try:\n    open_checkpoint({str(trained_checkpoint)!r})\nexcept CheckpointError as e:\n    print(e)\n"
+            "import reluformer_mt\nreluformer_mt.register()\n"
+            f"print(open_checkpoint({str(trained_checkpoint)!r}).cfg.model._name)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    refused, built = result.stdout.strip().splitlines()[-2:]
+    assert "plugin is not registered" in refused and "reluformer_mt.register()" in refused
+    assert built == "reluformer_tiny"

@@ -117,7 +117,7 @@ TINY = ["--arch", "reluformer_tiny", "--criterion", "reluformer_cross_entropy", 
 
 
 def fairseq_train(monkeypatch, argv):
-    from reluformer_mt.cli.inprocess import run_fairseq
+    from reluformer_mt.fairseq_runner import run_fairseq
 
     run_fairseq("train", argv)
 

@@ -235,3 +235,27 @@ def test_length_batches_longest_first_within_the_token_budget():
     assert length_batches([3, 9, 3, 5], max_tokens=10) == [[1], [3, 0], [2]]
     assert length_batches([2, 2, 2], max_tokens=100, max_items=2) == [[0, 1], [2]]
     assert length_batches([50], max_tokens=10) == [[0]]  # too long: its own batch, never dropped
+
+
+def test_one_docmt_reader_for_prepare_translate_and_eval(tmp_path):
+    """Issue 21: one reader, one detection, one name. A blank line before the first <d> is dropped
+    (and reported) by every tool; text there is the same one-line error in every tool."""
+    from reluformer_mt.data.documents import FORMAT
+    from reluformer_mt.evaluation import bleu
+    from reluformer_mt.inference.inputs import parse_input
+
+    a = write(tmp_path / "a.en", "\n<d>\none\ntwo\n<d>\nthree\n")
+    b = write(tmp_path / "a.de", "\n<d>\neins\nzwei\n<d>\ndrei\n")
+    report = Report()
+    prepared = read_docmt(a, b, report)
+    translated = parse_input(a.read_text(encoding="utf-8").splitlines(), "a.en", "auto", None, "en")
+    evaluated = bleu.read_docmt(a)
+    assert FORMAT == "docmt" and translated.fmt == FORMAT and bleu.detect_format(a) == FORMAT
+    assert [d.src for d in prepared] == [d.sentences for d in translated.documents] == list(evaluated.values())
+    assert report.skipped["blank line before the first <d>"] == 2  # one per side
+    assert translated.notes[0] == "blank line 1 before the first <d> dropped"
+    bad = write(tmp_path / "bad.en", "text\n<d>\none\n")
+    for read in (lambda: read_docmt(bad, bad, Report()), lambda: bleu.read_docmt(bad),
+                 lambda: parse_input(bad.read_text(encoding="utf-8").splitlines(), str(bad), FORMAT, None, "en")):
+        with pytest.raises(ValueError, match=r"bad\.en:1: expected a <d> line to start the first document"):
+            read()

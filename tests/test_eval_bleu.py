@@ -12,7 +12,7 @@ import pytest
 from reluformer_mt.cli.eval import main
 from reluformer_mt.data.segments import SegmentInfo, write_segment_metadata
 from reluformer_mt.evaluation.bleu import (bleu_from_files, corpus_dbleu, corpus_sbleu, pair_documents,
-                                           read_d_format, read_fairseq_generate, sentences_from_segments)
+                                           read_docmt, read_fairseq_generate, sentences_from_segments)
 
 DATA = Path(os.environ.get("RELUFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 DOCMT = DATA / "docmt_ende" / "IWSLT2017"  # CRLF line ends, 23 documents
@@ -34,7 +34,7 @@ def real(tmp_path_factory):
     """Reference docs (<d> file), perturbed hypothesis docs, and flat files for the CLI."""
     tmp = tmp_path_factory.mktemp("bleu")
     ref_path = DOCMT / "concatenated_en2de_test_de.txt"
-    ref_docs = read_d_format(ref_path)
+    ref_docs = read_docmt(ref_path)
     hyp_docs = {d: [perturb(s, k) for k, s in enumerate(sents)] for d, sents in ref_docs.items()}
     files = {}
     for name, lines in {"ref.sent": [s for v in ref_docs.values() for s in v],
@@ -152,8 +152,8 @@ def test_doc_pairing_and_bad_files(tmp_path):
     assert pairs == [("x", ["a"], ["b"])]
     bad = tmp_path / "bad.txt"
     bad.write_text("a\n<d>\nb\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="bad.txt:1: expected the document marker"):
-        read_d_format(bad)
+    with pytest.raises(ValueError, match="bad.txt:1: expected a <d> line to start the first document"):
+        read_docmt(bad)
     ids = tmp_path / "ids"
     ids.write_text("a\nb\n", encoding="utf-8")
     with pytest.raises(ValueError, match="has 3 lines but .*ids has 2 doc ids"):
@@ -169,8 +169,8 @@ def test_bom_or_zero_width_space_does_not_hide_a_marker(tmp_path):
     second = "\ufeff" + text.replace("\n<d>", "\n\u200b<d>", 1)
     joined = tmp_path / "joined.de"
     joined.write_text(text + second, encoding="utf-8")
-    n = len(read_d_format(ref_path))
-    docs = read_d_format(joined)
+    n = len(read_docmt(ref_path))
+    docs = read_docmt(joined)
     assert len(docs) == 2 * n and not any("<d>" in s for v in docs.values() for s in v)
     bommed = tmp_path / "bom.de"
     bommed.write_text(second, encoding="utf-8")

@@ -13,7 +13,7 @@ import pytest
 from helpers import SHARED_DATA
 from reluformer_mt.cli.eval import main
 from reluformer_mt.evaluation import contrastive, extract
-from reluformer_mt.evaluation.bleu import bleu_from_files, read_d_format
+from reluformer_mt.evaluation.bleu import bleu_from_files, read_docmt
 
 CONTRAPRO = SHARED_DATA / "contrapro_ctx1"
 DISCEVAL = SHARED_DATA / "bawden_enfr"
@@ -204,7 +204,7 @@ def test_bad_suites_are_one_line_errors(tmp_path, capsys):
 
 @pytest.mark.skipif(not IWSLT_TEST_DE.is_file(), reason=f"{IWSLT_TEST_DE} not found")
 def test_document_chrf_equals_the_sacrebleu_cli(tmp_path, capsys):
-    docs = read_d_format(IWSLT_TEST_DE)
+    docs = read_docmt(IWSLT_TEST_DE)
     hyp = {d: [" ".join(s.split()[1:]) for s in sents] for d, sents in docs.items()}  # drop each first word
     files = {"ref.d": [x for v in docs.values() for x in ["<d>"] + v], "hyp.d": [x for v in hyp.values() for x in ["<d>"] + v],
              "ref.doc": [" ".join(v) for v in docs.values()], "hyp.doc": [" ".join(v) for v in hyp.values()],

@@ -13,6 +13,8 @@ from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention.recording import record_attention
 from reluformer_mt.attention.visibility import Visibility
 
+from helpers import route_of
+
 pytest.importorskip("torch.nn.attention.flex_attention")
 
 
@@ -31,8 +33,9 @@ def test_flex_equals_the_blocked_path(T, S, causal):
     q[0, 0, :5] = -q[0, 0, :5].abs()  # some rows may see no positive logit: output exactly 0
     vis = Visibility.from_padding(T, S, padding(B, S), causal)
     with torch.no_grad():
-        expected, _, _ = tiled_attention(q, k, v, vis, activation="relu", scaling=0.25, blocked=True, block_q=64, block_k=64)
-        got, rows, _ = tiled_attention(q, k, v, vis, activation="relu", scaling=0.25, blocked=True, flex=True)
+        expected, _, _ = tiled_attention(q, k, v, vis, route="blocked", activation="relu", scaling=0.25, block_q=64,
+                                         block_k=64)
+        got, rows, _ = tiled_attention(q, k, v, vis, route="flex", activation="relu", scaling=0.25)
     assert rows is None and not torch.isnan(got).any()
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
 
@@ -70,3 +73,17 @@ def test_module_takes_flex_where_supported_and_blocked_when_rows_are_recorded(mo
     with torch.no_grad(), record_attention(module, regularise=True, statistics=True):
         module(x, x, x, key_padding_mask=kpm, need_weights=False, is_causal=True)
     assert not calls, "row sums cannot come from FlexAttention: the blocked path must serve"
+
+
+def test_recorded_statistics_fall_back_to_what_auto_runs_without_flex(monkeypatch):
+    """Issue 21: with statistics recorded, ``auto`` on CUDA used to report flex and run blocked at
+    any length; the chooser now names the route that runs: direct/dense short, blocked long."""
+    from reluformer_mt.attention import fused
+
+    monkeypatch.setattr(flex_kernel, "supports", lambda q: True)  # as on CUDA: flex, and no C++ kernel
+    monkeypatch.setattr(fused, "supports", lambda q: False)
+    module = ReluformerAttention(32, 4, AttentionConfig(fn="relu", blocked_min_len=100), self_attention=True)
+    assert route_of(module, 50, 50) == "flex" and route_of(module, 500, 500) == "flex"
+    assert route_of(module, 50, 50, want_rows=True) == "direct"
+    assert route_of(module, 600, 600, want_rows=True, q=torch.zeros(1, 4, 600, 8, requires_grad=True)) == "blocked"
+    assert route_of(module, 50, 50, want_weights=True) == "direct"  # weights: never a kernel

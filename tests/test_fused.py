@@ -3,14 +3,17 @@
 The extension is compiled on first use (about 30 s here, once per machine; cached under
 ~/.cache/reluformer_mt or $TORCH_EXTENSIONS_DIR). Skipped with the reason if it cannot be built.
 """
+import logging
+
 import pytest
 import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention
-from reluformer_mt.attention import fused
+from reluformer_mt.attention import fused, routes
 from reluformer_mt.attention.extension import LazyExtension
 from reluformer_mt.attention.blocked import count_visible, tiled_attention
-from test_blocked import assert_same, force_reference, make_module, run
+from helpers import route_of
+from test_blocked import assert_same, make_module, run
 
 pytestmark = pytest.mark.skipif(not fused.available(),
                                 reason="fused ReLU attention extension could not be built (no C++ compiler or ninja?)")
@@ -39,7 +42,7 @@ def fused_module(fn, options, causal):
 
 @pytest.mark.parametrize("fn,options,causal", [(fn, opts, causal) for fn, opts in FUSED_CASES for causal in (False, True)])
 def test_fused_matches_reference(fn, options, causal):
-    reference = run(force_reference(make_module(fn, options, "dense", causal)), causal, True)
+    reference = run(make_module(fn, options, "reference", causal), causal, True)
     module, calls, original = fused_module(fn, options, causal)
     try:
         result = run(module, causal, True)
@@ -51,7 +54,7 @@ def test_fused_matches_reference(fn, options, causal):
 
 @pytest.mark.parametrize("fn,options", [("relu", {"relu_gamma_mode": "head"}), ("pointwise", {})])
 def test_fused_stats_and_regularisers_match_reference(fn, options):
-    reference = run(force_reference(make_module(fn, options, "dense", True)), True, True, regularise=True)
+    reference = run(make_module(fn, options, "reference", True), True, True, regularise=True)
     result = run(make_module(fn, options, "fused", True), True, True, regularise=True)
     assert_same(result, reference)
 
@@ -67,7 +70,8 @@ def test_fused_kernel_larger_tiles_and_float64():
     for use_fused in (False, True):
         factor = 1.0 / (1.1 * torch.sqrt(count_visible(keep).clamp(min=1).double() / 2))  # ReLUFormer's c_i
         out, rows, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.25, row_factor=factor,
-                                       blocked=True, block_q=64, block_k=64, want_rows=True, fused=use_fused)
+                                       route="fused" if use_fused else "blocked", block_q=64, block_k=64,
+                                       want_rows=True)
         loss = (out * out.detach().sign()).sum() + rows[0].sum() + 0.1 * rows[1].sum()
         grads = torch.autograd.grad(loss, (q, k, v))
         results.append((out, rows[0], rows[1], rows[2].double(), *grads))
@@ -78,20 +82,22 @@ def test_fused_kernel_larger_tiles_and_float64():
 def test_fused_option_and_auto_paths():
     config = AttentionConfig(fn="relu", impl="fused")
     module = ReluformerAttention(16, 2, config, self_attention=True)
-    assert module._attention_path(9, 9, None, False) == "fused"
-    assert module._attention_path(9, 9, None, True) == "dense"  # weights wanted
+    assert route_of(module, 9, 9) == "fused"
+    assert route_of(module, 9, 9, want_weights=True) == "direct"  # weights wanted: one dense tile
     gelu = ReluformerAttention(16, 2, AttentionConfig(fn="pointwise", pointwise_activation="gelu", impl="fused"),
                                self_attention=True)
-    assert gelu._attention_path(9, 9, None, False) == "blocked"  # kernel is for h = relu only
+    assert route_of(gelu, 9, 9) == "blocked"  # kernel is for h = relu only
 
 
-def test_failed_build_warns_and_falls_back(monkeypatch):
+def test_failed_build_warns_and_falls_back(monkeypatch, caplog):
+    monkeypatch.setattr(routes, "_logged", set())
     missing = LazyExtension("missing", fused.SOURCE.with_name("missing.cpp"), fused.KERNEL.what, fused.KERNEL.fallback)
     monkeypatch.setattr(fused, "KERNEL", missing)
     with pytest.warns(UserWarning, match="fused ReLU attention kernel unavailable"):
         assert fused.load() is None
-    q, k, v = (torch.randn(1, 2, 7, 4) for _ in range(3))
-    keep = torch.ones(1, 1, 7, 7, dtype=torch.bool)
-    out, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.5, blocked=True, fused=True)
-    ref, _, _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.5, blocked=True)
-    torch.testing.assert_close(out, ref)
+    module = ReluformerAttention(16, 2, AttentionConfig(fn="relu", impl="fused"), self_attention=True)
+    with caplog.at_level(logging.WARNING, logger="reluformer_mt.attention.routes"):
+        assert route_of(module, 9, 9) == "blocked"  # decided by the chooser, logged once
+        assert route_of(module, 9, 9) == "blocked"
+    fallbacks = [r for r in caplog.records if "--attn-impl fused" in r.getMessage()]
+    assert len(fallbacks) == 1 and "blocked route instead" in fallbacks[0].getMessage()

@@ -12,7 +12,7 @@ from reluformer_mt.attention import AttentionConfig, AttentionOptionError, Reluf
 from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention.functions import FUNCTIONS, Params, SIGMOID_LEARNED_BIAS_LENGTH
 
-from helpers import run_fairseq, tiny_train_args
+from helpers import route_of, run_fairseq, tiny_train_args
 from test_models import build, tiny_task
 
 register()  # models, criterion, task and the fairseq fixes: importing the package does not register
@@ -144,7 +144,8 @@ def test_tiled_row_bias_forward_and_gradients_equal_autograd(blocked, causal):
     bias = torch.tensor([-0.7, -2.0], dtype=torch.float64, requires_grad=True)
     factor = torch.rand(B, 1, T, 1, dtype=torch.float64).add(0.5).requires_grad_(True)
     out, rows, _ = tiled_attention(q, k, v, keep, activation="sigmoid", scaling=0.5, row_factor=factor,
-                                   row_bias=bias.view(-1, 1, 1), blocked=blocked, block_q=4, block_k=4,
+                                   row_bias=bias.view(-1, 1, 1), route="blocked" if blocked else "dense",
+                                   block_q=4, block_k=4,
                                    want_rows=True)
     a = factor * torch.sigmoid((q * 0.5) @ k.transpose(-1, -2) + bias.view(-1, 1, 1)) * keep
     ref_out = a @ v
@@ -166,10 +167,8 @@ def test_module_fast_path_equals_reference_and_weights(impl, fn, options):
     """Causal + padded self-attention: outputs, returned weights and every gradient."""
     def run(path):
         torch.manual_seed(0)
-        module = ReluformerAttention(E, H, AttentionConfig(fn=fn, impl=impl, block_size=4, **options),
-                                     self_attention=True).eval()
-        if path == "reference":
-            module._attention_path = lambda *args, **kwargs: "reference"
+        config = AttentionConfig(fn=fn, impl="reference" if path == "reference" else impl, block_size=4, **options)
+        module = ReluformerAttention(E, H, config, self_attention=True).eval()
         torch.manual_seed(1)
         x = torch.randn(10, 2, E, requires_grad=True)
         kpm = torch.zeros(2, 10, dtype=torch.bool)
@@ -178,7 +177,7 @@ def test_module_fast_path_equals_reference_and_weights(impl, fn, options):
         out, _ = module(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
         _, w = module(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_head_weights=True)
         grads = torch.autograd.grad(out.pow(2).sum(), [x] + [p for _, p in sorted(module.named_parameters())])
-        return out, w, grads, module._attention_path(10, 10, None, False, x)
+        return out, w, grads, route_of(module, 10, 10)
 
     ref_out, ref_w, ref_grads, _ = run("reference")
     out, w, grads, path = run("fast")
@@ -193,7 +192,7 @@ def test_paths_follow_the_declared_capabilities():
     def path(fn, impl="auto", src=100, **options):
         module = ReluformerAttention(E, H, AttentionConfig(fn=fn, impl=impl, blocked_min_len=64, **options),
                                      self_attention=True)
-        return module._attention_path(src, src, None, False)
+        return route_of(module, src, src)
 
     assert FUNCTIONS["sigmoid"].tiled and not FUNCTIONS["sigmoid"].fused_relu(AttentionConfig(fn="sigmoid"))
     assert not FUNCTIONS["softpick"].tiled and not FUNCTIONS["softpick"].normalised

@@ -10,7 +10,9 @@ import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention
 from reluformer_mt.attention import functions as F_attn
-from reluformer_mt.attention import sparse_maps
+from reluformer_mt.attention import regularisers, sparse_maps
+
+from helpers import route_of
 
 E, H = 16, 2
 
@@ -52,10 +54,8 @@ def small_mass_module(path):
     """relu2 with qk-layernorm whose gains make the logits tiny: live rows of mass ~1e-5."""
     torch.manual_seed(0)
     config = AttentionConfig(fn="pointwise", pointwise_activation="relu2", qk_layernorm=True,
-                             impl="dense" if path == "reference" else path, block_size=8, blocked_min_len=10_000)
+                             impl=path, block_size=8, blocked_min_len=10_000)
     module = ReluformerAttention(E, H, config, self_attention=True)
-    if path == "reference":
-        module._attention_path = lambda *args, **kwargs: "reference"
     with torch.no_grad():
         for name, p in module.named_parameters():
             if name in ("q_norm.weight", "k_norm.weight"):
@@ -86,9 +86,9 @@ def test_float16_normalisation_loss_gradients_stay_finite(path):
 
 def test_normalisation_loss_is_log_above_the_floor_and_its_tangent_below():
     m = torch.tensor([1.0, 0.5, 2.0 ** -12, 1e-6, 1e-30], dtype=torch.float64, requires_grad=True)
-    loss = F_attn.normalisation_loss(m)
+    loss = regularisers.normalisation_loss(m)
     loss.sum().backward()
-    floor = F_attn.NORM_LOSS_MIN_MASS
+    floor = regularisers.NORM_LOSS_MIN_MASS
     torch.testing.assert_close(loss[:3], torch.log(m[:3]).abs())
     assert torch.isfinite(loss).all() and float(m.grad.abs().max()) <= 1 / floor
     assert float(loss[4]) == pytest.approx(-math.log(floor) + 1.0)
@@ -149,11 +149,8 @@ def test_float64_inputs_get_float64_weights(name):
 def test_log_gamma_far_below_zero_is_bounded(path):
     def output(log_gamma, dtype=torch.float32):
         torch.manual_seed(0)
-        config = AttentionConfig(fn="relu", relu_gamma_mode="head", impl="dense" if path == "reference" else path,
-                                 block_size=8, blocked_min_len=10_000)
+        config = AttentionConfig(fn="relu", relu_gamma_mode="head", impl=path, block_size=8, blocked_min_len=10_000)
         module = ReluformerAttention(E, H, config, self_attention=True).to(dtype).eval()
-        if path == "reference":
-            module._attention_path = lambda *args, **kwargs: "reference"
         with torch.no_grad():
             module.log_gamma.fill_(log_gamma)
             x = (torch.randn(10, 2, E) * 1e-3).to(dtype)
@@ -174,17 +171,18 @@ def test_regularise_fns_softmax_is_refused():
     assert attention_function_names("relu,sparsemax") == "relu,sparsemax"
 
 
-def test_flex_calls_that_fall_back_say_so_once(caplog):
-    from reluformer_mt.attention import blocked
+def test_flex_calls_that_fall_back_say_so_once(monkeypatch, caplog):
+    """auto on CUDA (faked: FlexAttention runs eagerly on the CPU) gives h = relu calls to FlexAttention;
+    one that records row statistics runs another route, and the route chooser says so once."""
+    from reluformer_mt.attention import flex, routes
 
-    blocked._FLEX_NOTES.clear()
+    monkeypatch.setattr(flex, "supports", lambda q: True)
+    monkeypatch.setattr(routes, "_logged", set())
     caplog.set_level(logging.WARNING)
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
-    keep = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    module = ReluformerAttention(E, H, AttentionConfig(fn="relu"), self_attention=True)
+    assert route_of(module, 6, 6) == "flex"
     for _ in range(2):
-        out, rows, _ = blocked.tiled_attention(q, k, v, keep, scaling=0.35, want_rows=True, flex=True)
-        assert rows is not None
-    notes = [r.getMessage() for r in caplog.records if "FlexAttention" in r.getMessage()]
-    assert notes == ["FlexAttention cannot serve attention statistics or ReLUFormer's regularisers (per-row sums): "
-                     "those calls run the PyTorch blocked or dense path"]
+        assert route_of(module, 6, 6, want_rows=True) == "direct"
+    notes = [r.getMessage() for r in caplog.records if "flex" in r.getMessage()]
+    assert notes == ["--attn-impl auto: the flex route cannot serve attention statistics or ReLUFormer's regularisers "
+                     "(per-row sums); running another route"]

@@ -58,17 +58,16 @@ def test_attention_weights_take_the_kernel_and_agree_with_the_package(name, func
     calls = []
     original = sparse_maps.sparse_map
     monkeypatch.setattr(sparse_maps, "sparse_map", lambda x, n, keep=None: calls.append(n) or original(x, n, keep))
-    with_kernel = function(scores, keep)
+    with_kernel = function(scores, keep, kernel=True)
     assert calls == [name]
-    monkeypatch.setattr(sparse_maps, "supports", lambda logits: False)
     with_package = function(scores, keep)
+    assert calls == [name]  # the package, not the kernel
     torch.testing.assert_close(with_kernel, with_package, atol=1e-6, rtol=0)
     assert with_kernel[1, :, :, 10:].abs().sum() == 0 and with_kernel[0, :, 3].abs().sum() == 0
     grads = []
     for use_kernel in (True, False):
-        monkeypatch.setattr(sparse_maps, "supports", lambda logits, use=use_kernel: use)
         x = scores.clone().requires_grad_()
-        function(x, keep).mul(torch.arange(13.0)).sum().backward()
+        function(x, keep, kernel=use_kernel).mul(torch.arange(13.0)).sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=0)
     assert grads[0][1, :, :, 10:].abs().sum() == 0
@@ -95,3 +94,19 @@ def test_failed_build_warns_and_falls_back(monkeypatch):
         assert sparse_maps.load() is None
     scores, keep = torch.randn(1, 1, 3, 5), torch.ones(1, 1, 3, 5, dtype=torch.bool)
     torch.testing.assert_close(sparsemax_weights(scores, keep), sparsemax(scores, dim=-1))
+
+
+def test_the_route_chooser_takes_the_kernel_where_it_serves(monkeypatch):
+    """The kernel-or-package choice is the route chooser's (issue 21): ``sparse`` on CPU,
+    ``reference`` (the entmax package) when asked for or where the kernel is missing."""
+    from reluformer_mt.attention import AttentionConfig, ReluformerAttention
+    from helpers import route_of
+
+    for fn in ("sparsemax", "entmax15"):
+        module = ReluformerAttention(16, 2, AttentionConfig(fn=fn), self_attention=True)
+        assert route_of(module, 5, 5) == "sparse"
+        assert route_of(ReluformerAttention(16, 2, AttentionConfig(fn=fn, impl="reference"), self_attention=True),
+                        5, 5) == "reference"
+        monkeypatch.setattr(sparse_maps, "load", lambda verbose=False: None)
+        assert route_of(module, 5, 5) == "reference"
+        monkeypatch.undo()

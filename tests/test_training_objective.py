@@ -13,7 +13,7 @@ from fairseq.data import Dictionary, LanguagePairDataset
 
 from reluformer_mt.plugin import register
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention
-from reluformer_mt.attention.multihead import rela_gate_init_range
+from reluformer_mt.attention.functions import relu_gamma, rela_gate_init_range
 from reluformer_mt.criteria.reluformer_criterion import ReluformerCriterion
 
 from helpers import USER_DIR
@@ -27,12 +27,8 @@ PATHS = ["reference", "dense", "blocked", "fused"]
 
 def attention(fn="relu", path="dense", seed=0, **options):
     torch.manual_seed(seed)
-    config = AttentionConfig(fn=fn, impl="dense" if path == "reference" else path, block_size=8,
-                             blocked_min_len=10_000, **options)
-    module = ReluformerAttention(E, H, config, self_attention=True)
-    if path == "reference":
-        module._attention_path = lambda *args, **kwargs: "reference"
-    return module
+    config = AttentionConfig(fn=fn, impl=path, block_size=8, blocked_min_len=10_000, **options)
+    return ReluformerAttention(E, H, config, self_attention=True)
 
 
 def recorded(module, *args, **kwargs):
@@ -151,7 +147,8 @@ def test_row_sums_of_bf16_weights_accumulate_in_float32(blocked):
     q = torch.randn(1, 2, 8, 16).bfloat16()
     k, v = torch.randn(1, 2, 2048, 16).bfloat16(), torch.randn(1, 2, 2048, 16).bfloat16()
     keep = torch.ones(1, 1, 8, 2048, dtype=torch.bool)
-    _, (mass, xlogx, _, _), _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.25, blocked=blocked,
+    _, (mass, xlogx, _, _), _ = tiled_attention(q, k, v, keep, activation="relu", scaling=0.25,
+                                                route="blocked" if blocked else "dense",
                                                 block_q=8, block_k=256, want_rows=True)
     a = torch.relu(torch.matmul(q * 0.25, k.transpose(-1, -2))).double()  # the same bf16 weights
     assert mass.dtype == torch.float32
@@ -199,7 +196,7 @@ def test_learned_gamma_stays_positive_and_fast_paths_follow_the_formula(mode):
         module = attention(path=path, relu_gamma_mode=mode, relu_gamma=0.5).eval()
         with torch.no_grad():
             module.log_gamma.fill_(-3.0)  # a large negative step on the parameter
-        assert bool((module._gamma(torch.float32) > 0).all())
+        assert bool((relu_gamma(module._params(), torch.float32) > 0).all())
         torch.manual_seed(4)
         x = torch.randn(9, 2, E)
         outs.append(recorded(module, x, x, x)[0])
@@ -228,7 +225,7 @@ def test_checkpoint_with_old_gamma_parameter_is_upgraded():
     del state["log_gamma"]
     module.upgrade_state_dict_named(state, "")
     module.load_state_dict(state)
-    torch.testing.assert_close(module._gamma(torch.float32).flatten(), torch.tensor([0.5, 2.0]))
+    torch.testing.assert_close(relu_gamma(module._params(), torch.float32).flatten(), torch.tensor([0.5, 2.0]))
     state["gamma"] = torch.tensor([-0.5, 2.0])
     with pytest.raises(ValueError, match="must be > 0"):
         module.upgrade_state_dict_named(state, "")

@@ -22,7 +22,8 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, record_attention  # noqa: E402
 from reluformer_mt.attention import triton_kernel  # noqa: E402
-from reluformer_mt.attention.config import ATTENTION_IMPLS  # noqa: E402
+from helpers import route_of  # noqa: E402
+from reluformer_mt.attention import routes  # noqa: E402
 from reluformer_mt.attention.functions import Params, get_function  # noqa: E402
 from reluformer_mt.attention.visibility import Visibility  # noqa: E402
 
@@ -248,11 +249,8 @@ E = H * D
 
 def sublayer(fn, impl, options, seed=0):
     torch.manual_seed(seed)
-    config = AttentionConfig(fn=fn, impl="dense" if impl == "reference" else impl, **options)
-    module = ReluformerAttention(E, H, config, self_attention=True).to(DEVICE)
-    if impl == "reference":
-        module._attention_path = lambda *args, **kwargs: "reference"
-    return module
+    config = AttentionConfig(fn=fn, impl=impl, **options)
+    return ReluformerAttention(E, H, config, self_attention=True).to(DEVICE)
 
 
 @pytest.mark.parametrize("fn,options", [CASES[1], CASES[3], CASES[7]])
@@ -286,7 +284,7 @@ def test_sublayer_with_attn_impl_triton_equals_reference(fn, options):
 
 
 def test_attn_impl_triton_without_cuda_is_one_clear_error(monkeypatch):
-    assert "triton" in ATTENTION_IMPLS
+    assert "triton" in routes.impl_choices()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     module = sublayer("relu", "triton", {}).cpu()
     x = torch.randn(5, 2, E)
@@ -300,23 +298,24 @@ def test_auto_routes_cuda_calls_with_statistics_to_triton(monkeypatch):
     # no FlexAttention import, no C++ build: only the route is under test
     monkeypatch.setenv("RELUFORMER_NO_FLEX", "1")
     monkeypatch.setenv("RELUFORMER_NO_FUSED", "1")
-    cuda_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device=torch.device("cuda"))
-    cpu_q = torch.zeros(1, H, 4, D)  # auto never takes the kernel on the CPU, interpreter or not
+    cuda_q = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device=torch.device("cuda"), requires_grad=True,
+                                   size=lambda dim: (1, H, 512, D)[dim])
+    cpu_q = torch.zeros(1, H, 512, D, requires_grad=True)  # auto never takes the kernel on the CPU, interpreter or not
     for fn in ("relu", "rela", "sigmoid"):
         module = sublayer(fn, "auto", {})
-        assert module._attention_path(512, 512, None, False, cuda_q) != "triton"
+        assert route_of(module, 512, 512, q=cuda_q) != "triton"
         with record_attention(module, regularise=True):
-            assert module._attention_path(512, 512, None, False, cuda_q) == "triton"
-            assert module._attention_path(512, 512, None, True, cuda_q) != "triton"  # weights wanted
-            assert module._attention_path(512, 512, None, False, cpu_q) != "triton"
+            assert route_of(module, 512, 512, want_rows=True, q=cuda_q) == "triton"
+            assert route_of(module, 512, 512, want_weights=True, want_rows=True, q=cuda_q) != "triton"
+            assert route_of(module, 512, 512, want_rows=True, q=cpu_q) != "triton"
             monkeypatch.setenv("RELUFORMER_NO_TRITON", "1")
-            assert module._attention_path(512, 512, None, False, cuda_q) != "triton"
+            assert route_of(module, 512, 512, want_rows=True, q=cuda_q) != "triton"
             monkeypatch.delenv("RELUFORMER_NO_TRITON")
     signed = sublayer("pointwise", "auto", {"pointwise_activation": "gelu"})
-    with record_attention(signed, regularise=True):  # signed weights regularise on the reference path
-        assert signed._attention_path(512, 512, None, False, cuda_q) == "reference"
+    with record_attention(signed, regularise=True):  # signed weights regularise on the reference route
+        assert route_of(signed, 512, 512, want_rows=True, q=cuda_q) == "reference"
     with record_attention(signed):  # statistics only: the kernel
-        assert signed._attention_path(512, 512, None, False, cuda_q) == "triton"
+        assert route_of(signed, 512, 512, want_rows=True, q=cuda_q) == "triton"
 
 
 # --------------------------------------------------------------------------- compiled for a GPU, without one

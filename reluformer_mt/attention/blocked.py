@@ -7,6 +7,9 @@ activation h, the positive row factor c_i and the row bias b_i; nothing here kno
 functions by name. One custom autograd function does the work in tiles of ``block_q`` queries
 x ``block_k`` keys, all heads at once (batched matmul):
 
+Routes (chosen by :mod:`reluformer_mt.attention.routes`, given to :func:`tiled_attention`):
+
+- **direct**: one tile as plain tensor ops (short calls; no tiling bookkeeping);
 - **dense** mode: tiles of whole key rows written into one (T, S) weight tensor that is kept for
   backward when h = relu (as autograd would, but without the extra copies: in-place activation,
   scale and mask; other activations recompute their logits in backward, as blocked mode does);
@@ -24,26 +27,23 @@ per-head bias) is added to the logits inside the activation; its gradient is sum
 
 Rows for the regularisers (ReLUFormer, Shen et al. 2023, arXiv:2302.06461): instead of the
 weights, the kernel can return, per query row, the mass m_i = sum_j a_ij, e_i = sum_j a_ij log a_ij
-and the count of non-zero weights. The entropy of p_i = a_i / m_i is log m_i - e_i / m_i, so both
-losses and the sparsity statistics come from these three numbers, with exact gradients (the
-backward adds g_m + g_e (log a_ij + 1) to each weight's gradient), in dense and blocked mode alike.
+and the count of non-zero weights, from which :mod:`reluformer_mt.attention.regularisers` computes
+both losses and the sparsity statistics, with exact gradients (the backward adds
+g_m + g_e (log a_ij + 1) to each weight's gradient), in dense and blocked mode alike.
 
 Not handled here (the caller uses the reference path of :mod:`reluformer_mt.attention.functions`):
 additive float masks and attention dropout in training. Activations other than relu get their
 derivative by autograd on the recomputed logits of each tile.
 """
-import logging
 from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.functions import (POINTWISE_ACTIVATIONS, Params, accumulation_dtype,
-                                               entropy_margin_target, get_function, normalisation_loss)
+from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS, accumulation_dtype
+from reluformer_mt.attention.routes import DENSE_TILE_ELEMENTS
 from reluformer_mt.attention.visibility import Visibility, as_visibility, count_visible
 
-# dense mode: rows per tile = this / key length (1 MB of float32 per head: the L2 cache here)
-DENSE_TILE_ELEMENTS = 2 ** 18
 
 
 def _activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -201,21 +201,13 @@ class _TiledAttention(torch.autograd.Function):
                 None, None, None, None, None, None, None, None)
 
 
-_FLEX_NOTES = set()
+TILED_ROUTES = ("direct", "dense", "blocked", "fused", "flex")
 
 
-def _note_flex_left(reason: str) -> None:
-    """Say once per reason that a call chosen for FlexAttention runs the blocked path instead."""
-    if reason not in _FLEX_NOTES:
-        _FLEX_NOTES.add(reason)
-        logging.getLogger(__name__).warning("FlexAttention cannot serve %s: those calls run the PyTorch blocked or dense path", reason)
-
-
-def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = "relu",
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dense", activation: str = "relu",
                     scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
                     row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
-                    blocked: bool = False, block_q: int = 512, block_k: int = 512,
-                    want_rows: bool = False, want_weights: bool = False, fused: bool = False, flex: bool = False):
+                    block_q: int = 512, block_k: int = 512, want_rows: bool = False, want_weights: bool = False):
     """out_i = sum_j c_i h(s_ij + b_i) v_j without the T x S intermediates of the reference path.
 
     q (B, H, T, D), k/v (B, H, S, D); ``keep`` the visible keys: a
@@ -224,19 +216,23 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
     ``POINTWISE_ACTIVATIONS``; ``scaling`` multiplies the logits (1/sqrt(d_h)) or is None;
     ``row_factor`` c_i > 0 and ``row_bias`` b_i broadcastable to (B, H, T, 1) or None (gradients
     flow to both); ``n_visible`` (B|1, 1, T, 1) if the caller counted it already.
-    ``fused``: run the C++ kernel of :mod:`reluformer_mt.attention.fused` where it applies
-    (h = relu, no bias, no weights wanted, float CPU tensors, extension built); else the dense or
-    blocked path as ``blocked`` says. ``flex``: FlexAttention (:mod:`reluformer_mt.attention.flex`,
-    CUDA) where it applies (h = relu, no bias, no rows or weights wanted, key ranges); else the same.
+    ``route`` (chosen by :func:`reluformer_mt.attention.routes.choose_route`): ``direct`` (one
+    tile of plain tensor ops: h = relu without row factor or bias, or any h without gradients,
+    rows or weights), ``dense``, ``blocked``, ``fused`` (the C++ kernel of
+    :mod:`reluformer_mt.attention.fused`: h = relu, no bias, no weights, float CPU tensors) or
+    ``flex`` (FlexAttention, :mod:`reluformer_mt.attention.flex`: also no rows, key ranges only).
+    A route that cannot serve the call raises ValueError: nothing here falls back.
     Returns (out (B, H, T, D), rows, weights) with rows = (mass, xlogx, nonzero, n_visible) of
     shape (B, H, T) each when ``want_rows`` (else None) and weights (B, H, T, S) when wanted
-    (dense mode only).
+    (direct and dense routes only).
     """
     B, H, T, D = q.shape
     S = k.size(2)
     act = activation
-    if want_weights and blocked:
-        raise ValueError("the blocked path never materialises the weights; use dense mode")
+    if route not in TILED_ROUTES:
+        raise ValueError(f"route {route!r}: expected one of {', '.join(TILED_ROUTES)}")
+    if want_weights and route not in ("direct", "dense"):
+        raise ValueError(f"the {route} route never materialises the weights; use dense")
     keep = as_visibility(keep)
     if n_visible is None:
         n_visible = keep.n_visible(q.device)  # (B|1, 1, T, 1)
@@ -248,57 +244,42 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation: str = 
         q, c = q * (c if scaling is None else c * scaling), None
     elif scaling is not None:
         q = q * scaling
-    if flex and act == "relu" and c is None and b is None and not want_weights:
-        if not want_rows and (visible is None or visible.mask is None):
-            from reluformer_mt.attention import flex as flex_kernel
-            return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
-        _note_flex_left("attention statistics or ReLUFormer's regularisers (per-row sums)" if want_rows
-                        else "a mask that is not key ranges and a causal flag")
+    plain_relu = act == "relu" and c is None and b is None
+    if route in ("fused", "flex") and not plain_relu:
+        raise ValueError(f"the {route} route needs h = relu without row bias")
+    if route == "flex":
+        if want_rows or (visible is not None and visible.mask is not None):
+            raise ValueError("the flex route returns no row sums and takes key ranges, not a dense mask")
+        from reluformer_mt.attention import flex as flex_kernel
+        return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
     q3 = q.reshape(B * H, T, D)
     k3, v3 = k.reshape(B * H, S, D), v.reshape(B * H, S, v.size(-1))
     c3 = None if c is None else c.reshape(B * H, T, 1)
     b3 = None if b is None else b.reshape(B * H, T, 1)
-    if fused and act == "relu" and c3 is None and b3 is None and not want_weights:
+    if route == "fused":
         from reluformer_mt.attention import fused as fused_kernel
-        if fused_kernel.supports(q3):
-            out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
-            return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
-    small = not blocked and T * S <= DENSE_TILE_ELEMENTS
-    if small and act == "relu" and c3 is None and b3 is None:
-        # one tile (sentences, L <= 512): plain autograd ops beat the tiling's bookkeeping, which
-        # costs as much as the math at these sizes (measured: docs/PERFORMANCE.md)
-        out, mass, xlogx, nonzero, weights = _direct_relu(
-            q3, k3, v3, None if visible is None else visible.dense(q.device), H, want_rows)
-        return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
+        out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
+        return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3, b3))
-    if not needs_grad and small and not want_rows and not want_weights:
+    if route == "direct":
+        dense_keep = None if visible is None else visible.dense(q.device)
+        if plain_relu:
+            # one tile (sentences, L <= 512): plain autograd ops beat the tiling's bookkeeping, which
+            # costs as much as the math at these sizes (measured: docs/PERFORMANCE.md)
+            out, mass, xlogx, nonzero, weights = _direct_relu(q3, k3, v3, dense_keep, H, want_rows)
+            return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
+        if needs_grad or want_rows or want_weights:
+            raise ValueError("the direct route runs other activations than relu only without gradients, rows or weights")
         # small calls without gradients (every incremental decoding step): a few tensor ops,
         # without the tiling's bookkeeping, which profiling showed costs as much as the math there
-        a, _ = _weights_tile(q3, k3, c3, b3, None if visible is None else visible.dense(q.device), act, H)
+        a, _ = _weights_tile(q3, k3, c3, b3, dense_keep, act, H)
         return _finish(torch.bmm(a, v3), None, None, None, None, n_visible, B, H, T, S, False, False)
+    dense = route == "dense"
     # dense mode keeps the weights for backward only for relu (others recompute their logits)
-    keep_weights = not blocked and (want_weights or (needs_grad and act == "relu"))
+    keep_weights = dense and (want_weights or (needs_grad and act == "relu"))
     out, mass, xlogx, nonzero, weights = _TiledAttention.apply(
-        q3, k3, v3, c3, b3, visible, act, H, block_q, block_k, not blocked, want_rows, keep_weights)
+        q3, k3, v3, c3, b3, visible, act, H, block_q, block_k, dense, want_rows, keep_weights)
     return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
-
-
-def relu_family_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, fn: str, scaling: Optional[float],
-                          gamma: Optional[Tensor] = None, length_scale: bool = True, alpha: float = 1.0,
-                          activation: str = "relu", **options):
-    """The former entry point (benchmarks/run.py): ``tiled_attention`` with the activation, row
-    factor and row bias that the registered function ``fn`` declares for these options."""
-    from reluformer_mt.attention.config import AttentionConfig
-
-    function = get_function(fn)
-    config = AttentionConfig(fn=fn, relu_length_scale=length_scale, pointwise_alpha=alpha,
-                             pointwise_activation=activation)
-    params = Params(config, {} if gamma is None else {"log_gamma": torch.as_tensor(gamma).log()})
-    keep = as_visibility(keep)
-    n_visible = keep.n_visible(q.device)
-    return tiled_attention(q, k, v, keep, activation=function.activation(config), scaling=scaling,
-                           row_factor=function.row_factor(n_visible, params, q.dtype),
-                           row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible, **options)
 
 
 def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int, want_rows: bool):
@@ -331,22 +312,4 @@ def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows
     return out, rows, (weights.view(B, H, T, S) if want_weights else None)
 
 
-def regularisers_from_rows(mass: Tensor, xlogx: Tensor, n_visible: Tensor, ratio: float = 0.7):
-    """ReLUFormer's two row losses from per-row sums (same values as ``functions.row_regularisers``).
-
-    H(p_i) = log m_i - e_i / m_i with m_i = sum_j a_ij and e_i = sum_j a_ij log a_ij.
-    Returns (norm_loss_sum, entropy_margin_sum, n_rows_used).
-    """
-    acc = accumulation_dtype(mass.dtype)
-    mass, xlogx = mass.to(acc), xlogx.to(acc)
-    live = mass > 0
-    safe = torch.where(live, mass, torch.ones_like(mass))
-    log_mass = torch.log(safe)
-    norm_loss = normalisation_loss(safe).masked_fill(~live, 0.0)
-    entropy = log_mass - xlogx / safe
-    target = entropy_margin_target(n_visible, ratio, acc)
-    margin = torch.relu(entropy - target).masked_fill(~live, 0.0)
-    return norm_loss.sum(), margin.sum(), live.sum()
-
-
-__all__ = ["accumulation_dtype", "count_visible", "regularisers_from_rows", "relu_family_attention", "tiled_attention"]
+__all__ = ["TILED_ROUTES", "accumulation_dtype", "count_visible", "tiled_attention"]

@@ -1,93 +1,229 @@
-"""The options of one attention sublayer, validated in one place."""
+"""The options of one attention sublayer, each declared once, as a field of :class:`AttentionConfig`.
+
+A field's metadata (:func:`option`) says everything about the option: its command-line name, help,
+accepted values (choices and/or a range) and, for flags, whether the flag negates the field (the
+paper's default is on, the flag turns it off). From it come the model's argparse arguments (and so
+fairseq-hydra-train's ``model.*`` keys, read from the same namespace), the architecture defaults
+(:func:`option_defaults`), the sublayer config of a model namespace (:func:`config_from_args`) and
+the validation (:meth:`AttentionConfig.validate`), the way fairseq's own dataclass configs carry
+their help in field metadata. Adding an option is one field here.
+"""
+import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Callable, Dict, Iterator, Optional, Tuple, Union
 
-from typing import Union
-
+from reluformer_mt.attention import routes
 from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, SIGMOID_BIAS_MODES
 
 GAMMA_MODES = ("fixed", "layer", "head")
 RELA_VARIANTS = ("gated", "ungated")
-# "triton": the Triton kernel of triton_kernel.py (CUDA; issue 24)
-ATTENTION_IMPLS = ("auto", "dense", "blocked", "fused", "flex", "triton")
-
-
-def valid_sigmoid_bias(value) -> bool:
-    if isinstance(value, str):
-        return value in SIGMOID_BIAS_MODES
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+SUBLAYERS = ("encoder", "decoder", "cross")
 
 
 class AttentionOptionError(ValueError):
     """A bad attention option; the message names the option and the accepted values."""
 
 
+def option(default, help: str, arg: Optional[str] = None, choices=None, accept: Optional[Callable] = None,
+           expected: Optional[str] = None, kind: Optional[type] = None, negate: bool = False, metavar=None):
+    """A dataclass field declaring one option.
+
+    ``arg``: the command-line name (default: the field name with dashes); ``choices``: accepted
+    names (a tuple, or a function returning one for registries that grow); ``kind`` + ``accept``:
+    a number of that type for which ``accept`` holds (``expected`` says which, for errors);
+    a value may be one of ``choices`` or such a number. Booleans are flags; ``negate``: the flag
+    sets the field to False (``--relu-no-length-scale``)."""
+    meta = dict(help=help, arg=arg, choices=choices, accept=accept, expected=expected, kind=kind, negate=negate,
+                metavar=metavar)
+    return field(default=default, metadata={"option": meta})
+
+
+def _finite(x) -> bool:
+    return math.isfinite(x)
+
+
 @dataclass
 class AttentionConfig:
-    """Options of one attention sublayer.
+    """Options of one attention sublayer (help texts below; references in docs/METHODS.md).
 
-    fn: the weight function (see ``functions.ATTENTION_FUNCTIONS``).
-    relu_gamma / relu_gamma_mode: ReLUFormer's temperature; ``fixed`` keeps it constant,
-        ``layer``/``head`` learn one scalar per layer / per head, initialised at relu_gamma.
-        (Secondary sources disagree whether gamma is learned; both are offered, fixed by default.)
-    relu_scale_logits: keep the 1/sqrt(d_h) inside the ReLU (the paper does not say; default True).
-    relu_length_scale: ReLUFormer's 1/sqrt(n_i/2) length factor; False is the paper's ablation
-        without it (weights ReLU(s)/gamma), which it reports to train worse or diverge.
-    rela_variant: ``gated`` (ReLA-g, the released variant) or ``ungated`` (ReLA-i: RMSNorm only).
-    rela_gain_init: initial RMSNorm gain of ReLA (ReLA-i's specialised value is unpublished).
-    pointwise_alpha / pointwise_activation: ReLU-ViT's n^-alpha * h(s).
-    qk_layernorm: LayerNorm on queries and keys (per head) before the dot product (ReLU-ViT).
-    output_gate: the gated attention unit of ReLU-ViT: the attention output is multiplied
-        element-wise by a linear projection of the query input before the output projection.
-    output_norm: LayerNorm on the sublayer's output (after the output projection, before the
-        residual): the "hybrid-norm" that sigmoid attention needs to tame its large initial
-        attention norms (Ramapuram et al. 2024).
-    sigmoid_bias: b of sigmoid attention: ``auto`` (-log n_i), ``learned`` (a scalar per head,
-        initialised at -log 64) or a fixed number.
-    impl / blocked_min_len / block_size: the memory-bounded path for long sequences.
+    (Secondary sources disagree whether ReLUFormer's gamma is learned; both are offered, fixed by
+    default. ReLA-i's specialised gain initialisation is unpublished.)
     """
 
-    fn: str = "softmax"
-    relu_gamma: float = 1.0
-    relu_gamma_mode: str = "fixed"
-    relu_scale_logits: bool = True
-    relu_length_scale: bool = True
-    rela_variant: str = "gated"
-    rela_gain_init: float = 1.0
-    pointwise_alpha: float = 1.0
-    pointwise_activation: str = "relu"
-    qk_layernorm: bool = False
-    output_gate: bool = False
-    output_norm: bool = False
-    sigmoid_bias: Union[str, float] = "auto"
-    impl: str = "auto"
-    blocked_min_len: int = 2048
-    block_size: int = 512
+    fn: str = option("softmax", "weight function of the {sublayer}", arg="{sub}-attn-fn",
+                     choices=ATTENTION_FUNCTIONS)
+    relu_gamma: float = option(1.0, "ReLUFormer temperature gamma", kind=float, accept=lambda g: g > 0,
+                               expected="a finite number > 0", metavar="G")
+    relu_gamma_mode: str = option("fixed", "gamma fixed, or learned per layer / per head (initialised at --relu-gamma)",
+                                  choices=GAMMA_MODES)
+    relu_scale_logits: bool = option(True, "ReLUFormer: drop the 1/sqrt(d_h) inside the ReLU",
+                                     arg="relu-no-logit-scale", negate=True)
+    relu_length_scale: bool = option(True, "ReLUFormer ablation: drop the 1/sqrt(n_i/2) length factor (weights ReLU(s)/gamma)",
+                                     arg="relu-no-length-scale", negate=True)
+    rela_variant: str = option("gated", "ReLA-g (gated) or ReLA-i (ungated)", choices=RELA_VARIANTS)
+    rela_gain_init: float = option(1.0, "initial RMSNorm gain of ReLA", kind=float, accept=lambda x: True,
+                                   expected="a finite number", metavar="X")
+    pointwise_alpha: float = option(1.0, "pointwise length exponent alpha", kind=float, accept=lambda a: 0 <= a <= 2,
+                                    expected="a number in [0, 2]", metavar="A")
+    pointwise_activation: str = option("relu", "pointwise activation h", arg="pointwise-h",
+                                       choices=tuple(POINTWISE_ACTIVATIONS))
+    qk_layernorm: bool = option(False, "LayerNorm on queries and keys")
+    output_gate: bool = option(False, "gated attention unit: multiply the attention output by a projection of the input",
+                               arg="attn-output-gate")
+    output_norm: bool = option(False, "hybrid-norm: LayerNorm on the attention sublayer's output before the residual "
+                                      "(sigmoid attention's stabiliser, Ramapuram et al. 2024)", arg="attn-output-norm")
+    sigmoid_bias: Union[str, float] = option(
+        "auto", "sigmoid attention's bias b in sigmoid(s + b): auto = -log n_i (default), "
+                "learned = a scalar per head initialised at -log 64, or a fixed number",
+        choices=SIGMOID_BIAS_MODES, kind=float, accept=lambda x: True, expected="auto, learned or a finite number",
+        metavar="auto|learned|B")
+    impl: str = option("auto", "the route of the attention core (attention/routes.py): reference, dense, "
+                               "memory-bounded blocked, an accelerated kernel (fused: C++ CPU kernel built on first use; "
+                               "flex: FlexAttention on CUDA), or auto", arg="attn-impl", choices=routes.impl_choices)
+    blocked_min_len: int = option(2048, "auto: use the blocked route from this key length on", arg="attn-blocked-min-len",
+                                  kind=int, accept=lambda n: n >= 1, expected="an integer >= 1", metavar="L")
+    block_size: int = option(512, "block size of the blocked route", arg="attn-block-size", kind=int,
+                             accept=lambda n: n >= 1, expected="an integer >= 1", metavar="B")
 
-    def validate(self, option_prefix: str = "") -> "AttentionConfig":
-        def fail(option, value, expected):
-            raise AttentionOptionError(f"--{option_prefix}{option}: got {value!r}, expected {expected}")
-
-        if self.fn not in ATTENTION_FUNCTIONS:
-            fail("attn-fn", self.fn, "one of " + ", ".join(ATTENTION_FUNCTIONS))
-        if not (0 < self.relu_gamma < math.inf):
-            fail("relu-gamma", self.relu_gamma, "a finite number > 0")
-        if self.relu_gamma_mode not in GAMMA_MODES:
-            fail("relu-gamma-mode", self.relu_gamma_mode, "one of " + ", ".join(GAMMA_MODES))
-        if self.rela_variant not in RELA_VARIANTS:
-            fail("rela-variant", self.rela_variant, "one of " + ", ".join(RELA_VARIANTS))
-        if not math.isfinite(self.rela_gain_init):
-            fail("rela-gain-init", self.rela_gain_init, "a finite number")
-        if not (0.0 <= self.pointwise_alpha <= 2.0):
-            fail("pointwise-alpha", self.pointwise_alpha, "a number in [0, 2]")
-        if self.pointwise_activation not in POINTWISE_ACTIVATIONS:
-            fail("pointwise-h", self.pointwise_activation, "one of " + ", ".join(POINTWISE_ACTIVATIONS))
-        if not valid_sigmoid_bias(self.sigmoid_bias):
-            fail("sigmoid-bias", self.sigmoid_bias, "auto, learned or a finite number")
-        if self.impl not in ATTENTION_IMPLS:
-            fail("attn-impl", self.impl, "one of " + ", ".join(ATTENTION_IMPLS))
-        if self.block_size < 1:
-            fail("attn-block-size", self.block_size, "a positive integer")
-        if self.blocked_min_len < 1:
-            fail("attn-blocked-min-len", self.blocked_min_len, "a positive integer")
+    def validate(self, sublayer: Optional[str] = None) -> "AttentionConfig":
+        """Every field against its declaration; one-line :class:`AttentionOptionError` otherwise,
+        naming the command-line option (of ``sublayer`` where the option is per sublayer)."""
+        for spec in OPTIONS:
+            value = getattr(self, spec.name)
+            if not spec.flag and not spec.accepts(value):
+                arg = spec.arg.format(sub=sublayer) if sublayer else spec.arg.replace("{sub}-", "")
+                raise AttentionOptionError(f"--{arg}: got {value!r}, expected {spec.expected}")
         return self
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One declared option (see :func:`option`)."""
+
+    name: str
+    default: object
+    help: str
+    arg: str
+    choices: Union[Tuple[str, ...], Callable[[], Tuple[str, ...]], None]
+    accept: Optional[Callable]
+    kind: Optional[type]
+    negate: bool
+    metavar: Optional[str]
+    expected_text: Optional[str]
+
+    @property
+    def flag(self) -> bool:
+        return isinstance(self.default, bool)
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(self.choices() if callable(self.choices) else (self.choices or ()))
+
+    @property
+    def expected(self) -> str:
+        return self.expected_text or "one of " + ", ".join(self.names)
+
+    def dests(self) -> Iterator[str]:
+        """The argparse destinations: one per sublayer for ``{sub}`` options."""
+        if "{sub}" in self.arg:
+            for sub in SUBLAYERS:
+                yield self.arg.format(sub=sub).replace("-", "_")
+        else:
+            yield self.arg.replace("-", "_")
+
+    def accepts(self, value) -> bool:
+        if isinstance(value, str) and value in self.names:
+            return True
+        if self.kind is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.kind is int and not isinstance(value, int):
+            return False
+        return _finite(value) and self.accept(value)
+
+    def parse(self, text):
+        """argparse type: a choice or a checked number, else argparse's one-line error."""
+        if text in self.names:
+            return text
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not self.accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {self.expected}, got {text!r}")
+        return value
+
+    def from_args(self, value):
+        """A namespace value (command line, architecture default or hydra config) as the field's."""
+        if self.flag:
+            return not value if self.negate else bool(value)
+        if isinstance(value, str) and self.kind is not None and value not in self.names:
+            try:  # a hydra config may give a number as a string
+                return self.kind(value)
+            except ValueError:
+                return value  # validate names the option
+        return value
+
+
+def _spec(f) -> OptionSpec:
+    meta = f.metadata["option"]
+    return OptionSpec(name=f.name, default=f.default, help=meta["help"], arg=meta["arg"] or f.name.replace("_", "-"),
+                      choices=meta["choices"], accept=meta["accept"], kind=meta["kind"], negate=meta["negate"],
+                      metavar=meta["metavar"], expected_text=meta["expected"])
+
+
+OPTIONS: Tuple[OptionSpec, ...] = tuple(_spec(f) for f in fields(AttentionConfig))
+SUBLAYER_TEXT = {"encoder": "encoder self-attention", "decoder": "decoder (causal) self-attention",
+                 "cross": "encoder-decoder attention"}
+
+
+def add_attention_args(parser) -> None:
+    """The attention options as argparse arguments (default None: architecture, then declared default)."""
+    group = parser.add_argument_group("reluformer attention")
+    for spec in OPTIONS:
+        for sub in (SUBLAYERS if "{sub}" in spec.arg else (None,)):
+            arg = "--" + spec.arg.format(sub=sub)
+            help = spec.help.format(sublayer=SUBLAYER_TEXT.get(sub, ""))
+            if spec.flag:
+                group.add_argument(arg, action="store_true", default=None, help=help)
+            elif spec.kind is None:
+                group.add_argument(arg, choices=list(spec.names), help=help)
+            else:
+                group.add_argument(arg, type=spec.parse, metavar=spec.metavar, help=help)
+
+
+def option_defaults() -> Dict[str, object]:
+    """argparse destination -> default, as the namespace stores it (negated flags: False)."""
+    defaults = {}
+    for spec in OPTIONS:
+        value = (not spec.default) if spec.flag and spec.negate else spec.default
+        for dest in spec.dests():
+            defaults[dest] = value
+    return defaults
+
+
+def fill_attention_defaults(args, **overrides) -> None:
+    """Set each attention option not given on the command line: architecture value, then default."""
+    for name, default in option_defaults().items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, overrides.get(name, default))
+
+
+def config_from_args(args, sublayer: str) -> AttentionConfig:
+    """The AttentionConfig of one sublayer ('encoder', 'decoder' or 'cross') from a model namespace."""
+    defaults, values = option_defaults(), {}
+    for spec in OPTIONS:
+        dest = spec.arg.format(sub=sublayer).replace("-", "_")
+        values[spec.name] = spec.from_args(getattr(args, dest, defaults[dest]))
+    return AttentionConfig(**values)
+
+
+def validate_attention_args(args) -> None:
+    """One-line errors naming the option and the accepted values, before any layer is built."""
+    for sublayer in SUBLAYERS:
+        config_from_args(args, sublayer).validate(sublayer)
+
+
+__all__ = ["AttentionConfig", "AttentionOptionError", "GAMMA_MODES", "OPTIONS", "RELA_VARIANTS", "SUBLAYERS",
+           "add_attention_args", "config_from_args", "fill_attention_defaults", "option_defaults",
+           "validate_attention_args"]

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.routes import register_route
 from reluformer_mt.attention.visibility import Visibility
 
 _compiled = None
@@ -44,6 +45,21 @@ def _flex_attention():
 def supports(q: Tensor) -> bool:
     """CUDA queries, FlexAttention present, not disabled by ``RELUFORMER_NO_FLEX=1``."""
     return q.is_cuda and os.environ.get("RELUFORMER_NO_FLEX") != "1" and _flex_attention() is not None
+
+
+def _cannot_serve(call) -> Optional[str]:
+    if not supports(call.q):
+        return "FlexAttention needs CUDA queries and torch >= 2.5 (and RELUFORMER_NO_FLEX unset)"
+    if call.want_rows:
+        return "attention statistics or ReLUFormer's regularisers (per-row sums)"
+    if not call.key_ranges:
+        return "a mask that is not key ranges and a causal flag"
+    return None
+
+
+# auto: every CUDA call it can serve, saying once why one runs elsewhere (issue 23); asked for
+# where it cannot: what auto would run without it
+register_route("flex", _cannot_serve, auto=lambda call: supports(call.q), fallback="auto", announce=True)
 
 
 def log_relu_score(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

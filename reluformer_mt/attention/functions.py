@@ -94,41 +94,18 @@ def softmax_weights(scores: Tensor, keep: Tensor) -> Tensor:
     return torch.nan_to_num(weights, nan=0.0).type_as(scores)
 
 
-def relu_weights(scores: Tensor, keep: Tensor, n_visible: Tensor, gamma, length_scale: bool = True) -> Tensor:
-    """ReLUFormer: ReLU(s_ij) / (gamma * sqrt(n_i / 2)).
-
-    With x, v ~ N(0, 1), sum_j ReLU(x_j) v_j has variance n/2; the factor keeps the output
-    variance near 1 at every length (ReLUFormer, section 4). ``length_scale=False`` is the
-    paper's ablation without the length factor: ReLU(s_ij) / gamma.
-    """
-    scale = gamma * torch.sqrt(n_visible.clamp(min=1).to(scores.dtype) / 2.0) if length_scale else gamma
-    return torch.relu(scores).masked_fill(~keep, 0.0) / scale
-
-
-def rela_weights(scores: Tensor, keep: Tensor) -> Tensor:
-    """ReLA: plain ReLU(s_ij); the normalisation happens on the attention output (RMSNorm)."""
-    return torch.relu(scores).masked_fill(~keep, 0.0)
-
-
-def pointwise_weights(scores: Tensor, keep: Tensor, n_visible: Tensor, alpha: float,
-                      activation: str) -> Tensor:
-    """ReLU-ViT pointwise attention: n_i^(-alpha) * h(s_ij)."""
-    h = POINTWISE_ACTIVATIONS[activation]
-    length_factor = n_visible.clamp(min=1).to(scores.dtype).pow(-alpha)
-    return h(scores).masked_fill(~keep, 0.0) * length_factor
-
-
-# sparsemax / 1.5-entmax on CPU: the sort-free row kernel of ``sparse_maps`` (exact; measured
-# 2-4x faster than the ``entmax`` package's top-k search at 512-1024 keys, docs/PERFORMANCE.md).
-# Elsewhere the ``entmax`` package, its threshold searched among the k largest logits of a row
-# (torch.topk instead of a full sort; it re-solves a row with 2k, 4k, ... keys when the support
-# reaches k, so the result is exact for any k; k = 64 was 3-4x faster than the full sort).
+# sparsemax / 1.5-entmax: with ``kernel`` (the ``sparse`` route, CPU: routes.choose_route decides)
+# the sort-free row kernel of ``sparse_maps`` (exact; measured 2-4x faster than the ``entmax``
+# package's top-k search at 512-1024 keys, docs/PERFORMANCE.md); else the ``entmax`` package, its
+# threshold searched among the k largest logits of a row (torch.topk instead of a full sort; it
+# re-solves a row with 2k, 4k, ... keys when the support reaches k, so the result is exact for
+# any k; k = 64 was 3-4x faster than the full sort).
 PARTIAL_SORT_K = 64
 
 
-def _sparse_map(scores: Tensor, keep: Tensor, name: str) -> Tensor:
+def _sparse_map(scores: Tensor, keep: Tensor, name: str, kernel: bool) -> Tensor:
     logits = scores.to(accumulation_dtype(scores.dtype))
-    if sparse_maps.supports(logits):  # masks inside the kernel: no masked copies of T x S tensors
+    if kernel:  # masks inside the kernel: no masked copies of T x S tensors
         return sparse_maps.sparse_map(logits, name, keep).type_as(scores)
     from entmax import entmax15, sparsemax
 
@@ -141,19 +118,14 @@ def _sparse_map(scores: Tensor, keep: Tensor, name: str) -> Tensor:
     return weights.masked_fill(~keep, 0.0).type_as(scores)
 
 
-def sparsemax_weights(scores: Tensor, keep: Tensor) -> Tensor:
+def sparsemax_weights(scores: Tensor, keep: Tensor, kernel: bool = False) -> Tensor:
     """sparsemax (Martins & Astudillo 2016)."""
-    return _sparse_map(scores, keep, "sparsemax")
+    return _sparse_map(scores, keep, "sparsemax", kernel)
 
 
-def entmax15_weights(scores: Tensor, keep: Tensor) -> Tensor:
+def entmax15_weights(scores: Tensor, keep: Tensor, kernel: bool = False) -> Tensor:
     """1.5-entmax (Peters, Niculae, Martins 2019)."""
-    return _sparse_map(scores, keep, "entmax15")
-
-
-def sigmoid_weights(scores: Tensor, keep: Tensor, bias: Tensor) -> Tensor:
-    """Sigmoid attention (Ramapuram et al. 2024): sigmoid(s_ij + b_i), masked entries exactly 0."""
-    return torch.sigmoid(scores + bias.to(scores.dtype)).masked_fill(~keep, 0.0)
+    return _sparse_map(scores, keep, "entmax15", kernel)
 
 
 def softpick_weights(scores: Tensor, keep: Tensor, eps: float = SOFTPICK_EPS) -> Tensor:
@@ -178,21 +150,59 @@ def softpick_weights(scores: Tensor, keep: Tensor, eps: float = SOFTPICK_EPS) ->
 
 
 def _length(n_visible: Tensor, dtype: torch.dtype) -> Tensor:
-    return n_visible.clamp(min=1).to(accumulation_dtype(dtype))
+    return n_visible.clamp(min=1).to(dtype)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """A learned tensor a function owns: its state-dict name, when the options create it, and
+    its initial value (config, heads, embed_dim) -> Tensor."""
+
+    name: str
+    wanted: Callable[[object], bool]
+    initial: Callable[[object, int, int], Tensor]
+
+
+def _always(config) -> bool:
+    return True
 
 
 # --------------------------------------------------------------------------- the function objects
 @dataclass(frozen=True)
 class WeightFunction:
-    """One attention weight function and what it supports (see the module docstring)."""
+    """One attention weight function and what it supports (see the module docstring).
+
+    A ``tiled`` function states its math once, as parts: a_ij = c_i h(s_ij + b_i) with h
+    (``activation``), the row bias b_i (``row_bias``) and the row factor c_i, given either as a
+    factor (``row_factor``) or as a divisor d_i = 1 / c_i (``row_divisor``); :meth:`weights` (the
+    reference) and the kernels of :mod:`.blocked` are both derived from the parts. Parts are
+    computed in the dtype they are asked for (the kernels: ``accumulation_dtype``).
+    """
 
     name: str
     normalised: bool = False
     tiled: bool = False
-    parameter_names: Tuple[str, ...] = ()
+    learned: Tuple[Learned, ...] = ()
+    # the registered route that computes ``weights`` faster (``kernel_weights``), if any
+    weights_kernel: Optional[str] = None
+
+    @property
+    def parameter_names(self) -> Tuple[str, ...]:
+        return tuple(p.name for p in self.learned)
 
     def weights(self, scores: Tensor, keep: Tensor, n_visible: Tensor, params: Params) -> Tensor:
-        raise NotImplementedError
+        """The reference weights: c_i h(s_ij + b_i), masked entries exactly 0 (tiled functions)."""
+        if not self.tiled:
+            raise NotImplementedError(f"{self.name} must define its weights")
+        acc = accumulation_dtype(scores.dtype)
+        bias = self.row_bias(n_visible, params, acc)
+        logits = scores if bias is None else scores + bias.to(scores.dtype)
+        a = POINTWISE_ACTIVATIONS[self.activation(params.config)](logits).masked_fill(~keep, 0.0)
+        divisor = self.row_divisor(n_visible, params, acc)
+        if divisor is not None:
+            return a / divisor.to(scores.dtype)
+        factor = self.row_factor(n_visible, params, acc)
+        return a if factor is None else a * factor.to(scores.dtype)
 
     def scale_logits(self, config) -> bool:
         """Whether the logits keep the 1/sqrt(d_h) factor."""
@@ -208,16 +218,23 @@ class WeightFunction:
     def signed(self, config) -> bool:
         return False
 
-    def row_factor(self, n_visible: Tensor, params: Params, dtype: torch.dtype) -> Optional[Tensor]:
-        """c_i > 0 of the tiled paths, in ``accumulation_dtype(dtype)``; None for 1."""
+    def row_divisor(self, n_visible: Tensor, params: Params, dtype: torch.dtype) -> Optional[Tensor]:
+        """d_i > 0 with c_i = 1 / d_i, in ``dtype``; None when the function states a factor instead."""
         return None
 
+    def row_factor(self, n_visible: Tensor, params: Params, dtype: torch.dtype) -> Optional[Tensor]:
+        """c_i > 0 of the tiled paths, in ``dtype``; None for 1. Derived from ``row_divisor`` where
+        the function states one (times ones of the rows' shape: one factor per row)."""
+        divisor = self.row_divisor(n_visible, params, dtype)
+        return None if divisor is None else (1.0 / divisor) * torch.ones_like(_length(n_visible, dtype))
+
     def row_bias(self, n_visible: Tensor, params: Params, dtype: torch.dtype) -> Optional[Tensor]:
-        """b_i inside the activation of the tiled paths; None for 0."""
+        """b_i inside the activation of the tiled paths, in ``dtype``; None for 0."""
         return None
 
     def make_parameters(self, config, num_heads: int, embed_dim: int) -> Dict[str, nn.Parameter]:
-        return {}
+        """The declared learned tensors these options create, in declaration order."""
+        return {p.name: nn.Parameter(p.initial(config, num_heads, embed_dim)) for p in self.learned if p.wanted(config)}
 
     def transform_output(self, out: Tensor, params: Params) -> Tensor:
         """(T, B, E) concatenated heads -> the same, before the output projection."""
@@ -232,11 +249,16 @@ class Softmax(WeightFunction):
 
 @dataclass(frozen=True)
 class SparseMap(WeightFunction):
-    """sparsemax / 1.5-entmax: probability maps with exact zeros, from the ``entmax`` package."""
-    formula: Callable[[Tensor, Tensor], Tensor] = None
+    """sparsemax / 1.5-entmax: probability maps with exact zeros; ``weights`` from the ``entmax``
+    package, ``kernel_weights`` (the ``sparse`` route) from the C++ row kernel, same values."""
+    formula: Callable[..., Tensor] = None
+    weights_kernel: Optional[str] = "sparse"
 
     def weights(self, scores, keep, n_visible, params):
         return self.formula(scores, keep)
+
+    def kernel_weights(self, scores, keep, n_visible, params):
+        return self.formula(scores, keep, kernel=True)
 
 
 # a learned log gamma is bounded to +-this: exp(-90) underflows gamma to 0 in float32 (every path
@@ -257,29 +279,29 @@ def relu_gamma(params: Params, dtype: torch.dtype) -> Tensor:
     return gamma.view(-1, 1, 1) if gamma.dim() == 1 else gamma
 
 
+def _log_gamma(config, num_heads, embed_dim) -> Tensor:
+    # kept as log(gamma): the fast paths fold 1/gamma into the queries, valid for gamma > 0 only
+    shape = (num_heads,) if config.relu_gamma_mode == "head" else ()
+    return torch.full(shape, math.log(config.relu_gamma))
+
+
 @dataclass(frozen=True)
 class ReluFormer(WeightFunction):
-    """ReLU(s_ij) / (gamma sqrt(n_i / 2)) (ReLUFormer); gamma fixed or learned per layer / head."""
+    """ReLU(s_ij) / (gamma sqrt(n_i / 2)) (ReLUFormer); gamma fixed or learned per layer / head.
 
-    def weights(self, scores, keep, n_visible, params):
-        return relu_weights(scores, keep, n_visible, relu_gamma(params, scores.dtype), params.config.relu_length_scale)
+    With x, v ~ N(0, 1), sum_j ReLU(x_j) v_j has variance n/2; the factor keeps the output
+    variance near 1 at every length (ReLUFormer, section 4). ``relu_length_scale=False`` is the
+    paper's ablation without the length factor: ReLU(s_ij) / gamma.
+    """
 
     def scale_logits(self, config):
         return config.relu_scale_logits
 
-    def row_factor(self, n_visible, params, dtype):
+    def row_divisor(self, n_visible, params, dtype):
         gamma = relu_gamma(params, dtype)
-        n = _length(n_visible, dtype)
         if params.config.relu_length_scale:
-            return 1.0 / (gamma * torch.sqrt(n / 2.0))
-        return (1.0 / gamma) * torch.ones_like(n)
-
-    def make_parameters(self, config, num_heads, embed_dim):
-        # kept as log(gamma): the fast paths fold 1/gamma into the queries, valid for gamma > 0 only
-        if config.relu_gamma_mode == "fixed":
-            return {}
-        shape = (num_heads,) if config.relu_gamma_mode == "head" else ()
-        return {"log_gamma": nn.Parameter(torch.full(shape, math.log(config.relu_gamma)))}
+            return gamma * torch.sqrt(_length(n_visible, dtype) / 2.0)
+        return gamma
 
 
 def rela_gate_init_range(embed_dim: int) -> float:
@@ -288,19 +310,14 @@ def rela_gate_init_range(embed_dim: int) -> float:
     return math.sqrt(3.0 / embed_dim)
 
 
+def _rela_gate(config, num_heads, embed_dim) -> Tensor:
+    bound = rela_gate_init_range(embed_dim)
+    return torch.empty(embed_dim).uniform_(-bound, bound)
+
+
 @dataclass(frozen=True)
 class ReLA(WeightFunction):
     """ReLU(s_ij); the concatenated heads get an RMSNorm with gain (+ ReLA-g's sigmoid gate)."""
-
-    def weights(self, scores, keep, n_visible, params):
-        return rela_weights(scores, keep)
-
-    def make_parameters(self, config, num_heads, embed_dim):
-        made = {"rela_gain": nn.Parameter(torch.full((embed_dim,), float(config.rela_gain_init)))}
-        if config.rela_variant == "gated":
-            bound = rela_gate_init_range(embed_dim)
-            made["rela_gate"] = nn.Parameter(torch.empty(embed_dim).uniform_(-bound, bound))
-        return made
 
     def transform_output(self, out, params):
         gain, gate = params.learned["rela_gain"], params.learned.get("rela_gate")
@@ -312,10 +329,6 @@ class ReLA(WeightFunction):
 @dataclass(frozen=True)
 class Pointwise(WeightFunction):
     """n_i^-alpha h(s_ij) (ReLU-ViT); h = relu2 is FLASH's squared ReLU."""
-
-    def weights(self, scores, keep, n_visible, params):
-        return pointwise_weights(scores, keep, n_visible, params.config.pointwise_alpha,
-                                 params.config.pointwise_activation)
 
     def activation(self, config):
         return config.pointwise_activation
@@ -334,9 +347,6 @@ class Sigmoid(WeightFunction):
     scalar per head initialised at -log ``SIGMOID_LEARNED_BIAS_LENGTH`` (``learned``), or a
     fixed number. No row normaliser and no row max: the tiled kernel applies, bias inside."""
 
-    def weights(self, scores, keep, n_visible, params):
-        return sigmoid_weights(scores, keep, self.row_bias(n_visible, params, scores.dtype))
-
     def activation(self, config):
         return "sigmoid"
 
@@ -349,11 +359,6 @@ class Sigmoid(WeightFunction):
             return -torch.log(n)
         return torch.full_like(n, float(mode))
 
-    def make_parameters(self, config, num_heads, embed_dim):
-        if config.sigmoid_bias != "learned":
-            return {}
-        return {"sigmoid_bias": nn.Parameter(torch.full((num_heads,), -math.log(SIGMOID_LEARNED_BIAS_LENGTH)))}
-
 
 @dataclass(frozen=True)
 class Softpick(WeightFunction):
@@ -365,12 +370,17 @@ class Softpick(WeightFunction):
 
 FUNCTIONS: Dict[str, WeightFunction] = {f.name: f for f in (
     Softmax("softmax", normalised=True),
-    ReluFormer("relu", tiled=True, parameter_names=("log_gamma",)),
-    ReLA("rela", tiled=True, parameter_names=("rela_gain", "rela_gate")),
+    ReluFormer("relu", tiled=True, learned=(
+        Learned("log_gamma", lambda c: c.relu_gamma_mode != "fixed", _log_gamma),)),
+    ReLA("rela", tiled=True, learned=(
+        Learned("rela_gain", _always, lambda c, heads, dim: torch.full((dim,), float(c.rela_gain_init))),
+        Learned("rela_gate", lambda c: c.rela_variant == "gated", _rela_gate))),
     Pointwise("pointwise", tiled=True),
     SparseMap("sparsemax", normalised=True, formula=sparsemax_weights),
     SparseMap("entmax15", normalised=True, formula=entmax15_weights),
-    Sigmoid("sigmoid", tiled=True, parameter_names=("sigmoid_bias",)),
+    Sigmoid("sigmoid", tiled=True, learned=(
+        Learned("sigmoid_bias", lambda c: c.sigmoid_bias == "learned",
+                lambda c, heads, dim: torch.full((heads,), -math.log(SIGMOID_LEARNED_BIAS_LENGTH))),)),
     Softpick("softpick"),
 )}
 ATTENTION_FUNCTIONS: Tuple[str, ...] = tuple(FUNCTIONS)
@@ -382,50 +392,8 @@ def get_function(name: str) -> WeightFunction:
     return FUNCTIONS[name]
 
 
-# --------------------------------------------------------------------------- ReLUFormer's row losses
-def entropy_margin_target(n_visible: Tensor, ratio: float = 0.7, dtype: torch.dtype = torch.float32) -> Tensor:
-    """C_i = ratio * log(n_i), the entropy a row may reach before the margin loss applies."""
-    return ratio * torch.log(n_visible.clamp(min=1).to(dtype))
-
-
-# Below this row mass the normalisation loss |log m| continues linearly (slope -1/m_min): its
-# gradient 1/m would pass float16's largest number (65504) for m < 1.5e-5 and, multiplied
-# along the backward pass, already overflows q and k gradients a few binades above that.
-# 2^-12 keeps it <= 4096 in every dtype; such a row is all but null attention.
-NORM_LOSS_MIN_MASS = 2.0 ** -12
-
-
-def normalisation_loss(mass: Tensor) -> Tensor:
-    """|log m| per row for m >= ``NORM_LOSS_MIN_MASS``, its tangent below: finite value and
-    gradient for every m > 0 (the loss is defined on live rows only)."""
-    floor = NORM_LOSS_MIN_MASS
-    linear = -math.log(floor) + (floor - mass) / floor
-    return torch.where(mass >= floor, torch.log(mass.clamp(min=floor)).abs(), linear)
-
-
-def row_regularisers(weights: Tensor, keep: Tensor, n_visible: Tensor, ratio: float = 0.7):
-    """ReLUFormer's two losses per query row, over the scaled weights a_i.
-
-    - normalisation loss |log(sum_j a_ij)| pulls each row's mass towards 1;
-    - entropy-margin loss max(H(p_i) - C_i, 0) with p_i = a_i / sum_j a_ij.
-
-    Rows whose mass is 0 (null attention) or that see no key are excluded: log(0) has no
-    useful gradient. Returns (norm_loss_sum, entropy_margin_sum, n_rows_used).
-    """
-    w = weights.double() if weights.dtype == torch.float64 else weights.float()
-    mass = w.sum(-1)
-    live = (mass > 0) & keep.any(-1).expand_as(mass)
-    safe_mass = torch.where(live, mass, torch.ones_like(mass))
-    norm_loss = normalisation_loss(safe_mass).masked_fill(~live, 0.0)
-    p = w / safe_mass.unsqueeze(-1)
-    entropy = -(p * torch.log(p.clamp(min=1e-12))).sum(-1)
-    target = entropy_margin_target(n_visible.squeeze(-1), ratio, w.dtype).expand_as(entropy)
-    margin = torch.relu(entropy - target).masked_fill(~live, 0.0)
-    return norm_loss.sum(), margin.sum(), live.sum()
-
-
 __all__ = [
     "ATTENTION_FUNCTIONS", "FUNCTIONS", "PARAMETER_NAMES", "POINTWISE_ACTIVATIONS", "Params", "WeightFunction",
-    "accumulation_dtype", "get_function", "softmax_weights", "relu_weights", "rela_weights", "pointwise_weights",
-    "sparsemax_weights", "entmax15_weights", "sigmoid_weights", "softpick_weights", "row_regularisers",
+    "Learned", "accumulation_dtype", "get_function", "softmax_weights", "sparsemax_weights", "entmax15_weights",
+    "softpick_weights",
 ]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.attention.routes import register_route
 from reluformer_mt.attention.visibility import Visibility
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "relu_attention.cpp"
@@ -42,6 +43,15 @@ def available() -> bool:
 def supports(q: Tensor) -> bool:
     """The kernel runs float32/float64 CPU tensors only."""
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and available()
+
+
+def _cannot_serve(call) -> Optional[str]:
+    return None if supports(call.q) else "the C++ kernel runs float32/float64 CPU tensors, where it could be built"
+
+
+# auto: long calls that are not single-query decoding steps; asked for where it cannot run: blocked
+register_route("fused", _cannot_serve, auto=lambda call: call.tgt_len > 1 and call.src_len >= AUTO_MIN_LEN,
+               fallback="blocked")
 
 
 def _kernel_visibility(visible: Optional[Visibility], like: Tensor):

@@ -8,11 +8,10 @@ calls fairseq's own forward (PyTorch's fused attention), so the baseline keeps f
 Every other function runs :meth:`ReluformerAttention._attend`, which computes the logits,
 applies the weight function object of :mod:`reluformer_mt.attention.functions` (resolved once,
 at construction), and the output transforms (ReLA's RMSNorm and gate, ReLU-ViT's gated unit,
-the hybrid-norm of sigmoid attention). :meth:`ReluformerAttention._attention_path` alone chooses
-how a call runs, from what the function declares: functions without a row normaliser (relu,
-rela, pointwise, sigmoid) run the dense or memory-bounded blocked kernel of
-:mod:`reluformer_mt.attention.blocked`, h = relu also the C++ kernel of
-:mod:`reluformer_mt.attention.fused` (same results; ``--attn-impl``, see docs/PERFORMANCE.md).
+the hybrid-norm of sigmoid attention). How a call runs (its route: fairseq's forward, the
+reference formula, or a kernel of :mod:`reluformer_mt.attention.blocked`, ``fused`` or ``flex``)
+is chosen by :mod:`reluformer_mt.attention.routes` alone, from what the function declares and
+what the call asks (same results; ``--attn-impl``, see docs/PERFORMANCE.md).
 What a forward records (counts, regularisers, per-head weights) goes to the recording of
 :mod:`reluformer_mt.attention.recording` active around it, and to nothing when there is none.
 """
@@ -25,15 +24,13 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
 from reluformer_mt.attention import functions as F_attn
+from reluformer_mt.attention import routes
 from reluformer_mt.attention.blocked import tiled_attention
-from reluformer_mt.attention import flex as flex_kernel
-from reluformer_mt.attention import fused as fused_kernel
-from reluformer_mt.attention import triton_kernel  # issue 24 hook (see _triton_route)
+# the accelerated kernels register their routes on import (routes.register_route)
+from reluformer_mt.attention import flex, fused  # noqa: F401
+from reluformer_mt.attention import triton_kernel
 from reluformer_mt.attention.config import AttentionConfig
-from reluformer_mt.attention.functions import RELA_EPS, rela_gate_init_range  # noqa: F401  (re-exported)
 from reluformer_mt.attention.visibility import Visibility, is_causal_mask
-
-PATHS = ("reference", "dense", "blocked", "fused", "flex", "triton")
 
 
 def causal_float_mask(tgt_len: int, src_len: int, like: Tensor) -> Tensor:
@@ -89,8 +86,7 @@ class ReluformerAttention(MultiheadAttention):
     @property
     def uses_fairseq_forward(self) -> bool:
         """Plain softmax attention runs fairseq's own (fused) forward."""
-        return (self.fn == "softmax" and self.q_norm is None and self.gate_proj is None
-                and self.output_norm is None)
+        return routes.uses_fairseq_forward(self.function, self.config)
 
     def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
         """(T, B, H*D) -> (B, H, T, D)."""
@@ -99,10 +95,6 @@ class ReluformerAttention(MultiheadAttention):
     def _params(self) -> F_attn.Params:
         """The options and learned tensors the weight function reads."""
         return F_attn.Params(self.config, {name: getattr(self, name) for name in self._function_params})
-
-    def _gamma(self, dtype) -> Tensor:
-        """ReLUFormer's gamma (> 0 by construction), broadcastable to (heads, 1, 1)."""
-        return F_attn.relu_gamma(self._params(), dtype)
 
     @contextmanager
     def padded_queries(self, query_padding_mask: Optional[Tensor]):
@@ -126,10 +118,6 @@ class ReluformerAttention(MultiheadAttention):
         if padding is None or padding.size(-1) != tgt_len or not bool(padding.any()):
             return None
         return ~padding.bool().view(padding.size(0), 1, tgt_len)
-
-    def attention_weights(self, scores: Tensor, keep: Tensor, n_visible: Tensor) -> Tensor:
-        """The reference weights of this sublayer's function."""
-        return self.function.weights(scores, keep, n_visible, self._params())
 
     def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], is_causal: bool = False) -> Tuple[Visibility, Optional[Tensor]]:
@@ -157,62 +145,24 @@ class ReluformerAttention(MultiheadAttention):
         return Visibility.from_padding(tgt_len, src_len, key_padding_mask, causal, hidden), additive
 
     # ------------------------------------------------------------------ attention core
-    def _attention_path(self, tgt_len: int, src_len: int, additive: Optional[Tensor], want_weights: bool,
-                        q: Optional[Tensor] = None) -> str:
-        """'reference', 'dense', 'blocked' or 'fused' (see ``blocked.py``, ``fused.py``); all give the same results.
-
-        The one place that chooses, from what the weight function declares and what the call
-        asks. The fast paths cover functions without a row normaliser (``tiled``); they leave to
-        the reference path additive masks and attention dropout in training (its random mask is
-        the reference's), and regularised rows of signed weights (their entropy is the
-        reference's definition). ``fused`` needs h = relu (``fused_relu``) and no returned
-        weights; ``auto`` takes it from ``fused.AUTO_MIN_LEN`` keys on for float CPU queries
-        ``q`` where the kernel is built, ``flex`` (FlexAttention, ``flex.py``) for CUDA queries,
-        and goes blocked from ``blocked_min_len`` keys on,
-        except for single-query decoding steps and calls that return the weights.
-        """
-        function, config = self.function, self.config
-        if not function.tiled or additive is not None:
-            return "reference"
-        if self.training and self.dropout_module.p > 0:
-            return "reference"
-        if self._recorder is not None and self._recorder.regularises(self) and function.signed(config):
-            return "reference"
-        # ---- issue 24 hook: the Triton kernel (move into the new route chooser) ----
-        if self._triton_route(want_weights, q):
-            return "triton"
-        # ---- end of the issue 24 hook ----
-        fusable = function.fused_relu(config) and not want_weights
-        if config.impl in ("auto", "flex") and fusable and q is not None and flex_kernel.supports(q):
-            return "flex"  # CUDA: FlexAttention with log relu scores (flex.py); blocked where it cannot serve
-        if config.impl == "fused" and fusable:
-            return "fused"  # the C++ kernel; blocked if it cannot be built
-        long_call = tgt_len > 1 and not want_weights
-        if (config.impl == "auto" and fusable and long_call and src_len >= fused_kernel.AUTO_MIN_LEN
-                and q is not None and fused_kernel.supports(q)):
-            return "fused"  # measured faster there (docs/PERFORMANCE.md)
-        blocked = config.impl in ("blocked", "fused") or (config.impl == "auto" and src_len >= config.blocked_min_len and tgt_len > 1)
-        return "blocked" if blocked and not want_weights else "dense"
-
-    def _triton_route(self, want_weights: bool, q: Optional[Tensor]) -> bool:
-        """Issue 24 hook, kept apart so the route chooser can absorb it: ``--attn-impl triton``
-        always (one clear error without CUDA), ``auto`` on CUDA when the call records row
-        statistics (ReLUFormer training: FlexAttention cannot return them, the blocked path
-        is a Python loop over tiles; ``RELUFORMER_NO_TRITON=1`` turns this off). Calls the kernel
-        does not cover (dense masks, float64) fall back to the blocked path inside
-        ``triton_tiled_attention``."""
-        impl = self.config.impl
-        if q is None or want_weights or impl not in ("triton", "auto"):
-            return False
-        if impl == "triton":
-            triton_kernel.require_device(q)
-            return True
-        counting = self._recorder is not None and self._recorder.records_statistics(self)
-        return (counting and triton_kernel.auto_allowed(q)
-                and self.function.activation(self.config) in triton_kernel.ACTIVATIONS)
+    def route(self, q: Tensor, src_len: int, visible: Visibility, additive: Optional[Tensor], want_weights: bool,
+              want_rows: bool, k: Optional[Tensor] = None, v: Optional[Tensor] = None,
+              head_weights: bool = False) -> str:
+        """The route of this projected call, chosen by :func:`routes.choose_route` from what the
+        weight function declares and what the call asks (all routes give the same results)."""
+        learned = [getattr(self, name) for name in self._function_params]
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, *learned))
+        call = routes.Call(
+            head_weights=head_weights, tgt_len=q.size(2), src_len=src_len, q=q, want_weights=want_weights, want_rows=want_rows,
+            additive=additive is not None, dropout=self.training and self.dropout_module.p > 0,
+            regularised=self._recorder is not None and self._recorder.regularises(self),
+            key_ranges=visible.mask is None or visible.all_visible, needs_grad=needs_grad)
+        return routes.choose_route(self.function, self.config, call)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visible: Visibility, additive: Optional[Tensor],
-                want_weights: bool, live_queries: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                want_weights: bool, live_queries: Optional[Tensor] = None,
+                head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """q (B,H,T,D) k,v (B,H,S,D) -> output (B,H,T,D) and weights (B,H,T,S) if wanted.
 
         ``live_queries`` (B, 1, T) marks real query rows: only they enter the recorded statistics
@@ -222,18 +172,21 @@ class ReluformerAttention(MultiheadAttention):
         recorder = self._recorder
         counting = recorder is not None and recorder.records_statistics(self)
         scale_logits = function.scale_logits(self.config)
-        path = self._attention_path(q.size(2), k.size(2), additive, want_weights, q)
+        route = self.route(q, k.size(2), visible, additive, want_weights, counting, k, v, head_weights)
         n_visible = visible.n_visible(q.device)
-        if path != "reference":
-            # issue 24 hook: the Triton kernel takes tiled_attention's arguments
-            attend = triton_kernel.triton_tiled_attention if path == "triton" else tiled_attention
+        if not routes.computes_weights(route):
+            acc = F_attn.accumulation_dtype(q.dtype)  # row factors and biases in float32 at least
+            # the triton route takes tiled_attention's arguments; where the kernel cannot run a call,
+            # it runs tiled_attention with the remaining ones (the blocked route)
+            attend, route_arg = ((triton_kernel.triton_tiled_attention, "blocked") if route == "triton"
+                                 else (tiled_attention, route))
             out, rows, weights = attend(
-                q, k, v, visible, activation=function.activation(self.config),
+                q, k, v, visible, route=route_arg, activation=function.activation(self.config),
                 scaling=self.scaling if scale_logits else None,
-                row_factor=function.row_factor(n_visible, params, q.dtype),
-                row_bias=function.row_bias(n_visible, params, q.dtype), n_visible=n_visible,
-                blocked=path != "dense", block_q=self.config.block_size, block_k=self.config.block_size,
-                want_rows=counting, want_weights=want_weights, fused=path == "fused", flex=path == "flex")
+                row_factor=function.row_factor(n_visible, params, acc),
+                row_bias=function.row_bias(n_visible, params, acc), n_visible=n_visible,
+                block_q=self.config.block_size, block_k=self.config.block_size,
+                want_rows=counting, want_weights=want_weights)
             if rows is not None:
                 recorder.add_rows(self, *rows, live_queries=live_queries)
             return out, weights
@@ -241,7 +194,10 @@ class ReluformerAttention(MultiheadAttention):
         if additive is not None:
             scores = scores + additive
         keep = visible.dense(q.device)
-        weights = function.weights(scores, keep, n_visible, params)
+        if route == "reference":
+            weights = function.weights(scores, keep, n_visible, params)
+        else:  # a registered kernel of the function's weights (routes.computes_weights)
+            weights = function.kernel_weights(scores, keep, n_visible, params)
         if counting:
             recorder.add_weights(self, weights, keep, n_visible, live_queries)
         out = torch.matmul(self.dropout_module(weights), v)
@@ -271,8 +227,9 @@ class ReluformerAttention(MultiheadAttention):
         capture = recorder is not None and recorder.captures(self)
         counting = recorder is not None and recorder.records_statistics(self)
         need_head_weights = need_head_weights or capture
-        # fairseq's fused path averages the heads, so per-head weights take the generic path
-        if self.uses_fairseq_forward and not before_softmax and not need_head_weights:
+        # fairseq's fused path averages the heads, so per-head weights take our own routes
+        before = routes.Call(head_weights=need_head_weights, before_softmax=before_softmax)
+        if routes.choose_route(self.function, self.config, before) == "fairseq":
             out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
                                            incremental_state=incremental_state, need_weights=need_weights,
                                            static_kv=static_kv, attn_mask=attn_mask,
@@ -324,7 +281,7 @@ class ReluformerAttention(MultiheadAttention):
             if key_padding_mask is not None and counting:
                 key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
         live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
-        out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries)
+        out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries, need_head_weights)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self._output_transform(out, query)

@@ -23,8 +23,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Union
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention import functions as F_attn
-from reluformer_mt.attention.blocked import regularisers_from_rows
+from reluformer_mt.attention.regularisers import regularisers_from_rows, row_regularisers
 from reluformer_mt.attention.multihead import ReluformerAttention
 
 
@@ -166,7 +165,7 @@ def weight_statistics(weights: Tensor, keep: Tensor, n_visible: Tensor, live_que
     if entropy_margin_ratio is not None:
         if live_queries is not None:  # padding rows: as if they saw no key
             keep = keep & live_queries.unsqueeze(-1)
-        norm_loss, margin, used = F_attn.row_regularisers(weights, keep, n_visible, entropy_margin_ratio)
+        norm_loss, margin, used = row_regularisers(weights, keep, n_visible, entropy_margin_ratio)
         add.update(norm_loss=norm_loss, entropy_margin=margin, reg_rows=used)
     return add
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.attention.routes import register_route
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_maps.cpp"
 ALPHA = {"sparsemax": 2.0, "entmax15": 1.5}
@@ -32,6 +33,18 @@ def load(verbose: bool = False):
 
 def supports(logits: Tensor) -> bool:
     return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and load() is not None
+
+
+def _cannot_serve(call) -> Optional[str]:
+    # the logits reach the kernel as float32 (functions._sparse_map), whatever q's dtype
+    if call.q.device.type == "cpu" and load() is not None:
+        return None
+    return "the C++ sparse-map kernel runs CPU tensors, where it could be built"
+
+
+# the weights of sparsemax / 1.5-entmax (WeightFunction.weights_kernel); elsewhere the entmax package
+register_route("sparse", _cannot_serve, auto=lambda call: True, fallback="reference",
+               weights_of=lambda function, config: function.weights_kernel == "sparse")
 
 
 class SparseMap(torch.autograd.Function):

@@ -36,6 +36,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.routes import register_route
 from reluformer_mt.attention.visibility import Visibility, as_visibility
 
 try:  # installed on Linux (requirements.txt, setup.py); elsewhere the blocked path runs
@@ -468,6 +469,27 @@ def require_device(q: Tensor) -> None:
     if not (q.is_cuda or interpreting()):
         raise RuntimeError(f"--attn-impl triton: runs on CUDA tensors only, got {q.device.type}; "
                            "use --attn-impl auto, fused or blocked on the CPU")
+
+
+def _cannot_serve(call) -> Optional[str]:
+    if not supports(call.q):
+        return "the Triton kernel runs float32/float16/bfloat16 CUDA tensors (triton installed)"
+    if not call.key_ranges:
+        return "the visible keys are a dense mask, not key ranges + causal"
+    return None
+
+
+def _auto(call) -> bool:
+    """ReLUFormer training on CUDA (calls that record row statistics: FlexAttention cannot return
+    them, the blocked route is a Python loop over tiles), unless ``RELUFORMER_NO_TRITON=1``."""
+    return call.want_rows and auto_allowed(call.q)
+
+
+# every h of the tiled functions (row factors and biases included); asked for without CUDA: one
+# error (require_device); where it cannot serve (dense masks, float64): the blocked route
+register_route("triton", _cannot_serve, auto=_auto, fallback="blocked",
+               serves=lambda function, config: function.activation(config) in ACTIVATIONS,
+               require=lambda call: require_device(call.q))
 
 
 __all__ = ["ACTIVATIONS", "TritonReluFamilyAttention", "applies", "auto_allowed", "available", "interpreting",

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_spm_model_option,
                                      check_output_file, non_negative_int, percent, percent_list, positive_int,
                                      quiet_logging, write_error)
+from reluformer_mt.data.documents import FORMAT as DOCMT
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.reports import format_table, write_json
@@ -41,14 +42,14 @@ def bleu_tokenizers() -> List[str]:
 
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a <d>-format file, or one "
-                                                "sentence a line; '-' = standard input (a pipe is read once)")
-    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", "d", "plain"],
-                   help="auto: <d> on the first line = d; S-/H- lines = generate; else plain")
+    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a docmt file (<d> starts each "
+                                                "document), or one sentence a line; '-' = standard input (a pipe is read once)")
+    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, "plain"],
+                   help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; else plain")
     p.add_argument("--hyp-doc-ids", help="doc id per line of a plain --hyp")
-    p.add_argument("--ref", help="reference: a <d>-format file or one sentence a line (raw, untokenised); '-' = "
-                                 "standard input")
-    p.add_argument("--ref-format", default="auto", choices=["auto", "d", "plain"])
+    p.add_argument("--ref", help="reference: a docmt file (<d> starts each document) or one sentence a line (raw, "
+                                 "untokenised); '-' = standard input")
+    p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, "plain"])
     p.add_argument("--ref-doc-ids", help="doc id per line of a plain --ref")
     p.add_argument("--ref-from-generate", action="store_true",
                    help="use the T- lines of --hyp as reference (binarised targets: may hold <unk>)")
@@ -495,6 +496,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     quiet_logging()  # before the subcommand imports fairseq (whose imports would set DEBUG)
     args = build_parser().parse_args(argv)
     run = SUBCOMMANDS[args.command][2]
+    if getattr(args, "checkpoint", None):  # subcommands that load models: the entry point registers
+        from reluformer_mt.plugin import register
+
+        register()
     try:
         for option in ("json", "plot", "write_pred", "output", "html"):  # before any work, not after an hour of it
             if getattr(args, option, None):

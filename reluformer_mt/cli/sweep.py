@@ -86,7 +86,7 @@ def check_args(args) -> None:
 
     from reluformer_mt.plugin import register
 
-    register()  # the package's architectures
+    register()  # the entry point registers the plugin (models, criterion, task, fairseq fixes)
     if args.arch not in ARCH_MODEL_REGISTRY:
         ours = sorted(a for a in ARCH_MODEL_REGISTRY if a.split("_")[0] in ("softmax", "relu", "reluformer", "rela"))
         raise ValueError(f"--arch {args.arch}: unknown architecture; expected e.g. {', '.join(ours[:6])}")

@@ -167,7 +167,9 @@ def main(argv=None) -> int:
     if args.quiet:
         logging.getLogger().setLevel(logging.ERROR)
     from reluformer_mt.inference.translator import TranslationError
+    from reluformer_mt.plugin import register
 
+    register()  # the entry point registers the plugin; the checkpoint loader only loads
     try:
         summary = run(args)
     except (TranslationError, ValueError, FileNotFoundError) as e:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.data.documents import DOC_MARKER, strip_edges
+from reluformer_mt.data.documents import DOC_MARKER, FORMAT as DOCMT, MarkedDocuments, read_documents, strip_edges
 from reluformer_mt.data.segments import SEPARATOR
 from reluformer_mt.data.textfiles import decode_lines
 
@@ -153,38 +153,32 @@ def corpus_name(src_path, tgt_path) -> str:
 
 # ---------------------------------------------------------------- formats
 
-def _marker_lines(lines, path, report: Report) -> list:
-    """Which lines are ``<d>`` markers; invisible characters around a marker are counted."""
-    marks = []
-    for i, line in enumerate(lines, 1):
-        text, n = strip_edges(line)
-        marks.append(text == DOC_MARKER)
-        if marks[-1] and n:
-            report.repair(INVISIBLE_AT_MARKERS, f"{path}:{i}", n)
-    return marks
+def _read_marked(lines, path, report: Report) -> MarkedDocuments:
+    """One side through the one ``docmt`` reader; its repairs counted in ``report``."""
+    found = read_documents(lines, str(path))
+    for i, n in found.invisible_at_markers:
+        report.repair(INVISIBLE_AT_MARKERS, f"{path}:{i}", n)
+    if found.dropped_blank_lines:
+        report.skip(f"blank line before the first {DOC_MARKER}", f"{path}:{found.dropped_blank_lines[0]}",
+                    len(found.dropped_blank_lines))
+    return found
 
 
 def read_docmt(src_path, tgt_path, report: Report, name: Optional[str] = None) -> List[Document]:
-    """Line-aligned files where a line ``<d>`` starts each document (the first line is one)."""
+    """Line-aligned files in the ``docmt`` format (:func:`reluformer_mt.data.documents.read_documents`:
+    a line ``<d>`` starts each document, on the same lines on both sides)."""
     src_lines, tgt_lines = read_lines(src_path, report), read_lines(tgt_path, report)
     _check_same_count(src_path, len(src_lines), tgt_path, len(tgt_lines))
     name = name or corpus_name(src_path, tgt_path)
-    src_marks, tgt_marks = _marker_lines(src_lines, src_path, report), _marker_lines(tgt_lines, tgt_path, report)
-    for i, (s_mark, t_mark) in enumerate(zip(src_marks, tgt_marks), 1):
-        if s_mark != t_mark:
-            marked, other = (src_path, tgt_path) if s_mark else (tgt_path, src_path)
-            raise ValueError(f"document marker {DOC_MARKER} on line {i} of {marked} but not of {other}; documents must start on the same lines")
-    if src_lines and not src_marks[0]:
-        raise ValueError(f"{src_path}:1: expected a {DOC_MARKER} line to start the first document, got {src_lines[0][:40]!r}")
-    docs, pairs = [], None
-    for i, (s, t, mark) in enumerate(zip(src_lines, tgt_lines, src_marks), 1):
-        if mark:
-            if pairs is not None:
-                docs.append(_pairs_to_document(f"{name}.{len(docs)}", pairs, report))
-            pairs = []
-            continue
-        pairs.append((s, t, f"{src_path}:{i}", f"{tgt_path}:{i}"))
-    if pairs is not None:
+    src_docs, tgt_docs = _read_marked(src_lines, src_path, report), _read_marked(tgt_lines, tgt_path, report)
+    src_marks, tgt_marks = set(src_docs.marker_lines), set(tgt_docs.marker_lines)
+    if src_marks != tgt_marks:
+        i = min(src_marks ^ tgt_marks)
+        marked, other = (src_path, tgt_path) if i in src_marks else (tgt_path, src_path)
+        raise ValueError(f"document marker {DOC_MARKER} on line {i} of {marked} but not of {other}; documents must start on the same lines")
+    docs = []
+    for lines in src_docs.documents:  # the same line numbers on both sides
+        pairs = [(s, tgt_lines[i - 1], f"{src_path}:{i}", f"{tgt_path}:{i}") for i, s in lines]
         docs.append(_pairs_to_document(f"{name}.{len(docs)}", pairs, report))
     return [d for d in docs if d is not None]
 
@@ -302,7 +296,7 @@ def read_plain(src_path, tgt_path, report: Report, one_document: bool = False, n
     return [doc for i, p in enumerate(pairs) if (doc := _pairs_to_document(f"{name}.{i}", [p], report)) is not None]
 
 
-FORMATS = ("docmt", "xml", "docids", "doclines", "plain", "plain-onedoc")
+FORMATS = (DOCMT, "xml", "docids", "doclines", "plain", "plain-onedoc")
 
 
 def read_corpus(fmt: str, files: Sequence[str], report: Report, separator: str = SEPARATOR) -> List[Document]:
@@ -311,7 +305,7 @@ def read_corpus(fmt: str, files: Sequence[str], report: Report, separator: str =
     need = 3 if fmt == "docids" else 2
     if len(files) != need:
         raise ValueError(f"format {fmt!r} takes {need} files (source, target{', doc ids' if need == 3 else ''}), got {len(files)}: {list(files)}")
-    if fmt == "docmt":
+    if fmt == DOCMT:
         docs = read_docmt(files[0], files[1], report)
     elif fmt == "xml":
         docs = read_mteval_xml(files[0].split(","), files[1].split(","), report)

@@ -31,7 +31,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from reluformer_mt.data import textfiles
-from reluformer_mt.data.documents import DOC_MARKER, is_doc_marker
+from reluformer_mt.data.documents import DOC_MARKER, FORMAT as DOCMT, read_documents, starts_with_marker
 from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, read_segment_metadata, segments_to_documents, split_segment
 
 SPM_SPACE = "\u2581"  # SentencePiece's word-start mark '▁'
@@ -209,22 +209,16 @@ def read_lines(path) -> List[str]:
     return [line.rstrip() for line in textfiles.read_lines(path, strip_bom=False)]
 
 
-def read_d_format(path, marker: str = DOC_MARKER) -> Docs:
-    """Read a file where a line ``<d>`` starts each document (Maruf et al. 2019 format).
+def read_docmt(path) -> Docs:
+    """A ``docmt`` file (a line ``<d>`` starts each document) through the one reader of
+    :mod:`reluformer_mt.data.documents`; lines as sacrebleu reads them (:func:`read_lines`).
 
     Documents get the ids "0", "1", ... in file order.
     """
-    docs: Docs = OrderedDict()
-    for line_no, line in enumerate(read_lines(path), 1):
-        if is_doc_marker(line, marker):  # a BOM or zero-width space must not hide a marker
-            docs[str(len(docs))] = []
-        elif not docs:
-            raise ValueError(f"{path}:{line_no}: expected the document marker {marker!r} on the first line, got {line[:60]!r}")
-        else:
-            docs[next(reversed(docs))].append(line)
-    if not docs:
-        raise ValueError(f"{path}: empty file, expected documents starting with {marker!r}")
-    return docs
+    found = read_documents(read_lines(path), str(path))
+    if not found.documents:
+        raise ValueError(f"{path}: empty file, expected documents starting with {DOC_MARKER!r}")
+    return OrderedDict((str(i), [line for _, line in doc]) for i, doc in enumerate(found.documents))
 
 
 def group_by_doc_ids(lines: Sequence[str], doc_ids: Sequence[str], where: str = "") -> Docs:
@@ -426,11 +420,12 @@ def score_documents(pairs, levels=("sentence", "document"), segments: Optional[S
 # from files: what ``reluformer-eval bleu`` runs
 
 def detect_format(path) -> str:
-    """'d' if the first line is ``<d>``, 'generate' if fairseq-generate lines appear early, else 'plain'."""
+    """'docmt' if the first non-blank line is ``<d>`` (:func:`reluformer_mt.data.documents.starts_with_marker`),
+    'generate' if fairseq-generate lines appear early, else 'plain'."""
     with open(path, encoding="utf-8", newline="\n") as f:
         head = [line for _, line in zip(range(500), f)]
-    if head and is_doc_marker(head[0]):
-        return "d"
+    if starts_with_marker(head):
+        return DOCMT
     if any(_GEN_LINE.match(line.rstrip("\r\n")) for line in head):
         return "generate"
     return "plain"
@@ -463,8 +458,8 @@ def check_not_empty(hyp, ref) -> None:
 def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_target=False):
     """-> (docs or flat list of sentences, segment texts or None)."""
     fmt = detect_format(path) if fmt == "auto" else fmt
-    if fmt == "d":
-        return read_d_format(path), None
+    if fmt == DOCMT:
+        return read_docmt(path), None
     if fmt == "plain":
         lines = read_lines(path)
         if doc_ids:
@@ -474,7 +469,7 @@ def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_targ
             return group_by_doc_ids(lines, ids, where=str(doc_ids)), None
         return lines, None
     if fmt != "generate":
-        raise ValueError(f"unknown input format {fmt!r} (auto, d, plain, generate)")
+        raise ValueError(f"unknown input format {fmt!r} (auto, {DOCMT}, plain, generate)")
     samples = read_fairseq_generate(path, pieces)
     what = "T" if use_target else "H"
     texts = {i: (s.target if use_target else s.hypothesis) for i, s in samples.items()}

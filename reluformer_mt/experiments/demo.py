@@ -40,7 +40,7 @@ import torch
 
 import reluformer_mt
 from reluformer_mt.checkpoints import checkpoint_info
-from reluformer_mt.cli.inprocess import run_fairseq
+from reluformer_mt.fairseq_runner import run_fairseq
 from reluformer_mt.data.prepare import PrepareConfig, prepare
 from reluformer_mt.data.prepared import Prepared
 from reluformer_mt.evaluation import aer as aer_lib

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from reluformer_mt.cli.inprocess import run_fairseq
+from reluformer_mt.fairseq_runner import run_fairseq
 from reluformer_mt.data.readers import Report, read_docmt
 from reluformer_mt.evaluation.bleu import corpus_sbleu, read_fairseq_generate, read_lines
 from reluformer_mt.evaluation.reports import format_table, write_json

@@ -20,7 +20,7 @@ from typing import List
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, memory_bands, prepare_corpus,
                                             train_argv)
-from reluformer_mt.cli.inprocess import run_fairseq
+from reluformer_mt.fairseq_runner import run_fairseq
 
 HEADERS = ["read-out", "k", "train min", "s-BLEU", "without memory", "copy of the match", "gain",
            "s-BLEU fuzzy >= 50", "n >= 50"]

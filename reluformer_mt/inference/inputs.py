@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, TextIO, Tuple
 
 from reluformer_mt.data import textfiles
-from reluformer_mt.data.documents import DOC_MARKER, is_doc_marker, strip_edges
+from reluformer_mt.data.documents import (DOC_MARKER, FORMAT as DOCMT, is_doc_marker, read_documents,
+                                          starts_with_marker, strip_edges)
 
-FORMATS = ("auto", "lines", "docmt", "docids", "raw")
+FORMATS = ("auto", "lines", DOCMT, "docids", "raw")
 STDIN = "-"
 
 
@@ -101,21 +102,10 @@ def parse_lines(lines: Sequence[str], name: str) -> ParsedInput:
 
 
 def parse_docmt(lines: Sequence[str], name: str) -> ParsedInput:
-    docs, current, notes = [], None, []
-    for i, line in enumerate(lines, 1):
-        if is_doc_marker(line):
-            if current is not None:
-                docs.append(current)
-            current = []
-        elif current is None:
-            if not _blank(line):
-                raise ValueError(f"{name}:{i}: expected a {DOC_MARKER} line to start the first document, got {line[:40]!r}")
-            notes.append(f"blank line {i} before the first {DOC_MARKER} dropped")
-        else:
-            current.append(strip_edges(line)[0])
-    if current is not None:
-        docs.append(current)
-    return ParsedInput("docmt", [InputDocument(f"{name}.{i}", s) for i, s in enumerate(docs)], notes=notes)
+    """The one ``docmt`` reader (:mod:`reluformer_mt.data.documents`); sentences edge-stripped."""
+    found = read_documents(lines, name)
+    docs = [[strip_edges(line)[0] for _, line in doc] for doc in found.documents]
+    return ParsedInput(DOCMT, [InputDocument(f"{name}.{i}", s) for i, s in enumerate(docs)], notes=found.notes())
 
 
 def parse_docids(lines: Sequence[str], ids: Sequence[str], name: str, ids_name: str) -> ParsedInput:
@@ -193,8 +183,8 @@ def detect_format_reason(lines: Sequence[str], language: str = "en", sample: int
     text_lines = [line for line in lines if not _blank(line)]
     if not text_lines:
         return "lines", "no text"
-    if is_doc_marker(text_lines[0]):
-        return "docmt", f"the first line is {DOC_MARKER}"
+    if starts_with_marker(text_lines):
+        return DOCMT, f"the first line is {DOC_MARKER}"
     # raw only on strong evidence: reading running text as lines keeps the layout (each line is
     # translated as one long sentence, split to fit if need be), reading lines as raw would merge them
     split = sentence_splitter(language)
@@ -240,7 +230,7 @@ def parse_input(lines: Sequence[str], name: str, fmt: str = "auto", doc_ids=None
         fmt, detected = detect_format_reason(lines, language)
     if fmt == "lines":
         parsed = parse_lines(lines, name)
-    elif fmt == "docmt":
+    elif fmt == DOCMT:
         parsed = parse_docmt(lines, name)
     else:
         parsed = parse_raw(lines, name, language)
@@ -271,7 +261,7 @@ def render(parsed: ParsedInput, per_sentence: Sequence[Sequence[str]], one_per_l
             if d:
                 out.append("")
             out.extend(texts)
-        elif parsed.fmt == "docmt":
+        elif parsed.fmt == DOCMT:
             out.append(DOC_MARKER)
             out.extend(texts)
         elif parsed.fmt == "docids":

@@ -20,7 +20,7 @@ Every value is only a default: command-line options (``--encoder-attn-fn`` ...) 
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_iwslt_de_en
 
-from reluformer_mt.models.reluformer_transformer import fill_attention_defaults
+from reluformer_mt.attention.config import fill_attention_defaults
 
 FAMILIES = {
     "softmax": dict(encoder_attn_fn="softmax", decoder_attn_fn="softmax", cross_attn_fn="softmax"),

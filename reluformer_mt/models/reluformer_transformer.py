@@ -3,12 +3,12 @@
 
 Only the attention builders of fairseq's layers are overridden; embeddings, positions, layer
 norms, FFNs, incremental decoding and alignment outputs are fairseq's own. Options are plain
-argparse arguments of the model (``--encoder-attn-fn`` etc.), so ``--arch`` presets, the
-command line and hydra configs (``model.encoder_attn_fn``) all set the same knobs.
+argparse arguments of the model (``--encoder-attn-fn`` etc.), derived from their one declaration
+on :class:`~reluformer_mt.attention.config.AttentionConfig`, so ``--arch`` presets, the command
+line and hydra configs (``model.encoder_attn_fn``) all set the same knobs.
 """
 import argparse
 import logging
-import math
 
 import torch
 import torch.nn as nn
@@ -22,10 +22,9 @@ from fairseq.modules import transformer_layer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf
 
-from reluformer_mt.attention import (ATTENTION_FUNCTIONS, FUNCTIONS, POINTWISE_ACTIVATIONS, AttentionConfig,
-                                     AttentionOptionError, ReluformerAttention)
-from reluformer_mt.attention.config import ATTENTION_IMPLS, GAMMA_MODES, RELA_VARIANTS
-from reluformer_mt.attention.functions import SIGMOID_BIAS_MODES
+from reluformer_mt.attention import FUNCTIONS, AttentionOptionError, ReluformerAttention, routes
+from reluformer_mt.attention.config import (SUBLAYERS, add_attention_args, config_from_args as attention_config,
+                                            fill_attention_defaults, validate_attention_args)
 from reluformer_mt.memory.tm_attention import (MemoryEncoder, MemoryReader, add_tm_args, copy_probabilities, fill_tm_defaults,
                                                memory_attention_config, memory_of, reorder_memory)
 from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_ffn_fc2, configure_ffn,
@@ -33,157 +32,20 @@ from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_f
 
 logger = logging.getLogger(__name__)
 
-SUBLAYERS = ("encoder", "decoder", "cross")
-
-# defaults of the family-wide options (architectures may override them)
-ATTENTION_DEFAULTS = {
-    "encoder_attn_fn": "softmax",
-    "decoder_attn_fn": "softmax",
-    "cross_attn_fn": "softmax",
-    "relu_gamma": 1.0,
-    "relu_gamma_mode": "fixed",
-    "relu_no_logit_scale": False,
-    "relu_no_length_scale": False,
-    "rela_variant": "gated",
-    "rela_gain_init": 1.0,
-    "pointwise_alpha": 1.0,
-    "pointwise_h": "relu",
-    "qk_layernorm": False,
-    "attn_output_gate": False,
-    "attn_output_norm": False,
-    "sigmoid_bias": "auto",
-    "attn_impl": "auto",
-    "attn_blocked_min_len": 2048,
-    "attn_block_size": 512,
-}
-
-
-def checked_number(accept, expected, kind=float):
-    """argparse type: a finite ``kind`` number for which ``accept`` holds, else argparse's
-    one-line error (so inf, nan and out-of-range values stop at option parsing)."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except (TypeError, ValueError):
-            value = None
-        if value is None or not math.isfinite(value) or not accept(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-    return parse
-
-
-def sigmoid_bias_value(text):
-    """argparse type of --sigmoid-bias: 'auto', 'learned' or a finite number."""
-    if text in SIGMOID_BIAS_MODES:
-        return text
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = None
-    if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected auto, learned or a finite number, got {text!r}")
-    return value
-
-
-def add_attention_args(parser):
-    """The attention options; enumerations and ranges are checked by argparse (one-line errors)."""
-    group = parser.add_argument_group("reluformer attention")
-    for sub, what in (("encoder", "encoder self-attention"), ("decoder", "decoder (causal) self-attention"),
-                      ("cross", "encoder-decoder attention")):
-        group.add_argument(f"--{sub}-attn-fn", choices=list(ATTENTION_FUNCTIONS), help=f"weight function of the {what}")
-    group.add_argument("--relu-gamma", type=checked_number(lambda g: g > 0, "a finite number > 0"), metavar="G",
-                       help="ReLUFormer temperature gamma")
-    group.add_argument("--relu-gamma-mode", choices=list(GAMMA_MODES),
-                       help="gamma fixed, or learned per layer / per head (initialised at --relu-gamma)")
-    group.add_argument("--relu-no-logit-scale", action="store_true", default=None,
-                       help="ReLUFormer: drop the 1/sqrt(d_h) inside the ReLU")
-    group.add_argument("--relu-no-length-scale", action="store_true", default=None,
-                       help="ReLUFormer ablation: drop the 1/sqrt(n_i/2) length factor (weights ReLU(s)/gamma)")
-    group.add_argument("--rela-variant", choices=list(RELA_VARIANTS), help="ReLA-g (gated) or ReLA-i (ungated)")
-    group.add_argument("--rela-gain-init", type=checked_number(lambda x: True, "a finite number"), metavar="X",
-                       help="initial RMSNorm gain of ReLA")
-    group.add_argument("--pointwise-alpha", type=checked_number(lambda a: 0 <= a <= 2, "a number in [0, 2]"), metavar="A",
-                       help="pointwise length exponent alpha")
-    group.add_argument("--pointwise-h", choices=list(POINTWISE_ACTIVATIONS), help="pointwise activation h")
-    group.add_argument("--qk-layernorm", action="store_true", default=None, help="LayerNorm on queries and keys")
-    group.add_argument("--attn-output-gate", action="store_true", default=None,
-                       help="gated attention unit: multiply the attention output by a projection of the input")
-    group.add_argument("--attn-output-norm", action="store_true", default=None,
-                       help="hybrid-norm: LayerNorm on the attention sublayer's output before the residual "
-                            "(sigmoid attention's stabiliser, Ramapuram et al. 2024)")
-    group.add_argument("--sigmoid-bias", type=sigmoid_bias_value, metavar="auto|learned|B",
-                       help="sigmoid attention's bias b in sigmoid(s + b): auto = -log n_i (default), "
-                            "learned = a scalar per head initialised at -log 64, or a fixed number")
-    group.add_argument("--attn-impl", choices=list(ATTENTION_IMPLS),
-                       help="dense, memory-bounded blocked, fused (C++ CPU kernel built on first use; blocked if it cannot be built), "
-                            "flex (FlexAttention, CUDA), triton (Triton kernel, CUDA; docs/PERFORMANCE.md), "
-                            "or auto (blocked from --attn-blocked-min-len keys on; on CUDA triton when training records statistics)")
-    positive_int = checked_number(lambda n: n >= 1, "an integer >= 1", int)
-    group.add_argument("--attn-blocked-min-len", type=positive_int, metavar="L",
-                       help="auto: use the blocked path from this key length on")
-    group.add_argument("--attn-block-size", type=positive_int, metavar="B", help="block size of the blocked path")
-
-
-def fill_attention_defaults(args, **overrides):
-    """Set each attention option not given on the command line: architecture value, then default."""
-    for name, default in ATTENTION_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, overrides.get(name, default))
-
-
-def attention_config(cfg, sublayer: str) -> AttentionConfig:
-    """The AttentionConfig of one sublayer ('encoder', 'decoder' or 'cross') from model args."""
-    return AttentionConfig(
-        fn=getattr(cfg, f"{sublayer}_attn_fn"),
-        relu_gamma=cfg.relu_gamma,
-        relu_gamma_mode=cfg.relu_gamma_mode,
-        relu_scale_logits=not cfg.relu_no_logit_scale,
-        relu_length_scale=not cfg.relu_no_length_scale,
-        rela_variant=cfg.rela_variant,
-        rela_gain_init=cfg.rela_gain_init,
-        pointwise_alpha=cfg.pointwise_alpha,
-        pointwise_activation=cfg.pointwise_h,
-        qk_layernorm=bool(cfg.qk_layernorm),
-        output_gate=bool(cfg.attn_output_gate),
-        output_norm=bool(getattr(cfg, "attn_output_norm", False)),
-        sigmoid_bias=_sigmoid_bias(getattr(cfg, "sigmoid_bias", "auto")),
-        impl=cfg.attn_impl,
-        blocked_min_len=cfg.attn_blocked_min_len,
-        block_size=cfg.attn_block_size,
-    )
-
-
-def _sigmoid_bias(value):
-    """A hydra config may give the number as a string."""
-    if isinstance(value, str) and value not in SIGMOID_BIAS_MODES:
-        try:
-            return float(value)
-        except ValueError:
-            return value  # AttentionConfig.validate names the option
-    return value
-
-
-def validate_attention_args(args) -> None:
-    """One-line errors naming the option and the accepted values, before any layer is built."""
-    for sub in SUBLAYERS:
-        fn = getattr(args, f"{sub}_attn_fn")
-        if fn not in ATTENTION_FUNCTIONS:
-            raise AttentionOptionError(f"--{sub}-attn-fn: got {fn!r}, expected one of {', '.join(ATTENTION_FUNCTIONS)}")
-    attention_config(args, "encoder").validate()
-
-
 def inapplicable_impl_notes(args) -> list:
-    """What an explicit ``--attn-impl`` cannot do for the chosen functions: the fused kernel (and
-    FlexAttention) run h = relu functions without a row normaliser only, the blocked path any
-    function without one; the others keep their own path (softmax: fairseq's; the rest: dense)."""
+    """What an explicit ``--attn-impl`` cannot do for the chosen functions: the accelerated routes
+    compute their own functions only (fused, flex: h = relu; triton: the tiled functions' h), the
+    blocked route any function without a row normaliser; the others keep their own route (softmax:
+    fairseq's; the rest: the reference formula). Said once when the model is built."""
     impl = args.attn_impl
-    if impl not in ("blocked", "fused", "flex"):
+    accelerated = routes.ACCELERATED.get(impl)
+    if impl != "blocked" and (accelerated is None or accelerated.weights_of is not None):
         return []
-    notes = {}  # (function, path) -> sublayers: one line per function
+    notes = {}  # (function, route) -> sublayers: one line per function
     for sub in SUBLAYERS:
         config = attention_config(args, sub)
         function = FUNCTIONS[config.fn]
-        applies = function.tiled if impl == "blocked" else function.fused_relu(config)
+        applies = function.tiled and (impl == "blocked" or accelerated.computes(function, config))
         if applies:
             continue
         if function.tiled:  # a tiled function with another activation (sigmoid, pointwise h != relu)

@@ -1,7 +1,9 @@
 """Run fairseq's command-line tools inside this Python process.
 
 A fairseq command spends 8-11 s importing; the demo, the sweep and the tests run several of them
-in a row, so they call ``fairseq_cli.<tool>.cli_main()`` with ``sys.argv`` set instead.
+in a row, so they call ``fairseq_cli.<tool>.cli_main()`` with ``sys.argv`` set instead. Library
+code below the experiments and the console scripts: it imports only :mod:`reluformer_mt.plugin`,
+to register the plugin where fairseq's ``--user-dir`` would.
 """
 import contextlib
 import importlib
