@@ -240,7 +240,7 @@ def kernel_variants(L, causal):
              "triton": ours(triton_tiled_attention, False),
              "triton+stats": ours(triton_tiled_attention, True)}
     if L <= BLOCKED_MAX_LEN:
-        calls["blocked+stats"] = ours(tiled_attention, True, blocked=True, block_q=512, block_k=512)
+        calls["blocked+stats"] = ours(tiled_attention, True, route="blocked", block_q=512, block_k=512)
     if L in FLEX_LENGTHS and flex_kernel.supports(leaves[0]):
         visible = None if not causal else vis
 
@@ -391,21 +391,21 @@ def make_sample(dictionary, batch, length, device):
 
 
 def paths_taken(model, step):
-    """How many attention calls of one step took each path (ReluformerAttention._attention_path)."""
+    """How many attention calls of one step took each route (ReluformerAttention.route, the chooser)."""
     from reluformer_mt.attention import ReluformerAttention
 
     counts = collections.Counter()
-    original = ReluformerAttention._attention_path
+    original = ReluformerAttention.route
 
     def counting(self, *args, **kwargs):
         path = original(self, *args, **kwargs)
         counts[path] += 1
         return path
-    ReluformerAttention._attention_path = counting
+    ReluformerAttention.route = counting
     try:
         step()
     finally:
-        ReluformerAttention._attention_path = original
+        ReluformerAttention.route = original
     return dict(counts) or {"fairseq": "own forward"}
 
 

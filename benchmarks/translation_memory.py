@@ -111,10 +111,10 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
     register()
     test = read_prepared(data_dir, "test").sources[:sentences]
     documents = [test[i:i + 20] for i in range(0, len(test), 20)]
-    systems = {"with memory": DocumentTranslator(checkpoint, beam=4, quiet=True),
-               "same model, no matches": DocumentTranslator(checkpoint, beam=4, quiet=True, memory="none")}
+    systems = {"with memory": DocumentTranslator(checkpoint, data=data_dir, beam=4, quiet=True),
+               "same model, no matches": DocumentTranslator(checkpoint, data=data_dir, beam=4, quiet=True, memory="none")}
     if twin:
-        systems["twin without memory"] = DocumentTranslator(twin, beam=4, quiet=True)
+        systems["twin without memory"] = DocumentTranslator(twin, data=data_dir, beam=4, quiet=True)
     times = {name: [] for name in systems}
     for _ in range(repeats):  # interleaved, so load changes hit every system alike
         for name, translator in systems.items():

@@ -92,7 +92,7 @@ def config_from_args(args):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
-    from reluformer_mt.data.prepare import prepare
+    from reluformer_mt.memory.neighbours import prepare_with_memory as prepare
 
     try:
         prepare(config_from_args(args))

@@ -71,7 +71,8 @@ class PrepareConfig:
     force: bool = False
     workers: int = 1
     progress: bool = True
-    memory_k: int = 0                       # translation-memory neighbours per sentence (0 = none)
+    memory_k: int = 0                       # translation-memory neighbours per sentence (0 = none; the step is
+                                            # reluformer_mt.memory.neighbours.prepare_with_memory's)
 
 
 # ---------------------------------------------------------------- steps with stamps
@@ -357,22 +358,6 @@ def _binarize_step(cfg, out, splits, spm_result, encode_stats):
     return run_step(out, "binarize", config, binarize, cfg.force)
 
 
-# ---------------------------------------------------------------- translation memory
-
-def _memory_step(cfg, out: Path, prepared: Prepared) -> Prepared:
-    """Neighbours of every sentence in the training split's memory (reluformer_mt.memory.neighbours)."""
-    from dataclasses import replace
-
-    from reluformer_mt.memory.neighbours import build_neighbours
-
-    config = {"k": cfg.memory_k, "data": _sha(*[_file_sha(out / "text" / f"{s}.{lang}") for s in sorted(prepared.splits)
-                                                 for lang in (cfg.src, cfg.tgt)])}
-    info = run_step(out, "memory", config, lambda: build_neighbours(out, k=cfg.memory_k, progress=cfg.progress), cfg.force)
-    prepared = replace(prepared, memory=info)
-    prepared.write(out)
-    return prepared
-
-
 # ---------------------------------------------------------------- the run
 
 def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str], report: Report) -> Prepared:
@@ -437,10 +422,7 @@ def prepare(cfg: PrepareConfig) -> Report:
     report.counts["needed --max-source-positions"] = longest_src + 1
     report.counts["needed --max-target-positions"] = longest_tgt + 1
 
-    prepared = describe(cfg, spm_result, stats, extras, report)
-    prepared.write(out)
-    if cfg.memory_k:
-        prepared = _memory_step(cfg, out, prepared)
+    describe(cfg, spm_result, stats, extras, report).write(out)
     summary = report.summary()
     (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     print(summary, flush=True)

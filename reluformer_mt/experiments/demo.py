@@ -41,7 +41,8 @@ import torch
 import reluformer_mt
 from reluformer_mt.checkpoints import checkpoint_info
 from reluformer_mt.fairseq_runner import run_fairseq
-from reluformer_mt.data.prepare import PrepareConfig, prepare
+from reluformer_mt.data.prepare import PrepareConfig
+from reluformer_mt.memory.neighbours import prepare_with_memory as prepare
 from reluformer_mt.data.prepared import Prepared
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import extract

@@ -11,6 +11,7 @@ No leakage: a training sentence never retrieves itself (leave-one-out by id), an
 holds training pairs only, never a valid or test sentence.
 """
 import dataclasses
+import hashlib
 import time
 from pathlib import Path
 from typing import Dict, Sequence, Tuple
@@ -75,6 +76,28 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = 1
     return info
 
 
+def prepare_with_memory(cfg):
+    """``reluformer-prepare``'s run (:func:`reluformer_mt.data.prepare.prepare`) and, with
+    ``cfg.memory_k``, the neighbours step, stamped like the other steps (skipped when done with the
+    same k and data, redone with ``force``)."""
+    from reluformer_mt.data.prepare import prepare, run_step
+    from reluformer_mt.data.prepared import Prepared
+
+    report = prepare(cfg)
+    if cfg.memory_k:
+        out = Path(cfg.out)
+        prepared = Prepared.load(out)
+        digest = hashlib.sha256()
+        for split in sorted(prepared.splits):
+            for lang in (prepared.src_lang, prepared.tgt_lang):
+                digest.update((out / "text" / f"{split}.{lang}").read_bytes())
+        config = {"k": cfg.memory_k, "data": digest.hexdigest()[:16]}
+        info = run_step(out, "memory", config, lambda: build_neighbours(out, k=cfg.memory_k, progress=cfg.progress),
+                        cfg.force)
+        dataclasses.replace(Prepared.load(out), memory=info).write(out)
+    return report
+
+
 def load_neighbours(directory, split: str, k: int) -> Tuple[np.ndarray, np.ndarray]:
     """(ids, scores) of ``split``'s sentences, the first ``k`` columns; one-line errors when the
     directory has no (or too few) neighbours."""
@@ -105,5 +128,5 @@ def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
     return rows
 
 
-__all__ = ["MEMORY_DIR", "band_counts", "build_neighbours", "load_neighbours", "neighbour_paths", "sentence_rows"]
+__all__ = ["MEMORY_DIR", "band_counts", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
 
