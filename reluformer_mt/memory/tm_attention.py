@@ -112,11 +112,13 @@ class MemoryReader(nn.Module):
         self.keep_weights = False  # the copy distribution reads the last reader's weights
         self.weights = None
 
-    def forward(self, x, memory, memory_padding, query_padding=None):
+    def forward(self, x, memory, memory_padding, query_padding=None, incremental_state=None):
         h = self.layer_norm(x)
         with self.attn.padded_queries(query_padding):
+            # with an incremental state (beam search) the memory's projected keys and values are
+            # computed at the first step and reused (fairseq's static_kv cache), not once per step
             out, weights = self.attn(h, memory, memory, key_padding_mask=memory_padding, static_kv=True,
-                                     need_weights=self.keep_weights)
+                                     incremental_state=incremental_state, need_weights=self.keep_weights)
         self.weights = weights  # (B, T, M) head average, or None
         gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
         return x + self.dropout(gate * out)

@@ -109,7 +109,11 @@ class ReluformerDecoderLayer(transformer_layer.TransformerDecoderLayerBase):
             out = super().forward(x, *args, self_attn_padding_mask=self_attn_padding_mask, **kwargs)
         reader = self._modules.get("tm_reader")
         if reader is not None and self.tm_memory is not None:
-            out = (reader(out[0], *self.tm_memory, query_padding=self_attn_padding_mask),) + tuple(out[1:])
+            # fairseq passes (encoder_out, encoder_padding_mask, incremental_state, ...) positionally;
+            # the reader caches the memory's keys and values there while decoding step by step
+            incremental_state = args[2] if len(args) > 2 else kwargs.get("incremental_state")
+            out = (reader(out[0], *self.tm_memory, query_padding=self_attn_padding_mask,
+                          incremental_state=incremental_state),) + tuple(out[1:])
         return out
 
     def build_encoder_attention(self, embed_dim, cfg):
