@@ -101,3 +101,20 @@ def test_failed_build_warns_and_falls_back(monkeypatch, caplog):
         assert route_of(module, 9, 9) == "blocked"
     fallbacks = [r for r in caplog.records if "--attn-impl fused" in r.getMessage()]
     assert len(fallbacks) == 1 and "blocked route instead" in fallbacks[0].getMessage()
+
+
+def test_a_stale_build_lock_is_removed(tmp_path):
+    """torch waits forever for its build lock; one left by a killed build must not hang a run."""
+    import os
+    import time
+
+    from reluformer_mt.attention.extension import clear_stale_lock
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()  # a fresh lock: a build is running
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        assert clear_stale_lock(tmp_path)
+    assert not lock.exists()

@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 
 CFLAGS = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"]
+# a build takes well under a minute; torch's build lock older than this was left by a killed build
+# (torch waits for it forever, which hung a test suite here)
+STALE_LOCK_SECONDS = 600
 
 
 def build_directory() -> Path:
@@ -26,12 +29,28 @@ def disabled() -> bool:
     return os.environ.get("RELUFORMER_NO_FUSED") == "1"
 
 
+def clear_stale_lock(directory: Path, max_age: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove torch's build lock in ``directory`` when it is older than ``max_age`` seconds."""
+    import time
+
+    lock = directory / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > max_age:
+            lock.unlink()
+            warnings.warn(f"reluformer_mt: removed a stale build lock {lock} (left by a build that was killed)")
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
 def compile_cpp(name: str, source: Path, verbose: bool = False):
     """The module built from one C++ source (raises whatever the build raises)."""
     from torch.utils import cpp_extension
 
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(directory)
     return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(directory),
                               extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
 
