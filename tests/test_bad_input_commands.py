@@ -55,7 +55,7 @@ def test_spm_model_that_is_a_dictionary_names_the_file(doc_checkpoint, a_diction
     assert rc == 2 and err.count("\n") == 1 and "ModelProto" not in err, err
     assert f"--spm-model {a_dictionary}: not a SentencePiece model" in err, err
     code, err = eval_main(["cxmi", "--checkpoint", doc_checkpoint, "--spm-model", a_dictionary, "--no-progress"], capsys)
-    assert code == 1 and f"--spm-model {a_dictionary}: not a SentencePiece model" in err and err.count("\n") == 1, err
+    assert code == 2 and f"--spm-model {a_dictionary}: not a SentencePiece model" in err and err.count("\n") == 1, err
 
 
 def test_attn_impl_that_does_not_apply_is_said(sentence_data, tmp_path, caplog):

@@ -32,11 +32,11 @@ def demo_plan(o) -> List[Tuple[str, float]]:
     updates = (o.sentence_updates if phases == 2 else 0) + o.max_update
     train = o.budget_minutes * 60 if o.budget_minutes else phases * TRAIN_PHASE_SECONDS + updates * SECONDS_PER_UPDATE
     jobs = max(1, min(getattr(o, "jobs", 1), len(o.families))) if getattr(o, "device", "cpu") == "cpu" else 1
-    memory = sum(1 for f in o.families if "+" in f)  # a memory family costs about 1.4 times its twin
-    if jobs > 1:  # one stage: the families side by side, one thread each (~1.3 times slower than two threads)
-        trains = [("train", 1.3 * train * (len(o.families) + 0.4 * memory) / jobs)]
+    memory = sum(1 for f in o.families if "+" in f)  # a memory family takes about 1.9 times its twin
+    if jobs > 1:  # one stage: the families side by side, one thread each (~1.35 times slower than two threads)
+        trains = [("train", 1.35 * train * (len(o.families) + 0.9 * memory) / jobs)]
     else:
-        trains = [("train", train * (1.4 if "+" in f else 1.0)) for f in o.families]
+        trains = [("train", train * (1.9 if "+" in f else 1.0)) for f in o.families]
     # the translation memory's neighbours of both prepared folders (measured 25 s on 2 cores)
     prepare = PREPARE_SECONDS + (MEMORY_NEIGHBOURS_SECONDS if memory else 0.0)
     return ([("prepare", prepare)] + trains
