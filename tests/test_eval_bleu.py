@@ -228,9 +228,9 @@ def test_bleu_reads_standard_input_and_pipes_like_sacrebleu(tmp_path):
     run = _cli(["--hyp", hyp, "--ref", "-", "--score-only"], stdin=ref.read_text(encoding="utf-8"))
     assert run.returncode == 0 and run.stdout.split() == [f"{expected:.2f}"], run.stderr
     # a stream's errors name the stream, not a temporary copy
-    run = _cli(["--hyp", "-", "--hyp-format", "d", "--ref", ref], stdin="one line\n")
+    run = _cli(["--hyp", "-", "--hyp-format", "docmt", "--ref", ref], stdin="one line\n")
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
-    assert "<stdin>:1: expected the document marker" in run.stderr, run.stderr
+    assert "<stdin>:1: expected a <d> line to start the first document" in run.stderr, run.stderr
 
 
 def test_bleu_from_files_reads_a_fifo_once(tmp_path):
