@@ -196,7 +196,7 @@ def kernel_vs_blocked(L=1024):
     result = {}
     grads = {}
     for name, fn, extra in (("triton", triton_tiled_attention, {}),
-                            ("blocked", tiled_attention, {"blocked": True, "block_q": 256, "block_k": 256})):
+                            ("blocked", tiled_attention, {"route": "blocked", "block_q": 256, "block_k": 256})):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out, rows, _ = fn(*leaves, vis, activation="relu", scaling=head_dim ** -0.5, row_factor=factor, n_visible=n,
                           want_rows=True, **extra)

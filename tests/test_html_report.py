@@ -90,7 +90,7 @@ def test_plain_files_rescore_with_reluformer_eval_and_pages_from_the_command_lin
     rebuilt = tmp_path / "again.html"
     assert main(["report", "--dir", str(report_dir), "--output", str(rebuilt)]) == 0
     assert rebuilt.read_text(encoding="utf-8") == (report_dir / "index.html").read_text(encoding="utf-8")
-    assert main(["report", "--dir", str(tmp_path / "missing")]) == 1
+    assert main(["report", "--dir", str(tmp_path / "missing")]) == 2  # an input error: exit 2
     assert "no such report folder" in capsys.readouterr().err
 
 

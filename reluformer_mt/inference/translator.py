@@ -469,7 +469,8 @@ class DocumentTranslator:
         while pending:
             sources = [self._source_ids(encoded, seg) for seg in pending]
             matches = None if self.memory is None else [self._segment_matches(seg) for seg in pending]
-            hyps = self.generate([s for s, _ in sources], bar, matches)
+            sources_ids = [s for s, _ in sources]
+            hyps = self.generate(sources_ids, bar) if matches is None else self.generate(sources_ids, bar, matches)
             retry = []
             for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
                 results = self._resolve(seg, hyp, src_pieces, scores, alignments)
