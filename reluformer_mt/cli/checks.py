@@ -171,6 +171,15 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_checked(self, argv, check):
+        """Parsed arguments after ``check(args)``, whose ValueError is this parser's one-line error."""
+        args = self.parse_args(argv)
+        try:
+            check(args)
+        except ValueError as e:
+            self.error(str(e))
+        return args
+
 
 def check_output_folder(path, option: str) -> None:
     """Refuse, before any work, an output folder that is a file, lies under a file, or whose

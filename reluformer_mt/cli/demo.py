@@ -107,12 +107,7 @@ def check_args(args) -> None:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+    args = build_parser().parse_checked(argv, check_args)
     # fairseq's INFO lines (training progress) are wanted, in the run folder's log (experiments.progress)
     logging.getLogger().setLevel(logging.INFO)
     for handler in logging.getLogger().handlers:

@@ -17,7 +17,6 @@ or input error (``reluformer_mt.cli.checks``).
 import argparse
 import contextlib
 import io
-import logging
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 

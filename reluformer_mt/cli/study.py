@@ -41,12 +41,7 @@ def check_args(args) -> None:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+    args = build_parser().parse_checked(argv, check_args)
     from reluformer_mt.plugin import register
 
     register()  # the models, criteria and task, and the fairseq fixes

@@ -93,12 +93,7 @@ def check_args(args) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+    args = build_parser().parse_checked(argv, check_args)
     try:
         run_sweep(options_from_args(args), say=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError) as error:  # MemoryOptionError is a ValueError

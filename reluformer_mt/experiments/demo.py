@@ -24,7 +24,6 @@ cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the 
 import contextlib
 import json
 import logging
-import math
 import os
 import platform
 import subprocess

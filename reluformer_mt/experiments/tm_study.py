@@ -11,7 +11,6 @@ chapters verse by verse with its memory, without it, and beside copying the best
     python -m reluformer_mt.experiments.tm_study --out runs/tm_study --families softmax,reluformer,rela --ks 1,4,16
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

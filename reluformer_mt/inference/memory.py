@@ -8,13 +8,13 @@ training); ``--memory`` names another one: a prepared directory, a TMX or a TSV 
 score are kept, so the summary counts sentences per fuzzy band and a side output lists them.
 """
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
-from reluformer_mt.memory.tm_data import encode_entries
+from reluformer_mt.memory.tm_data import encode_entries, match_tokens
 
 
 class MemoryLookup:
@@ -44,13 +44,8 @@ class MemoryLookup:
         return self.retriever.search(list(sentences), self.k)
 
     def tokens_of(self, rows: Sequence[np.ndarray]) -> torch.Tensor:
-        """``<s> entry`` for each retrieved id of each row (the order of training)."""
-        parts: List[torch.Tensor] = []
-        for ids in rows:
-            for entry in ids:
-                if entry >= 0:
-                    parts += [torch.tensor([self.bos]), self.tokens[entry]]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+        """``<s> entry`` for each retrieved id of each row (as in training)."""
+        return match_tokens(self.tokens, rows, self.bos)
 
     def target(self, entry: int) -> Optional[str]:
         return self.entries.targets[entry] if entry >= 0 else None

@@ -25,19 +25,21 @@ def encode_entries(pieces: Sequence[str], dictionary) -> List[torch.Tensor]:
     return [dictionary.encode_line(p, add_if_not_exist=False, append_eos=False).long() for p in pieces]
 
 
+def match_tokens(entry_tokens: Sequence[torch.Tensor], id_rows: Sequence[Sequence[int]], bos: int) -> torch.Tensor:
+    """``<s> entry`` for each retrieved id of each row, in order (-1 = nothing retrieved, skipped):
+    the memory of one example, in training and in translation alike."""
+    parts = []
+    for ids in id_rows:
+        for entry in ids:
+            if entry >= 0:
+                parts += [torch.tensor([bos], dtype=torch.long), entry_tokens[entry]]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
 def matches_of_rows(entry_tokens: Sequence[torch.Tensor], ids: np.ndarray, rows: Sequence[Sequence[int]],
                     bos: int) -> List[torch.Tensor]:
-    """One tensor per example: ``<s> entry`` for each retrieved id of each of its rows (-1 skipped)."""
-    out = []
-    for example_rows in rows:
-        parts = []
-        for r in example_rows:
-            for entry in ids[r]:
-                if entry >= 0:
-                    parts.append(torch.tensor([bos], dtype=torch.long))
-                    parts.append(entry_tokens[entry])
-        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
-    return out
+    """One tensor per example (:func:`match_tokens` of its sentences' rows of ``ids``)."""
+    return [match_tokens(entry_tokens, [ids[r] for r in example_rows], bos) for example_rows in rows]
 
 
 class MemoryPairDataset(LanguagePairDataset):
@@ -80,4 +82,4 @@ def pad_memories(memories: Sequence[torch.Tensor], pad: int) -> torch.Tensor:
                                      left_pad=False, pad_to_length=longest)
 
 
-__all__ = ["MemoryPairDataset", "TM_FUSIONS", "encode_entries", "matches_of_rows", "pad_memories"]
+__all__ = ["MemoryPairDataset", "TM_FUSIONS", "encode_entries", "match_tokens", "matches_of_rows", "pad_memories"]
