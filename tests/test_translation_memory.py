@@ -181,3 +181,44 @@ def test_bad_memory_options(memory_data, tmp_path, prepared_doc_data):
     with pytest.raises(ValueError, match="no translation-memory neighbours"):
         run_fairseq("train", [prepared_doc_data["doc"], "--user-dir", USER_DIR, "--task", "document_translation",
                               *TRAIN_TM, "--tm-fusion", "concat", "--save-dir", tmp_path / "y"])
+
+
+def direct_log_copy(logits, copy):
+    """The copy distribution by its formula, in float64: log((1 - c) softmax + c * scattered weights)."""
+    steps = logits.size(1)
+    w = copy["weights"][:, -steps:].double()
+    keep = torch.ones_like(copy["tokens"], dtype=torch.bool)
+    for t in copy["ignore"]:
+        keep &= copy["tokens"].ne(t)
+    w = w * keep.unsqueeze(1)
+    mass = w.sum(-1, keepdim=True)
+    c = torch.sigmoid(copy["gate_logit"][:, -steps:].double()) * mass.gt(0)
+    scattered = torch.zeros_like(logits, dtype=torch.float64).scatter_add_(
+        2, copy["tokens"].unsqueeze(1).expand(-1, steps, -1), w / mass.clamp_min(1e-30))
+    return torch.log((1 - c) * torch.softmax(logits.double(), -1) + c * scattered)
+
+
+def test_copy_distribution_in_log_space_matches_its_formula_and_gradients():
+    from reluformer_mt.memory.tm_attention import copy_probabilities
+
+    torch.manual_seed(0)
+    B, T, M, V, pad, bos = 3, 5, 7, 11, 1, 0
+    tokens = torch.tensor([[0, 4, 5, 4, 4, 1, 1], [0, 6, 7, 8, 0, 6, 9], [0, 1, 1, 1, 1, 1, 1]])  # repeats, padding
+    weights = torch.rand(B, T, M)
+    weights[0, 2] = 0  # a ReLU row that reads nothing: no copy
+    weights[1, 3, 1:] = 0  # a row reading only the entry marker: no copy either
+    logits = torch.randn(B, T, V, requires_grad=True)
+    weights.requires_grad_(True)
+    gate_logit = torch.randn(B, T, 1, requires_grad=True)
+    copy = {"weights": weights, "tokens": tokens, "gate_logit": gate_logit, "ignore": (pad, bos)}
+    ours = copy_probabilities(logits, copy, log_probs=True)
+    reference = direct_log_copy(logits, copy)
+    assert torch.allclose(ours.double(), reference, atol=1e-5)
+    assert torch.allclose(copy_probabilities(logits, copy, log_probs=False).double(), reference.exp(), atol=1e-6)
+    target = torch.randint(0, V, (B, T, 1))
+    target[0, :, 0] = 4  # a token held by three slots: its gradient counted once
+    for loss_of in (lambda lp: -lp.gather(2, target).sum(), lambda lp: -lp.sum()):  # nll and label smoothing's sum
+        grads = torch.autograd.grad(loss_of(copy_probabilities(logits, copy, log_probs=True)), (logits, weights, gate_logit))
+        expected = torch.autograd.grad(loss_of(direct_log_copy(logits, copy)), (logits, weights, gate_logit))
+        for g, e in zip(grads, expected):
+            assert torch.allclose(g.double(), e.double(), atol=1e-4)

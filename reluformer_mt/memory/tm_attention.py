@@ -14,7 +14,8 @@ By default the output distribution can also copy from the memory (a pointer over
 See et al. ACL 2017; as in TM-augmented NMT, Gu et al. AAAI 2018, Cai et al. ACL 2021):
 p(y) = (1 - c) p_vocab(y) + c * sum_{m: token_m = y} w_m, where w is the last reader's
 head-averaged attention renormalised over the memory (a ReLU row that attends to nothing
-copies nothing: c = 0 there) and c = sigmoid(Linear(decoder state)). Without it a small model
+copies nothing: c = 0 there) and c = sigmoid(Linear(decoder state)), computed in log space over the memory's tokens only
+(:func:`copy_probabilities`). Without it a small model
 trained for minutes learns to ignore its matches (measured: docs/TRANSLATION_MEMORY.md);
 ``--tm-no-copy`` is that ablation.
 
@@ -28,6 +29,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from reluformer_mt.attention import ATTENTION_FUNCTIONS, AttentionOptionError, ReluformerAttention
@@ -124,11 +126,10 @@ class MemoryReader(nn.Module):
         return x + self.dropout(gate * out)
 
 
-def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> torch.Tensor:
-    """(1 - c) softmax(logits) + c * (memory attention scattered onto the memory's token ids),
-    in float32; ``copy`` holds ``weights`` (B, T', M), ``tokens`` (B, M), ``gate`` (B, T', 1) and
-    ``ignore`` (token ids never copied: padding, the entry marker)."""
-    steps = logits.size(1)
+def _copy_parts(steps: int, copy: dict):
+    """(copy weights renormalised over the copyable slots (B, T', M), copyable (B, M), reads (B, T', 1)):
+    padding and entry markers are never copied; a row whose weights on the copyable slots sum to 0
+    (a ReLU row that reads nothing) does not copy."""
     weights = copy["weights"][:, -steps:].float()
     tokens = copy["tokens"]
     keep = torch.ones_like(tokens, dtype=torch.bool)
@@ -136,11 +137,43 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
         keep &= tokens.ne(token)
     weights = weights * keep.unsqueeze(1)
     mass = weights.sum(-1, keepdim=True)
-    gate = copy["gate"][:, -steps:].float() * mass.gt(0)  # a row that reads nothing copies nothing
-    copied = torch.zeros_like(logits, dtype=torch.float32).scatter_add_(
-        2, tokens.unsqueeze(1).expand(-1, steps, -1), weights / mass.clamp_min(1e-9))
-    probs = (1 - gate) * torch.softmax(logits.float(), dim=-1) + gate * copied
-    return torch.log(probs.clamp_min(1e-12)) if log_probs else probs
+    return weights / mass.clamp_min(1e-9), keep, mass.gt(0)
+
+
+def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> torch.Tensor:
+    """p(y) = (1 - c) softmax(logits)(y) + c * sum_{m: token_m = y} w_m, in float32; ``copy`` holds
+    ``weights`` (B, T', M), ``tokens`` (B, M), ``gate_logit`` z with c = sigmoid(z) (B, T', 1) and
+    ``ignore`` (token ids never copied: padding, the entry marker).
+
+    Log-probabilities are computed in log space and touch the vocabulary once: every token gets
+    log(1 - c) + log_softmax(logits); only the (at most M) tokens present in the memory are
+    corrected to log((1 - c) p_vocab + c * copy mass). Probabilities (``log_probs=False``) take
+    the direct formula."""
+    steps = logits.size(1)
+    weights, keep, reads = _copy_parts(steps, copy)
+    tokens = copy["tokens"]
+    gate_logit = copy["gate_logit"][:, -steps:].float()
+    index = tokens.unsqueeze(1).expand(-1, steps, -1)
+    if not log_probs:
+        gate = torch.sigmoid(gate_logit) * reads
+        copied = torch.zeros_like(logits, dtype=torch.float32).scatter_add_(2, index, weights)
+        return (1 - gate) * torch.softmax(logits.float(), dim=-1) + gate * copied
+    # log(1 - c), log c from the gate's logit (stable where c is near 0 or 1); 0 and -inf where nothing is read
+    log_stay = F.logsigmoid(-gate_logit) * reads
+    lprobs = torch.log_softmax(logits.float(), dim=-1) + log_stay
+    # copy mass of each slot's token: the weights of all slots holding the same token
+    same_token = tokens.unsqueeze(2).eq(tokens.unsqueeze(1))  # (B, M, M)
+    same = (same_token & keep.unsqueeze(2) & keep.unsqueeze(1)).float()
+    mass = torch.bmm(weights, same)  # (B, T', M)
+    has_copy = mass.gt(0) & reads
+    log_copy = torch.where(has_copy, F.logsigmoid(gate_logit) + torch.log(mass.clamp_min(1e-30)),
+                           torch.full_like(mass, float("-inf")))
+    corrected = torch.logaddexp(lprobs.gather(2, index), log_copy)
+    # a token held by several slots is written once per slot with equal values; only its first
+    # slot passes the gradient back, so the vocabulary entry's gradient is counted once
+    first = ~same_token.triu(1).any(1)  # (B, M): no earlier slot holds the same token
+    corrected = torch.where(first.unsqueeze(1), corrected, corrected.detach())
+    return lprobs.scatter(2, index, corrected)
 
 
 def memory_attention_config(base_config, fn: str):

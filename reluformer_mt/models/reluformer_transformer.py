@@ -162,7 +162,7 @@ class ReluformerDecoder(TransformerDecoderBase):
         if memory is not None and copy_gate is not None:
             reader = readers[-1].tm_reader
             extra["tm_copy"] = {"weights": reader.weights, "tokens": encoder_out["tm_tokens"][0],
-                                "gate": torch.sigmoid(copy_gate(x)), "ignore": (self.padding_idx, self.dictionary.bos())}
+                                "gate_logit": copy_gate(x), "ignore": (self.padding_idx, self.dictionary.bos())}
             reader.weights = None
         return x, extra
 
