@@ -161,17 +161,18 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
     # log(1 - c), log c from the gate's logit (stable where c is near 0 or 1); 0 and -inf where nothing is read
     log_stay = F.logsigmoid(-gate_logit) * reads
     lprobs = torch.log_softmax(logits.float(), dim=-1) + log_stay
-    # copy mass of each slot's token: the weights of all slots holding the same token
-    same_token = tokens.unsqueeze(2).eq(tokens.unsqueeze(1))  # (B, M, M)
-    same = (same_token & keep.unsqueeze(2) & keep.unsqueeze(1)).float()
-    mass = torch.bmm(weights, same)  # (B, T', M)
-    has_copy = mass.gt(0) & reads
+    # copy mass of each slot's token (all slots holding it), summed in a vocabulary-sized buffer:
+    # cheaper than a slots x slots comparison once a document segment's memory has hundreds of slots
+    mass = torch.zeros_like(lprobs).scatter_add_(2, index, weights).gather(2, index)  # (B, T', M)
+    has_copy = mass.gt(0) & reads & keep.unsqueeze(1)
     log_copy = torch.where(has_copy, F.logsigmoid(gate_logit) + torch.log(mass.clamp_min(1e-30)),
                            torch.full_like(mass, float("-inf")))
     corrected = torch.logaddexp(lprobs.gather(2, index), log_copy)
     # a token held by several slots is written once per slot with equal values; only its first
     # slot passes the gradient back, so the vocabulary entry's gradient is counted once
-    first = ~same_token.triu(1).any(1)  # (B, M): no earlier slot holds the same token
+    slots = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
+    first_slot = torch.full(lprobs.shape[::2], tokens.size(1), dtype=slots.dtype, device=tokens.device)
+    first = first_slot.scatter_reduce(1, tokens, slots, "amin").gather(1, tokens).eq(slots)  # (B, M)
     corrected = torch.where(first.unsqueeze(1), corrected, corrected.detach())
     return lprobs.scatter(2, index, corrected)
 
