@@ -222,3 +222,58 @@ def test_copy_distribution_in_log_space_matches_its_formula_and_gradients():
         expected = torch.autograd.grad(loss_of(direct_log_copy(logits, copy)), (logits, weights, gate_logit))
         for g, e in zip(grads, expected):
             assert torch.allclose(g.double(), e.double(), atol=1e-4)
+
+
+def test_translation_pieces_bonus_by_hand():
+    """Zhang et al. 2018's bonus: every n-gram (n <= max n) a next token completes earns the best
+    fuzzy score of the matches holding it, while the hypothesis holds fewer copies of the token
+    than the matches do; excluded tokens end pieces."""
+    from reluformer_mt.inference.pieces import add_piece_bonus, pieces_of_entries
+
+    sep = 9
+    # one sentence with two entries (caps: the most copies in one entry), a second sentence with one
+    pieces = pieces_of_entries([[(torch.tensor([4, 5, 6, sep, 7]), 0.5), (torch.tensor([4, 5, 8]), 0.25)],
+                                [(torch.tensor([4, 10]), 0.75)]], exclude=(sep,), max_n=3)
+    assert len(pieces) == 12  # 4 5 6 7 8 10 | 4-5 5-6 5-8 4-10 | 4-5-6 4-5-8; 6-7 is cut by the separator
+    assert pieces.cap[4] == 2 and pieces.cap[5] == 1 and pieces.cap[10] == 1
+    lprobs = torch.zeros(3, 12)
+    prefix = torch.tensor([[2, 4, 5], [2, 4, 4], [2, 6, 7]])  # BOS first, as fairseq's prefixes
+    add_piece_bonus(lprobs, prefix, [pieces, pieces, None], weight=2.0)
+    # row 0 after "4 5": 6 = unigram 0.5 + bigram 5-6 0.5 + trigram 4-5-6 0.5; 8 = 0.25 * 3; 5 used up
+    assert lprobs[0, 6] == pytest.approx(2 * 1.5) and lprobs[0, 8] == pytest.approx(2 * 0.75)
+    assert lprobs[0, 7] == pytest.approx(2 * 0.5) and lprobs[0, 4] == pytest.approx(2 * 0.75) and lprobs[0, 5] == 0
+    # row 1 after "4 4": 4 is used up; 5 = unigram + bigram 4-5; 10 = unigram + bigram 4-10
+    assert lprobs[1, 4] == 0 and lprobs[1, 5] == pytest.approx(2 * 1.0) and lprobs[1, 10] == pytest.approx(2 * 1.5)
+    assert lprobs[2].abs().sum() == 0  # no pieces: no bonus
+    assert add_piece_bonus(torch.zeros(1, 12), prefix[:1], [pieces], weight=0.0).abs().sum() == 0
+
+
+def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tmp_path):
+    """--pieces-weight: the memory's pieces change the output of a model trained with memory
+    attention and of one trained without memory; weight 0 is the plain translation."""
+    from reluformer_mt.inference import DocumentTranslator, TranslationError
+
+    test = read_prepared(memory_data, "test")
+    documents = [test.sources[:4], test.sources[4:7]]
+    for fusion in ("attention", "none"):
+        save = tmp_path / fusion
+        run_fairseq("train", [memory_data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TM,
+                              "--tm-fusion", fusion, "--tm-k", "1", "--save-dir", save])
+        kwargs = dict(beam=2, max_len_a=0, max_len_b=12)
+        plain = DocumentTranslator(save / "checkpoint_last.pt", **kwargs).translate(documents)
+        off = DocumentTranslator(save / "checkpoint_last.pt", piece_weight=0.0, **kwargs).translate(documents)
+        guided_tr = DocumentTranslator(save / "checkpoint_last.pt", piece_weight=20.0, piece_k=2, **kwargs)
+        guided = guided_tr.translate(documents)
+        assert [r.text for d in off for r in d] == [r.text for d in plain for r in d]
+        assert [r.text for d in guided for r in d] != [r.text for d in plain for r in d]
+        assert all(r.match is not None for d in guided for r in d) and "translation pieces" in guided_tr.describe()
+        # a strong bonus makes the output share more words with the matches' targets
+        matched = [guided_tr.memory.target(r.match[0]).split() for d in guided for r in d]
+
+        def overlap(results):
+            return sum(len(set(r.text.split()) & set(m)) for r, m in zip([r for d in results for r in d], matched))
+        assert overlap(guided) > overlap(plain)
+    with pytest.raises(TranslationError, match="cannot read one; --pieces-weight"):
+        DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", memory=str(memory_data))
+    with pytest.raises(TranslationError, match="--pieces-weight: expected a finite number >= 0, got -1"):
+        DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", piece_weight=-1)

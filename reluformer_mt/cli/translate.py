@@ -58,12 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
-    tm = p.add_argument_group("translation memory (checkpoints trained with --tm-fusion concat|attention)")
+    tm = p.add_argument_group("translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; "
+                              "translation pieces guide any checkpoint)")
     tm.add_argument("--memory", metavar="DIR|FILE.tmx|FILE.tsv",
                     help="the memory to retrieve matches from: a prepared directory (its training split), a TMX file "
                          "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
                          "(default: the training split of the checkpoint's data directory); 'none' translates without "
                          "matches")
+    tm.add_argument("--pieces-weight", type=float, default=0.0, metavar="W",
+                    help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
+                         "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
+                         "docs/TRANSLATION_MEMORY.md); works for checkpoints trained without memory too")
+    tm.add_argument("--pieces-k", type=int, default=8, metavar="K", help="matches per sentence whose n-grams are pieces")
+    tm.add_argument("--pieces-max-n", type=int, default=4, metavar="N", help="longest piece, in SentencePiece tokens")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
     out.add_argument("--scores", help="write each sentence's mean token log-probability here")
     out.add_argument("--memory-matches", metavar="FILE",
@@ -122,9 +129,11 @@ def run(args) -> str:
     translator = DocumentTranslator(
         args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-        segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory)
+        segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
+        piece_weight=args.pieces_weight, piece_k=args.pieces_k, piece_max_n=args.pieces_max_n)
     if args.memory_matches and translator.memory is None:
-        raise ValueError(f"--memory-matches: {args.checkpoint} was trained without a translation memory (--tm-fusion none)")
+        raise ValueError(f"--memory-matches: {args.checkpoint} was trained without a translation memory (--tm-fusion none); "
+                         "with --pieces-weight W > 0 it consults one")
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
     parsed = parse_input(lines, input_name(args.input), args.format, args.doc_ids,

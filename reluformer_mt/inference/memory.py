@@ -37,11 +37,12 @@ class MemoryLookup:
     def describe(self) -> str:
         return f"translation memory {self.entries.summary()}; {self.k} match(es) per sentence"
 
-    def lookup(self, sentences: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-        """(ids, fuzzy scores), each (len(sentences), k), best first."""
+    def lookup(self, sentences: Sequence[str], k: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """(ids, fuzzy scores), each (len(sentences), k), best first; k: the model's by default."""
+        k = k or self.k
         if not sentences:
-            return np.zeros((0, self.k), dtype=np.int64), np.zeros((0, self.k), dtype=np.float32)
-        return self.retriever.search(list(sentences), self.k)
+            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+        return self.retriever.search(list(sentences), k)
 
     def tokens_of(self, rows: Sequence[np.ndarray]) -> torch.Tensor:
         """``<s> entry`` for each retrieved id of each row (as in training)."""

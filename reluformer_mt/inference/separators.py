@@ -45,23 +45,35 @@ def constrain_separators(lprobs: Tensor, prefix: Tensor, required: Tensor, separ
 
 
 class SeparatorConstrainedBeamSearch(BeamSearch):
-    """fairseq's beam search with :func:`constrain_separators` applied before every step.
+    """fairseq's beam search with :func:`constrain_separators` applied before every step, and
+    optionally the translation-piece bonus of a memory (:mod:`reluformer_mt.inference.pieces`).
 
     Set :attr:`required` before generating: a tensor indexed by the batch's ``sample["id"]`` values
-    (the dataset index of each source) giving that source's number of separators.
+    (the dataset index of each source) giving that source's number of separators, or None (a
+    sentence-level model: nothing to constrain). :attr:`pieces`: None, or a list indexed the same
+    way of each source's translation pieces, rewarded with :attr:`piece_weight`.
     """
 
-    def __init__(self, tgt_dict, separator: int):
+    def __init__(self, tgt_dict, separator: Optional[int]):
         super().__init__(tgt_dict)
         self.separator = separator
         self.required: Optional[Tensor] = None
+        self.pieces = None
+        self.piece_weight = 0.0
 
     def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
              original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
-        assert self.required is not None and original_batch_idxs is not None and prev_output_tokens is not None
+        assert original_batch_idxs is not None and prev_output_tokens is not None
         bsz, beam_size, vocab_size = lprobs.size()
+        rows = lprobs.view(bsz * beam_size, vocab_size)
         # rows are sentence-major (sentence b's beams are rows b*beam .. b*beam+beam-1), as tokens are
-        required = self.required.to(original_batch_idxs.device)[original_batch_idxs].repeat_interleave(beam_size)
-        constrain_separators(lprobs.view(bsz * beam_size, vocab_size), prev_output_tokens, required,
-                             self.separator, self.eos)
+        if self.pieces is not None and self.piece_weight:
+            from reluformer_mt.inference.pieces import add_piece_bonus
+
+            owners = original_batch_idxs.tolist()
+            add_piece_bonus(rows, prev_output_tokens, [self.pieces[o] for o in owners for _ in range(beam_size)],
+                            self.piece_weight)
+        if self.required is not None and self.separator is not None:
+            required = self.required.to(original_batch_idxs.device)[original_batch_idxs].repeat_interleave(beam_size)
+            constrain_separators(rows, prev_output_tokens, required, self.separator, self.eos)
         return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)

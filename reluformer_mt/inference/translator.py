@@ -25,6 +25,7 @@ checkpoint was trained on: the fairseq dictionaries, ``prepared.json`` (language
 separator) and the SentencePiece model(s) it names.
 """
 import argparse
+import math
 import logging
 import re
 import time
@@ -143,7 +144,7 @@ class DocumentTranslator:
     def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 4, lenpen: float = 1.0,
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
                  segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained",
-                 memory=None):
+                 memory=None, piece_weight: float = 0.0, piece_k: int = 8, piece_max_n: int = 4):
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
         if separators not in SEPARATOR_MODES:
@@ -183,15 +184,29 @@ class DocumentTranslator:
             self.generator.search = self.constraint
         self.stats: Counter = Counter()
         self.memory = None
-        fusion = getattr(self.task.cfg, "tm_fusion", "none")
-        if fusion != "none" and memory != "none":  # "none": withhold the matches (what the memory adds)
+        # the model reads its matches (trained with --tm-fusion); any model can be guided by pieces
+        self.reads_memory = getattr(self.task.cfg, "tm_fusion", "none") != "none"
+        self.piece_weight, self.piece_k, self.piece_max_n = float(piece_weight), int(piece_k), int(piece_max_n)
+        if not math.isfinite(self.piece_weight) or self.piece_weight < 0:
+            raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {piece_weight}")
+        if self.piece_k < 1 or not 1 <= self.piece_max_n <= 8:
+            raise TranslationError(f"--pieces-k {piece_k} / --pieces-max-n {piece_max_n}: expected k >= 1 and 1 <= n <= 8")
+        if (self.reads_memory or self.piece_weight) and memory != "none":  # "none": withhold the matches
             from reluformer_mt.inference.memory import MemoryLookup
 
             self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt)
         elif memory not in (None, "none"):
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
-                                   "(--tm-fusion none), so it cannot read one")
+                                   "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "
+                                   "memory's translation pieces instead")
         self._matches = {}  # (document, unit) -> (ids, scores) during translate()
+        if self.piece_weight and self.memory is not None:
+            if self.constraint is None:  # plain beam search with the bonus
+                from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
+
+                self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
+                self.generator.search = self.constraint
+            self.constraint.piece_weight = self.piece_weight
 
     def describe(self) -> str:
         r = self.resources
@@ -199,8 +214,11 @@ class DocumentTranslator:
         level = f"segments of <= {self.segment_tokens} tokens" if self.segment_tokens else "sentence by sentence"
         if self.segment_tokens:
             level += f", {self.separators} separators"
-        if self.memory is not None:
+        if self.memory is not None and self.reads_memory:
             level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
+        if self.memory is not None and self.piece_weight:
+            level += (f"; translation pieces (n <= {self.piece_max_n}) of the top {self.piece_k} matches, "
+                      f"weight {self.piece_weight:g}" + ("" if self.reads_memory else f", from {self.memory.entries.summary()}"))
         return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
                 f"{level}, device {self.device}")
 
@@ -314,20 +332,23 @@ class DocumentTranslator:
         return length_batches(lengths, self.max_tokens, self.batch_size)
 
     @torch.no_grad()
-    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None) -> List[dict]:
+    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, pieces=None) -> List[dict]:
         """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
         (target ids without the final </s>), ``positional_scores`` (one per token and the
         final </s>), ``attention`` ((target tokens + 1) x source tokens, or None) and
         ``at_length_limit`` (the hypothesis has the most tokens the generator allows). ``matches``:
-        the translation memory's tokens of each source (models trained with a memory)."""
+        the translation memory's tokens of each source (models trained with a memory); ``pieces``:
+        the translation pieces of each source (:mod:`reluformer_mt.inference.pieces`) or None."""
         from fairseq import utils
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
         if matches is not None:
             dataset = self.task.dataset_with_matches(dataset, matches)
-        if self.constraint is not None:
+        if self.constraint is not None and self.constraint.separator is not None:
             # looked up by sample["id"], i.e. the index into ``sources``
             self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
+        if self.constraint is not None:
+            self.constraint.pieces = pieces  # indexed by sample["id"] too
         g = self.generator
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
@@ -468,9 +489,11 @@ class DocumentTranslator:
         self._look_up_matches(documents, encoded, owners)
         while pending:
             sources = [self._source_ids(encoded, seg) for seg in pending]
-            matches = None if self.memory is None else [self._segment_matches(seg) for seg in pending]
+            matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
+            pieces = [self._segment_pieces(seg) for seg in pending] if self.memory and self.piece_weight else None
             sources_ids = [s for s, _ in sources]
-            hyps = self.generate(sources_ids, bar) if matches is None else self.generate(sources_ids, bar, matches)
+            hyps = (self.generate(sources_ids, bar) if matches is None and pieces is None else
+                    self.generate(sources_ids, bar, matches, pieces))
             retry = []
             for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
                 results = self._resolve(seg, hyp, src_pieces, scores, alignments)
@@ -507,13 +530,23 @@ class DocumentTranslator:
         if self.memory is None:
             return
         keys = [(d, u) for d, doc in enumerate(encoded) for u, p in enumerate(doc) if p is not None]
-        ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys])
+        k = max(self.memory.k, self.piece_k if self.piece_weight else 0)
+        ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys], k)
         for n, key in enumerate(keys):
             self._matches[key] = (ids[n], scores[n])
             self.stats[f"memory: units whose best match has fuzzy {band_of(float(scores[n, 0]))}"] += 1
 
     def _segment_matches(self, seg: _Segment) -> torch.Tensor:
-        return self.memory.tokens_of([self._matches[(seg.doc, i)][0] for i in seg.sentences])
+        return self.memory.tokens_of([self._matches[(seg.doc, i)][0][:self.memory.k] for i in seg.sentences])
+
+    def _segment_pieces(self, seg: _Segment):
+        """Translation pieces of a segment: the top ``piece_k`` entries of each of its sentences."""
+        from reluformer_mt.inference.pieces import pieces_of_entries
+
+        sentences = [[(self.memory.tokens[entry], float(score))
+                      for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)])) if entry >= 0]
+                     for i in seg.sentences]
+        return pieces_of_entries(sentences, (self.tgt_dict.pad(), self.tgt_dict.eos(), self.sep_tgt), self.piece_max_n)
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
         """One result per input sentence from the results of its units (parts)."""
