@@ -54,6 +54,11 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     assert bands["bands"][-1]["sentences"] == report["models"]["softmax+tm"]["verses"]
     assert 0 <= bands["without_memory"]["s_bleu"] <= 100 and 0 < report["baselines"]["tm_copy"]["s_bleu"] < 100
     assert "baseline: copy of the memory's match" in table and "by the best match's fuzzy-match band" in table
+    # every family again with translation pieces (the memory's n-grams guide beam search)
+    for family, r in report["models"].items():
+        assert r["pieces"]["verses"] == r["verses"] and 0 <= r["pieces"]["s_bleu"] <= 100
+        assert summary["families"][family]["s_bleu_pieces"] == round(r["pieces"]["s_bleu"], 2)
+    assert "translation pieces: beam search guided" in table and "with pieces: s-BLEU" in table
 
 
 def test_reference_run_rows_come_from_its_summary():

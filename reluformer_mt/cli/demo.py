@@ -18,6 +18,7 @@ from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
 # the stages import fairseq, whose imports would print log lines before --help's usage
 _demo = import_quietly("reluformer_mt.experiments.demo")
 DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo = _demo.DEFAULT_FAMILIES, _demo.PRESETS, _demo.DemoOptions, _demo.run_demo
+PIECES_WEIGHT = _demo.PIECES_WEIGHT
 PRESET_DEFAULT = " (default: the preset's)"
 
 
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tm-fusion", choices=["concat", "attention"], default=None,
                    help="fusion of the +tm families (default: the preset's)")
     p.add_argument("--tm-k", type=positive_int, default=None, help="memory matches per sentence of the +tm families")
+    p.add_argument("--pieces-weight", type=non_negative_float, default=PIECES_WEIGHT,
+                   help="also translate every family with beam search guided by the memory's translation pieces "
+                        "(reluformer-translate --pieces-weight; 0 = skip)")
+    p.add_argument("--pieces-k", type=positive_int, default=8, help="memory matches per verse whose n-grams are pieces")
     p.add_argument("--jobs", type=positive_int, default=2,
                    help="families trained at once on a CPU, one thread each (small models gain little from a second "
                         "thread, so two side by side finish about twice as fast); 1 = one after the other")
@@ -89,7 +94,7 @@ def options_from_args(args, families) -> DemoOptions:
                        document_lr=args.document_lr, eval_chapters=args.eval_chapters, seed=args.seed,
                        bible_root=args.bible_root,
                        **{name: getattr(args, name) for name in ("tm_fusion", "tm_k") if getattr(args, name) is not None},
-                       jobs=args.jobs,
+                       jobs=args.jobs, pieces_weight=args.pieces_weight, pieces_k=args.pieces_k,
                        force=args.force, device=args.device, train_args=list(args.train_args), **values)
 
 

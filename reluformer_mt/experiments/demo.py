@@ -85,6 +85,9 @@ PRESETS: Dict[str, dict] = {
 }
 
 
+PIECES_WEIGHT = 10.0
+
+
 @dataclass
 class DemoOptions:
     out: Path
@@ -120,6 +123,11 @@ class DemoOptions:
     # translation memory of the "+tm" families: fusion and matches per sentence
     tm_fusion: str = "attention"
     tm_k: int = 2
+    # translation pieces (Zhang et al. 2018): every family also translated with beam search guided by the
+    # n-grams of the top ``pieces_k`` memory matches, bonus ``pieces_weight`` x fuzzy score (0: not run);
+    # the weight was tuned on the validation chapters (docs/TRANSLATION_MEMORY.md)
+    pieces_weight: float = PIECES_WEIGHT
+    pieces_k: int = 8
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
 
@@ -297,16 +305,18 @@ def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], log_file: Path) -
 
 # ------------------------------------------------------------------------------------ evaluation
 def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: str = "constrained",
-                  memory: Optional[str] = None) -> dict:
+                  memory: Optional[str] = None, pieces: bool = False) -> dict:
     """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU.
 
     ``separators``: "constrained" (the translator's default) or "free", which shows how often the
     model keeps the verse separators by itself (the report gives both). ``memory``: for a model
-    trained with a translation memory, None = its training memory, "none" = without matches."""
+    trained with a translation memory, None = its training memory, "none" = without matches.
+    ``pieces``: beam search guided by the training memory's translation pieces (any model)."""
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
     translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, separators=separators,
-                                    memory=memory)
+                                    memory=memory, piece_weight=o.pieces_weight if pieces else 0.0,
+                                    piece_k=o.pieces_k)
     start = time.time()
     results = translator.translate(list(sources.values()), progress=True)
     seconds = time.time() - start
@@ -481,7 +491,8 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float) -> d
             "train_minutes": round(r["train_seconds"] / 60, 1), "s_bleu": round(r["s_bleu"], 2),
             "d_bleu": round(r["d_bleu"], 2),
             "aer_best_head": round(best_head, 3), "aer_head_average": round(head_avg, 3),
-            "fallbacks": f"{r['fallbacks']}/{r['segments']}"}
+            "fallbacks": f"{r['fallbacks']}/{r['segments']}",
+            **({"s_bleu_pieces": round(r["pieces"]["s_bleu"], 2)} if "pieces" in r else {})}
     return {"preset": o.preset, "train_args": list(o.train_args), "total_minutes": round(total_seconds / 60, 1),
             "commit": git_commit(), "families": families}
 
@@ -540,6 +551,22 @@ DEFINITIONS = {
     "baselines": "nearest training verse: the BSB verse whose Greek is most similar (TF-IDF cosine) to the test "
                  "verse, copied; diagonal alignment: links j -> round(j * n / m)",
 }
+
+
+PIECES_HEADERS = ["model", "s-BLEU", "with pieces: s-BLEU", "gain", "d-BLEU", "with pieces: d-BLEU"]
+
+
+def pieces_table(results: Dict[str, dict], base: dict, o: DemoOptions) -> str:
+    """Every family with and without translation pieces, beside the copy baselines ('' when not run)."""
+    rows = [[family, r["s_bleu"], r["pieces"]["s_bleu"], r["pieces"]["s_bleu"] - r["s_bleu"], r["d_bleu"],
+             r["pieces"]["d_bleu"]] for family, r in results.items() if "pieces" in r]
+    if not rows:
+        return ""
+    rows.append(["baseline: nearest training verse", base["nearest_verse"]["s_bleu"], "", "",
+                 base["nearest_verse"]["d_bleu"], ""])
+    if "tm_copy" in base:
+        rows.append(["baseline: copy of the memory's match", base["tm_copy"]["s_bleu"], "", "", base["tm_copy"]["d_bleu"], ""])
+    return format_table(PIECES_HEADERS, rows)
 
 
 def memory_band_table(results: Dict[str, dict]) -> str:
@@ -616,6 +643,12 @@ def run_demo(o: DemoOptions) -> dict:
             free_hypotheses[family] = free.pop("hypotheses")
             free.pop("matches")
             results[family]["free"] = free
+            if o.pieces_weight:
+                guided = bleu_of_model(o, checkpoint, dirs["doc"], pieces=True)
+                guided.pop("hypotheses"), guided.pop("matches")
+                results[family]["pieces"] = guided
+                print(f"  {family} (translation pieces, weight {o.pieces_weight:g}): s-BLEU {guided['s_bleu']:.2f}  "
+                      f"d-BLEU {guided['d_bleu']:.2f} ({guided['translate_seconds']} s)", flush=True)
             for mode, b in (("constrained", bleu), ("free", free)):
                 print(f"  {family} ({mode} separators): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
                       f"({b['chapters']} chapters, {b['verses']} verses, {b['fallbacks']}/{b['segments']} segments "
@@ -644,6 +677,10 @@ def run_demo(o: DemoOptions) -> dict:
     total = time.time() - started
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
+    guided = pieces_table(results, base, o)
+    if guided:
+        table += (f"\n\ntranslation pieces: beam search guided by the n-grams of the top {o.pieces_k} memory matches "
+                  f"(weight {o.pieces_weight:g}; Zhang et al. 2018), constrained decoding:\n" + guided)
     bands = memory_band_table(results)
     if bands:
         table += "\n\ntranslation memory, s-BLEU by the best match's fuzzy-match band (constrained decoding):\n" + bands
