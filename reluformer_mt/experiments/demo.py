@@ -60,8 +60,6 @@ from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# the three families without and two with a translation memory (their twins; ReLA with a memory is in
-# the read-out study, docs/TRANSLATION_MEMORY.md)
 # reluformer+tm (the ReLU read-out of the memory) is in the read-out study (docs/TRANSLATION_MEMORY.md):
 # at the demo's 2,500 updates it gained less than softmax+tm and took the longest, so the default
 # demo keeps one memory-attention family and guides every family by translation pieces
