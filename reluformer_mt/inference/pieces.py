@@ -21,47 +21,99 @@ from torch import Tensor
 
 
 class TranslationPieces:
-    """The pieces of one source: for every (n - 1)-token prefix, the tokens completing a piece and
-    the piece weights, as tensors ready to add to a row of log-probabilities."""
+    """The pieces of one source: every n-gram (``min_n`` <= n <= ``max_n``) of its entries with the
+    best weight of an entry holding it, and each token's cap (see :func:`pieces_of_entries`)."""
 
     def __init__(self, entries: Iterable[Tuple[Sequence[int], float]], cap: Dict[int, int], max_n: int = 4,
                  min_n: int = 1):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"translation pieces: expected 1 <= min n <= max n, got {min_n}, {max_n}")
-        best: Dict[Tuple[int, ...], float] = {}
+        self.max_n, self.min_n = max_n, min_n
+        self.best: Dict[Tuple[int, ...], float] = {}
         for tokens, weight in entries:
             tokens = [int(t) for t in tokens]
             for n in range(min_n, max_n + 1):
                 for i in range(len(tokens) - n + 1):
                     gram = tuple(tokens[i:i + n])
-                    if weight > best.get(gram, 0.0):
-                        best[gram] = float(weight)
-        by_prefix = defaultdict(dict)
-        for gram, weight in best.items():
-            by_prefix[gram[:-1]][gram[-1]] = weight
-        self.max_n, self.min_n = max_n, min_n
+                    if weight > self.best.get(gram, 0.0):
+                        self.best[gram] = float(weight)
         # a token earns the bonus only while the hypothesis holds fewer copies of it than the
         # matches suggest (``cap``): without a cap beam search loops on rewarded n-grams
         self.cap = dict(cap)
-        self.next_tokens = {prefix: (torch.tensor(list(d.keys()), dtype=torch.long),
-                                     torch.tensor(list(d.values()), dtype=torch.float32),
-                                     torch.tensor([self.cap.get(t, 0) for t in d.keys()], dtype=torch.long))
-                            for prefix, d in by_prefix.items()}
 
     def __len__(self) -> int:
-        return sum(len(t) for t, _, _ in self.next_tokens.values())
+        return len(self.best)
 
-    def bonus(self, row: Tensor, prefix: Sequence[int], counts: Tensor, weight: float) -> None:
-        """Add ``weight`` x the pieces completed by each next token to ``row`` (vocab,), in place;
-        ``counts`` (vocab,): how often each token occurs in the hypothesis so far."""
-        for n in range(self.min_n, self.max_n + 1):
-            if n - 1 > len(prefix):
-                break
-            found = self.next_tokens.get(tuple(prefix[len(prefix) - n + 1:]) if n > 1 else ())
-            if found is not None:
-                tokens, weights, cap = found
-                open_ = counts[tokens] < cap
-                row.index_add_(0, tokens[open_].to(row.device), weights[open_].to(row.device, row.dtype) * weight)
+
+class PieceTable:
+    """The pieces of a batch's sources as tensors, so that one decoding step rewards all rows with a
+    few tensor operations: unigram bonuses and caps as (sources, vocab) rows, longer pieces as
+    sorted keys (source, the n - 1 previous tokens) searched with ``searchsorted``."""
+
+    def __init__(self, pieces: Sequence[Optional[TranslationPieces]], vocab: int):
+        self.vocab = vocab
+        present = [p for p in pieces if p is not None]
+        self.max_n = max((p.max_n for p in present), default=1)
+        if len(pieces) * float(vocab) ** (self.max_n - 1) >= 2 ** 62:
+            raise ValueError(f"translation pieces: {vocab} tokens and n <= {self.max_n} do not fit 64-bit keys; "
+                             "lower --pieces-max-n")
+        self.unigram = torch.zeros(len(pieces), vocab)
+        self.cap = torch.zeros(len(pieces), vocab, dtype=torch.long)
+        grams = {n: ([], [], []) for n in range(2, self.max_n + 1)}  # keys, tokens, weights
+        for source, p in enumerate(pieces):
+            if p is None:
+                continue
+            for token, count in p.cap.items():
+                self.cap[source, token] = count
+            for gram, weight in p.best.items():
+                if len(gram) == 1:
+                    self.unigram[source, gram[0]] = weight
+                else:
+                    keys, tokens, weights = grams[len(gram)]
+                    keys.append(self._key(source, gram[:-1]))
+                    tokens.append(gram[-1])
+                    weights.append(weight)
+        self.grams = {}
+        for n, (keys, tokens, weights) in grams.items():
+            if keys:
+                keys, order = torch.sort(torch.tensor(keys, dtype=torch.long))
+                self.grams[n] = (keys, torch.tensor(tokens, dtype=torch.long)[order],
+                                 torch.tensor(weights, dtype=torch.float32)[order])
+
+    def _key(self, source: int, prefix: Sequence[int]) -> int:
+        key = source
+        for t in prefix:
+            key = key * self.vocab + int(t)
+        return key
+
+    def add_bonus(self, lprobs: Tensor, prefix: Tensor, sources: Tensor, weight: float) -> Tensor:
+        """``lprobs`` (rows, vocab) += ``weight`` x each row's bonus, in place; ``prefix`` (rows,
+        steps) starts with the token fairseq puts first; ``sources`` (rows,) index the table."""
+        if weight == 0:
+            return lprobs
+        device = lprobs.device
+        history, sources = prefix[:, 1:].cpu(), sources.cpu()
+        rows = lprobs.size(0)
+        bonus = self.unigram[sources].clone()  # (rows, vocab)
+        for n, (keys, tokens, weights) in self.grams.items():
+            if history.size(1) < n - 1:
+                continue
+            row_keys = sources.clone()
+            for t in history[:, history.size(1) - (n - 1):].unbind(1):
+                row_keys = row_keys * self.vocab + t
+            lo = torch.searchsorted(keys, row_keys)
+            hi = torch.searchsorted(keys, row_keys, right=True)
+            counts = hi - lo
+            if int(counts.sum()) == 0:
+                continue
+            which = torch.repeat_interleave(torch.arange(rows), counts)
+            starts = torch.repeat_interleave(lo - torch.cumsum(counts, 0) + counts, counts)
+            entries = starts + torch.arange(len(which))
+            bonus.index_put_((which, tokens[entries]), weights[entries], accumulate=True)
+        used = torch.zeros(rows, self.vocab, dtype=torch.long).scatter_add_(1, history, torch.ones_like(history))
+        bonus *= used < self.cap[sources]
+        lprobs += (weight * bonus).to(device, lprobs.dtype)
+        return lprobs
 
 
 def pieces_of_entries(sentences: Sequence[Sequence[Tuple[Tensor, float]]], exclude: Sequence[int] = (),
@@ -93,18 +145,10 @@ def pieces_of_entries(sentences: Sequence[Sequence[Tuple[Tensor, float]]], exclu
 
 def add_piece_bonus(lprobs: Tensor, prefix: Tensor, pieces: Sequence[Optional[TranslationPieces]],
                     weight: float) -> Tensor:
-    """``lprobs`` (rows, vocab) += the bonus of each row's pieces given its ``prefix`` (rows,
-    steps, starting with the BOS/EOS token fairseq puts first); ``pieces[row]`` None = no bonus."""
-    if weight == 0:
-        return lprobs
-    history = prefix[:, 1:].cpu()
-    counts = torch.zeros(lprobs.shape, dtype=torch.long).scatter_add_(1, history, torch.ones_like(history))
-    longest = max((p.max_n - 1 for p in pieces if p is not None), default=0)
-    tails = history[:, history.size(1) - min(longest, history.size(1)):].tolist()
-    for r, p in enumerate(pieces):
-        if p is not None:
-            p.bonus(lprobs[r], tails[r][len(tails[r]) - min(p.max_n - 1, len(tails[r])):], counts[r], weight)
-    return lprobs
+    """``lprobs`` (rows, vocab) += the bonus of each row's pieces (``pieces[row]``, None = none)
+    given its ``prefix`` (rows, steps, starting with the token fairseq puts first)."""
+    table = PieceTable(pieces, lprobs.size(1))
+    return table.add_bonus(lprobs, prefix, torch.arange(len(pieces)), weight)
 
 
-__all__ = ["TranslationPieces", "add_piece_bonus", "pieces_of_entries"]
+__all__ = ["PieceTable", "TranslationPieces", "add_piece_bonus", "pieces_of_entries"]

@@ -50,8 +50,9 @@ class SeparatorConstrainedBeamSearch(BeamSearch):
 
     Set :attr:`required` before generating: a tensor indexed by the batch's ``sample["id"]`` values
     (the dataset index of each source) giving that source's number of separators, or None (a
-    sentence-level model: nothing to constrain). :attr:`pieces`: None, or a list indexed the same
-    way of each source's translation pieces, rewarded with :attr:`piece_weight`.
+    sentence-level model: nothing to constrain). :attr:`pieces`: None, or a
+    :class:`reluformer_mt.inference.pieces.PieceTable` of the sources indexed the same way, rewarded
+    with :attr:`piece_weight`.
     """
 
     def __init__(self, tgt_dict, separator: Optional[int]):
@@ -68,11 +69,8 @@ class SeparatorConstrainedBeamSearch(BeamSearch):
         rows = lprobs.view(bsz * beam_size, vocab_size)
         # rows are sentence-major (sentence b's beams are rows b*beam .. b*beam+beam-1), as tokens are
         if self.pieces is not None and self.piece_weight:
-            from reluformer_mt.inference.pieces import add_piece_bonus
-
-            owners = original_batch_idxs.tolist()
-            add_piece_bonus(rows, prev_output_tokens, [self.pieces[o] for o in owners for _ in range(beam_size)],
-                            self.piece_weight)
+            sources = original_batch_idxs.repeat_interleave(beam_size)
+            self.pieces.add_bonus(rows, prev_output_tokens, sources, self.piece_weight)
         if self.required is not None and self.separator is not None:
             required = self.required.to(original_batch_idxs.device)[original_batch_idxs].repeat_interleave(beam_size)
             constrain_separators(rows, prev_output_tokens, required, self.separator, self.eos)

@@ -348,7 +348,10 @@ class DocumentTranslator:
             # looked up by sample["id"], i.e. the index into ``sources``
             self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
         if self.constraint is not None:
-            self.constraint.pieces = pieces  # indexed by sample["id"] too
+            from reluformer_mt.inference.pieces import PieceTable
+
+            # indexed by sample["id"] too
+            self.constraint.pieces = None if pieces is None else PieceTable(pieces, len(self.tgt_dict))
         g = self.generator
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
