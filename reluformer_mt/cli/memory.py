@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_rekey(args) -> dict:
     from reluformer_mt.checkpoints import load_model
     from reluformer_mt.data.prepared import Prepared
-    from reluformer_mt.memory.rekey import rekey
+    from reluformer_mt.evaluation.rekey import rekey
 
     data = Path(args.data)
     if not Prepared.exists(data):
@@ -44,18 +44,6 @@ def run_rekey(args) -> dict:
     loaded = load_model(args.checkpoint, data, device=args.device)
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)
-
-
-def format_report(report: dict) -> str:
-    lines = [f"keys: {report['keys']}",
-             f"{'split':6} {'keys':8} {'recall@1':>8} {'recall@4':>8} {'recall@16':>9} {'top-1 fuzzy':>11} {'copy s-BLEU':>11}"]
-    for split, both in report["splits"].items():
-        for name, row in both.items():
-            cells = [f"{row.get(key, float('nan')):.3f}" for key in ("recall@1", "recall@4", "recall@16")]
-            copy = f"{row['copy_top1_sbleu']:.2f}" if "copy_top1_sbleu" in row else "-"
-            lines.append(f"{split:6} {name:8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9} {row['mean_top1_fuzzy']:>11.3f} "
-                         f"{copy:>11}")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -78,6 +66,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("reluformer-memory: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    from reluformer_mt.evaluation.rekey import format_report
+
     print(format_report(report))
     return EXIT_OK
 

@@ -149,4 +149,16 @@ def update_stamp(directory, info: dict) -> None:
         stamp.write_text(json.dumps(saved, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
-__all__ = ["RERANKS", "rekey", "source_tokens"]
+def format_report(report: dict) -> str:
+    lines = [f"keys: {report['keys']}",
+             f"{'split':6} {'keys':8} {'recall@1':>8} {'recall@4':>8} {'recall@16':>9} {'top-1 fuzzy':>11} {'copy s-BLEU':>11}"]
+    for split, both in report["splits"].items():
+        for name, row in both.items():
+            cells = [f"{row.get(key, float('nan')):.3f}" for key in ("recall@1", "recall@4", "recall@16")]
+            copy = f"{row['copy_top1_sbleu']:.2f}" if "copy_top1_sbleu" in row else "-"
+            lines.append(f"{split:6} {name:8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9} {row['mean_top1_fuzzy']:>11.3f} "
+                         f"{copy:>11}")
+    return "\n".join(lines)
+
+
+__all__ = ["RERANKS", "format_report", "rekey", "source_tokens"]
