@@ -157,11 +157,13 @@ def test_refresh_replaces_the_matches_when_the_model_changed(key_checkpoint, key
     m = loaded(key_checkpoint, key_data)
     task, model = m.task, m.model
     task.load_dataset("train")
-    dataset = task.datasets["train"]
-    prepared = list(dataset.matches)
+    task.load_dataset("valid")
+    dataset, valid = task.datasets["train"], task.datasets["valid"]
+    prepared, prepared_valid = list(dataset.matches), list(valid.matches)
     task.refresh_matches(model)
     first = list(dataset.matches)
     assert any(not torch.equal(a, b) for a, b in zip(prepared, first))
+    assert any(not torch.equal(a, b) for a, b in zip(prepared_valid, valid.matches))  # every loaded split
     task.refresh_matches(model)  # the same model: the same matches
     assert all(torch.equal(a, b) for a, b in zip(first, dataset.matches))
     with torch.no_grad():
