@@ -47,7 +47,7 @@ def main(argv=None) -> int:
                     **PRESETS["quick"])
     o.tm_k = 2
     data = prepare_corpus(o)["sentence"]
-    name = f"softmax.keyloss{args.key_loss:g}"
+    name = f"softmax.keyloss{args.key_loss:g}.u{args.updates}"
     checkpoint = train(o, data, name, args.updates, ["--disable-validation", "--tm-key-loss", str(args.key_loss),
                                                      "--tm-key-temperature", str(args.key_temperature)])
     results = {"updates": args.updates, "key_loss": args.key_loss, "checkpoint": str(checkpoint), "rekey": {}}
