@@ -241,7 +241,6 @@ class DocumentTranslationTask(TranslationTask):
             changed = sum(not torch.equal(a, b) for a, b in zip(old, dataset.matches))
             logger.info(f"re-keyed the memory with the model's keys: {split}: {changed} of {len(old)} examples got new "
                         f"matches ({time.time() - start:.1f} s)")
-        self.num_refreshes = getattr(self, "num_refreshes", 0) + 1
 
     def dataset_with_matches(self, dataset, matches):
         """An inference dataset (``build_dataset_for_inference``) with the given memory matches
