@@ -177,6 +177,32 @@ def test_refresh_replaces_the_matches_when_the_model_changed(key_checkpoint, key
     assert "re-keyed the memory with the model's keys: train:" in caplog.text
 
 
+def test_translation_retrieves_with_the_keys_the_model_was_trained_on(key_checkpoint, key_data, tmp_path):
+    """A TF-IDF-keyed directory gives TF-IDF retrieval; after re-keying (or with a model trained
+    with --tm-refresh-epochs) the translator retrieves with the model's keys, never the sentence
+    itself from a memory without it."""
+    from reluformer_mt.evaluation.rekey import rekey
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.memory.learned_keys import LearnedRetriever
+    from reluformer_mt.memory.tm import read_prepared
+
+    test = read_prepared(key_data, "test")
+    documents = [test.sources[:3]]
+    tfidf = DocumentTranslator(key_checkpoint, data=key_data, beam=1, max_len_a=0, max_len_b=4)
+    assert tfidf.memory.keys == "tfidf"
+    data = tmp_path / "data"
+    shutil.copytree(key_data, data)
+    m = loaded(key_checkpoint, data)
+    rekey(data, m.model, m.task.source_dictionary, rerank="none", progress=False)
+    learned = DocumentTranslator(key_checkpoint, data=data, beam=1, max_len_a=0, max_len_b=4)
+    assert learned.memory.keys == "learned" and isinstance(learned.memory.retriever, LearnedRetriever)
+    assert "(learned keys)" in learned.describe()
+    ids, _ = learned.memory.lookup(test.sources)
+    stored = np.load(data / "memory" / "test.ids.npy")[:, :ids.shape[1]]
+    assert (ids == stored).mean() > 0.95  # the same retrieval as the re-keyed neighbours (same keys, pure MIPS)
+    assert [len(d) for d in learned.translate(documents)] == [3]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--tm-key-loss", "-1"], "--tm-key-loss: got -1.0, expected a finite weight >= 0"),
     (["--tm-key-temperature", "0"], "--tm-key-temperature: got 0.0, expected a number > 0"),

@@ -187,7 +187,8 @@ class DocumentTranslator:
         if fusion != "none" and memory != "none":  # "none": withhold the matches (what the memory adds)
             from reluformer_mt.inference.memory import MemoryLookup
 
-            self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt)
+            self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
+                                       model=self.model, sp_src=self.sp_src)
         elif memory not in (None, "none"):
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
                                    "(--tm-fusion none), so it cannot read one")

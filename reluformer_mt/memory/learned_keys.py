@@ -226,6 +226,28 @@ def neighbours_from_keys(index, query_keys: np.ndarray, query_words: Sequence[Li
     return ids, scores
 
 
-__all__ = ["KEY_DEFAULTS", "add_key_args", "attach_key_head", "best_target_positives", "encode_keys",
+class LearnedRetriever:
+    """:class:`reluformer_mt.memory.tm.Retriever`'s ``search`` over a model's learned keys: what
+    a translator uses when the model was trained on learned-key matches, so that translation
+    retrieves as training did. ``encode`` turns source sentences into token ids (with </s>)."""
+
+    def __init__(self, model: nn.Module, entries, entry_tokens: Sequence[torch.Tensor], encode,
+                 rerank: bool = True, candidates: int = 128):
+        from reluformer_mt.memory.mips import MipsIndex
+
+        if len(entries) == 0:
+            raise TranslationMemoryError(f"{entries.origin}: the memory is empty")
+        self.model, self.entries, self.encode = model, entries, encode
+        self.rerank, self.candidates = rerank, candidates
+        self.index = MipsIndex("exact").build(encode_keys(model, entry_tokens))
+        self._words = [fuzzy_words(s) for s in entries.sources]
+
+    def search(self, queries: Sequence[str], k: int, exclude: Optional[Sequence[int]] = None):
+        keys = encode_keys(self.model, [self.encode(q) for q in queries])
+        return neighbours_from_keys(self.index, keys, [fuzzy_words(q) for q in queries], self._words, k,
+                                    self.candidates, self.rerank, exclude)
+
+
+__all__ = ["KEY_DEFAULTS", "LearnedRetriever", "add_key_args", "attach_key_head", "best_target_positives", "encode_keys",
            "fill_key_defaults", "in_batch_key_loss", "neighbours_from_keys", "positives_of", "sentence_keys",
            "tfidf_ids_path"]
