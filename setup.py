@@ -47,6 +47,7 @@ setup(
             "reluformer-translate=reluformer_mt.cli.translate:main",
             "reluformer-study=reluformer_mt.cli.study:main",
             "reluformer-sweep=reluformer_mt.cli.sweep:main",
+            "reluformer-memory=reluformer_mt.cli.memory:main",
         ],
     },
 )

@@ -15,6 +15,12 @@ Per update the criterion also logs, for every attention sublayer, the sparsity r
 exact zeros among visible weights), the null-attention rate (share of query rows with no
 non-zero weight) and the two regularisers (row means), so fairseq's progress lines and
 validation show them. Both come from ``attention.record_attention`` around the model's forward.
+
+With the task's ``--tm-key-loss W`` (learned translation-memory keys, EMAT), training batches carry
+each example's positive memory entry and the criterion adds W x the mean in-batch InfoNCE x the
+sample size (:func:`reluformer_mt.memory.learned_keys.in_batch_key_loss`); it is logged as
+``tm_key_loss`` (nats per example) with ``tm_key_acc``, the share of examples whose own positive
+is the best key of the batch.
 """
 import argparse
 import math
@@ -128,6 +134,7 @@ class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
             # the CE is a sum over the sample; the regulariser is a per-row mean: scale alike
             loss = loss + reg * sample_size
             reg_loss = float(reg.detach()) * sample_size
+        loss = self._add_key_loss(model, sample, loss, sample_size, logging_output)
         # the logged loss is the optimised one (see the module docstring)
         logging_output["loss"] = loss.data
         logging_output["attn_reg_loss"] = reg_loss
@@ -136,9 +143,29 @@ class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
             logging_output[f"attn_{k}"] = float(v.detach()) if torch.is_tensor(v) else float(v)
         return loss, sample_size, logging_output
 
+    def _add_key_loss(self, model, sample, loss, sample_size, logging_output):
+        """The learned memory keys' in-batch retrieval loss, when the task asks for it and the
+        batch carries positives (training batches)."""
+        weight = getattr(getattr(self.task, "cfg", None), "tm_key_loss", 0.0)
+        if not weight or "tm_positive_ids" not in sample:
+            return loss
+        from reluformer_mt.memory.learned_keys import in_batch_key_loss
+
+        key_loss, n, hits = in_batch_key_loss(model, sample, self.task.cfg.tm_key_temperature)
+        if n:
+            loss = loss + weight * key_loss / n * sample_size
+        logging_output.update(tm_key_loss=float(key_loss.detach()), tm_key_n=n, tm_key_hits=hits)
+        return loss
+
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
+        key_n = sum(log.get("tm_key_n", 0) for log in logging_outputs)
+        if key_n > 0:
+            metrics.log_scalar("tm_key_loss", sum(log.get("tm_key_loss", 0) for log in logging_outputs) / key_n, key_n,
+                               round=3)
+            metrics.log_scalar("tm_key_acc", sum(log.get("tm_key_hits", 0) for log in logging_outputs) / key_n, key_n,
+                               round=3)
 
         def total(key):
             return sum(log.get(f"attn_{key}", 0) for log in logging_outputs)

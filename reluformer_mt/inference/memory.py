@@ -6,6 +6,11 @@ the data directory the checkpoint was trained on (the same entries, keys and ret
 training); ``--memory`` names another one: a prepared directory, a TMX or a TSV file
 (:func:`reluformer_mt.memory.tm.read_memory`). Every sentence's best match and its fuzzy-match
 score are kept, so the summary counts sentences per fuzzy band and a side output lists them.
+
+Keys: the TF-IDF keys of preparation, unless the model was trained on matches of its own
+learned keys (``--tm-refresh-epochs``) or the training memory was re-keyed with them
+(``reluformer-memory rekey``, ``prepared.json`` says ``keys: learned...``): then the model's
+keys (:class:`reluformer_mt.memory.learned_keys.LearnedRetriever`) with the same rerank.
 """
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -17,11 +22,26 @@ from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
 from reluformer_mt.memory.tm_data import encode_entries, match_tokens
 
 
+def learned_key_rerank(task, data_dir) -> Optional[str]:
+    """'fuzzy' or 'none' when the model was trained on its learned keys' matches (the rerank it
+    used), None for the TF-IDF keys."""
+    from reluformer_mt.data.prepared import Prepared
+
+    if getattr(task.cfg, "tm_refresh_epochs", 0):
+        return task.cfg.tm_refresh_rerank
+    prepared = Prepared.load_if_present(data_dir)
+    memory = prepared.memory if prepared is not None else {}
+    if str(memory.get("keys", "")).startswith("learned"):
+        return memory.get("rerank", "fuzzy")
+    return None
+
+
 class MemoryLookup:
-    def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt):
+    def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt, model=None, sp_src=None):
         self.k = int(task.cfg.tm_k)
         self.bos = task.src_dict.bos()
-        if spec is None or (Path(spec).is_dir() and Path(spec).resolve() == Path(data_dir).resolve()):
+        training_memory = spec is None or (Path(spec).is_dir() and Path(spec).resolve() == Path(data_dir).resolve())
+        if training_memory:
             # the training memory: entry tokens exactly as the task built them in training
             self.entries = read_prepared(data_dir)
             self.tokens = task.memory_entries(str(data_dir))
@@ -32,10 +52,24 @@ class MemoryLookup:
             else:
                 pieces = [" ".join(p) for p in sp_tgt.encode(self.entries.targets, out_type=str)]
                 self.tokens = encode_entries(pieces, task.tgt_dict)
-        self.retriever = Retriever(self.entries)
+        rerank = learned_key_rerank(task, data_dir) if model is not None and sp_src is not None else None
+        if rerank is None:
+            self.retriever = Retriever(self.entries)
+        else:
+            from reluformer_mt.memory.learned_keys import LearnedRetriever
+
+            def encode(text: str) -> torch.Tensor:
+                line = " ".join(sp_src.encode(text, out_type=str))
+                return task.src_dict.encode_line(line, add_if_not_exist=False, append_eos=True).long()
+
+            # the training memory's keys from the very tokens that training encoded
+            entry_tokens = (task.sentence_sources(str(data_dir), "train") if training_memory
+                            else [encode(s) for s in self.entries.sources])
+            self.retriever = LearnedRetriever(model, self.entries, entry_tokens, encode, rerank=rerank == "fuzzy")
+        self.keys = "learned" if rerank is not None else "tfidf"
 
     def describe(self) -> str:
-        return f"translation memory {self.entries.summary()}; {self.k} match(es) per sentence"
+        return f"translation memory {self.entries.summary()}; {self.k} match(es) per sentence ({self.keys} keys)"
 
     def lookup(self, sentences: Sequence[str], k: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(ids, fuzzy scores), each (len(sentences), k), best first; k: the model's by default."""

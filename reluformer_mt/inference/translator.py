@@ -194,7 +194,8 @@ class DocumentTranslator:
         if (self.reads_memory or self.piece_weight) and memory != "none":  # "none": withhold the matches
             from reluformer_mt.inference.memory import MemoryLookup
 
-            self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt)
+            self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
+                                       model=self.model, sp_src=self.sp_src)
         elif memory not in (None, "none"):
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "

@@ -10,6 +10,11 @@
 
 An example's matches are the top-``k`` entries of each of its sentences (a document segment
 retrieves per sentence), in sentence order.
+
+With the learned keys' retrieval loss (``--tm-key-loss``, :mod:`reluformer_mt.memory.learned_keys`)
+the training batches also carry ``tm_positive`` (B, P), the source tokens of each example's
+positive entry (right-padded; a row of padding where there is none), and ``tm_positive_ids`` (B,),
+their entry ids (-1: none).
 """
 from typing import List, Sequence
 
@@ -55,10 +60,24 @@ class MemoryPairDataset(LanguagePairDataset):
         ds = cls.__new__(cls)
         ds.__dict__.update(base.__dict__)  # the same data, options and buckets
         ds.fusion = fusion
+        ds.positive_ids, ds.entry_sources = None, None
         ds.matches = [m[:max_memory_tokens] if max_memory_tokens else m for m in matches]
         if fusion == "concat":  # the concatenated source decides batching and length checks
             ds.src_sizes = np.asarray(base.src_sizes) + np.array([len(m) for m in ds.matches], dtype=np.int64)
         return ds
+
+    def set_positives(self, positive_ids: Sequence[int], entry_sources: Sequence[torch.Tensor]) -> None:
+        """The positive entry of every example (-1: none) and the memory's source tokens."""
+        if len(positive_ids) != len(self):
+            raise ValueError(f"{len(positive_ids)} positives for {len(self)} examples")
+        self.positive_ids = np.asarray(positive_ids, dtype=np.int64)
+        self.entry_sources = entry_sources
+
+    def set_matches(self, matches: Sequence[torch.Tensor]) -> None:
+        """New matches (a re-keying during training); the attention fusion's sizes do not change."""
+        if self.fusion != "attention" or len(matches) != len(self):
+            raise ValueError(f"new matches need --tm-fusion attention and one per example ({len(matches)} for {len(self)})")
+        self.matches = list(matches)
 
     def __getitem__(self, index):
         item = super().__getitem__(index)
@@ -72,6 +91,12 @@ class MemoryPairDataset(LanguagePairDataset):
         if self.fusion == "attention" and batch:
             memories = [self.matches[i] for i in batch["id"].tolist()]
             batch["net_input"]["memory_tokens"] = pad_memories(memories, self.src_dict.pad())
+        if self.positive_ids is not None and batch:
+            ids = self.positive_ids[batch["id"].numpy()]
+            pad = torch.tensor([self.src_dict.pad()])
+            batch["tm_positive"] = data_utils.collate_tokens(
+                [self.entry_sources[i] if i >= 0 else pad for i in ids], self.src_dict.pad(), left_pad=False)
+            batch["tm_positive_ids"] = torch.from_numpy(ids)
         return batch
 
 

@@ -27,6 +27,7 @@ from reluformer_mt.attention.config import (SUBLAYERS, add_attention_args, confi
                                             fill_attention_defaults, validate_attention_args)
 from reluformer_mt.memory.tm_attention import (MemoryEncoder, MemoryReader, add_tm_args, copy_probabilities, fill_tm_defaults,
                                                memory_attention_config, memory_of, reorder_memory)
+from reluformer_mt.memory.learned_keys import add_key_args, attach_key_head, fill_key_defaults
 from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_ffn_fc2, configure_ffn,
                                   fill_memory_defaults, validate_memory_args)
 
@@ -190,6 +191,7 @@ class ReluformerModel(TransformerModel):
         add_attention_args(parser)
         add_memory_args(parser)
         add_tm_args(parser)
+        add_key_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -200,6 +202,7 @@ class ReluformerModel(TransformerModel):
         fill_attention_defaults(args)
         fill_memory_defaults(args)
         fill_tm_defaults(args, task)
+        fill_key_defaults(args, task)
         validate_attention_args(args)
         validate_memory_args(args)
         for note in inapplicable_impl_notes(args):
@@ -213,6 +216,7 @@ class ReluformerModel(TransformerModel):
         if getattr(args, "tm_attention", False):
             cfg = TransformerConfig.from_namespace(args)
             encoder.tm_encoder = MemoryEncoder(cfg, embed_tokens, ReluformerEncoderLayer, args.tm_encoder_layers)
+        attach_key_head(encoder, args)  # learned memory keys (--tm-key-layers; the projection with --tm-key-loss)
         return encoder
 
     @classmethod

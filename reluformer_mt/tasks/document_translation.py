@@ -15,10 +15,12 @@ Reads a directory prepared by ``reluformer-prepare``: the binarised segments, an
 """
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Dict
 
 import numpy as np
+import torch
 from fairseq import metrics, utils
 from fairseq.tasks import register_task
 from fairseq.tasks.fairseq_task import FairseqTask
@@ -49,6 +51,32 @@ class DocumentTranslationConfig(TranslationConfig):
                           "(reluformer-prepare --memory-k K)"},
     )
     tm_k: int = field(default=1, metadata={"help": "retrieved entries per sentence that the model sees (<= the prepared k)"})
+    tm_key_loss: float = field(
+        default=0.0,
+        metadata={"help": "weight of the learned memory keys' in-batch retrieval loss (EMAT; needs --tm-fusion attention; "
+                          "0 = off). Builds the model's key projection; single-sentence examples only"})
+    tm_key_temperature: float = field(default=0.05, metadata={"help": "temperature of the in-batch retrieval loss"})
+    tm_refresh_epochs: int = field(
+        default=0,
+        metadata={"help": "every N epochs re-key the memory with the current model's keys and replace the matches of the "
+                          "loaded splits (needs --tm-fusion attention; 0 = the prepared matches throughout)"})
+    tm_refresh_rerank: str = field(
+        default="fuzzy", metadata={"help": "re-keying: 'fuzzy' = rerank the top 128 by fuzzy match, 'none' = pure MIPS"})
+
+
+def check_key_options(cfg) -> None:
+    """One-line errors for the learned keys' task options."""
+    if not 0 <= cfg.tm_key_loss < float("inf"):
+        raise ValueError(f"--tm-key-loss: got {cfg.tm_key_loss}, expected a finite weight >= 0")
+    if not 0 < cfg.tm_key_temperature < float("inf"):
+        raise ValueError(f"--tm-key-temperature: got {cfg.tm_key_temperature}, expected a number > 0")
+    if cfg.tm_refresh_epochs < 0:
+        raise ValueError(f"--tm-refresh-epochs: got {cfg.tm_refresh_epochs}, expected >= 0")
+    if cfg.tm_refresh_rerank not in ("fuzzy", "none"):
+        raise ValueError(f"--tm-refresh-rerank: got {cfg.tm_refresh_rerank!r}, expected fuzzy or none")
+    for option, value in (("--tm-key-loss", cfg.tm_key_loss), ("--tm-refresh-epochs", cfg.tm_refresh_epochs)):
+        if value and cfg.tm_fusion != "attention":
+            raise ValueError(f"{option} {value}: needs --tm-fusion attention (got {cfg.tm_fusion!r})")
 
 
 def sentence_and_document_bleu(hyp_segments: Dict[int, str], ref_segments: Dict[int, str], infos, separator=SEPARATOR):
@@ -101,6 +129,7 @@ class DocumentTranslationTask(TranslationTask):
             raise ValueError(f"--tm-fusion: got {cfg.tm_fusion!r}, expected one of {', '.join(TM_FUSIONS)}")
         if cfg.tm_k < 1:
             raise ValueError(f"--tm-k: got {cfg.tm_k}, expected >= 1")
+        check_key_options(cfg)
         for name, d in (("source", task.src_dict), ("target", task.tgt_dict)):
             if d.index(cfg.separator) == d.unk():
                 raise ValueError(f"{data_dir}: the {name} dictionary has no {cfg.separator!r} entry, so segments cannot "
@@ -152,7 +181,66 @@ class DocumentTranslationTask(TranslationTask):
             raise ValueError(f"{data_dir}: {split} has {rows[-1].stop} sentences in its segments but {len(ids)} rows of "
                              "memory neighbours; re-run reluformer-prepare with --memory-k")
         matches = matches_of_rows(self.memory_entries(data_dir), ids, rows, self.src_dict.bos())
-        return MemoryPairDataset.wrap(dataset, matches, self.cfg.tm_fusion)
+        dataset = MemoryPairDataset.wrap(dataset, matches, self.cfg.tm_fusion)
+        if self.cfg.tm_key_loss > 0 and split == self.cfg.train_subset:
+            from reluformer_mt.memory.learned_keys import positives_of
+
+            positives = positives_of(data_dir)
+            # the loss runs on single-sentence examples (a segment has no one sentence key)
+            per_example = [int(positives[r.start]) if len(r) == 1 else -1 for r in rows]
+            dataset.set_positives(per_example, self.sentence_sources(data_dir, "train"))
+        return dataset
+
+    def sentence_sources(self, data_dir, split):
+        """Source token ids (with </s>, as the model sees sources) of a split's sentences; the
+        training split's are the memory's keys' inputs (loaded once)."""
+        cache = self.__dict__.setdefault("_sentence_sources", {})
+        if split not in cache:
+            from reluformer_mt.memory.tm import split_sentences_of
+
+            path = os.path.join(data_dir, "text", f"{split}.{self.cfg.source_lang}")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path}: missing; the learned memory keys read the prepared text")
+            with open(path, encoding="utf-8") as f:
+                pieces = split_sentences_of(f, self.cfg.separator)
+            eos = torch.tensor([self.src_dict.eos()])
+            cache[split] = [torch.cat([t, eos]) for t in encode_entries(pieces, self.src_dict)]
+        return cache[split]
+
+    def begin_epoch(self, epoch, model):
+        """Every ``--tm-refresh-epochs`` epochs: re-key the memory with the current model."""
+        every = self.cfg.tm_refresh_epochs
+        if every and epoch > 1 and (epoch - 1) % every == 0:
+            self.refresh_matches(model)
+
+    def refresh_matches(self, model):
+        """Encode the memory and the loaded splits' sentences with the model's keys, search
+        (leave-one-out in training, the memory = the training sentences) and give every memory
+        dataset its new matches."""
+        from reluformer_mt.memory.learned_keys import encode_keys, neighbours_from_keys
+        from reluformer_mt.memory.mips import MipsIndex
+        from reluformer_mt.memory.neighbours import sentence_rows
+        from reluformer_mt.memory.tm import fuzzy_words, read_prepared
+
+        start = time.time()
+        data_dir = utils.split_paths(self.cfg.data)[0]
+        entries = self.sentence_sources(data_dir, "train")
+        index = MipsIndex("exact").build(encode_keys(model, entries))
+        entry_words = [fuzzy_words(s) for s in read_prepared(data_dir, "train").sources]
+        for split, dataset in self.datasets.items():
+            if not isinstance(dataset, MemoryPairDataset):
+                continue
+            queries = self.sentence_sources(data_dir, split)
+            words = entry_words if split == "train" else [fuzzy_words(s) for s in read_prepared(data_dir, split).sources]
+            ids, _ = neighbours_from_keys(index, encode_keys(model, queries), words, entry_words, self.cfg.tm_k,
+                                          rerank=self.cfg.tm_refresh_rerank == "fuzzy",
+                                          exclude=np.arange(len(queries)) if split == "train" else None)
+            rows = sentence_rows([info.n_sentences for info in self.segment_infos[split]])
+            old = dataset.matches
+            dataset.set_matches(matches_of_rows(self.memory_entries(data_dir), ids, rows, self.src_dict.bos()))
+            changed = sum(not torch.equal(a, b) for a, b in zip(old, dataset.matches))
+            logger.info(f"re-keyed the memory with the model's keys: {split}: {changed} of {len(old)} examples got new "
+                        f"matches ({time.time() - start:.1f} s)")
 
     def dataset_with_matches(self, dataset, matches):
         """An inference dataset (``build_dataset_for_inference``) with the given memory matches

@@ -1,0 +1,164 @@
+"""Re-keying a prepared directory's translation memory with a checkpoint's learned keys
+(:mod:`reluformer_mt.memory.learned_keys`; EMAT rebuilds its index as its keys change).
+
+The memory is the training split's sentences (entry ``i`` = the ``i``-th training sentence):
+all entries are encoded with the model's keys and put into an exact faiss inner-product index
+(:class:`reluformer_mt.memory.mips.MipsIndex`); every sentence of every split retrieves its
+top-k (leave-one-out in training, so no sentence retrieves itself; valid and test sentences are
+never entries), either the top 128 by inner product reranked by fuzzy match (``rerank="fuzzy"``,
+as the TF-IDF neighbours are) or the top k by inner product alone (``"none"``, EMAT's pure
+MIPS). The neighbour files are rewritten in place; the TF-IDF ones are kept beside them once
+(``{split}.ids.tfidf.npy``, ``.scores.tfidf.npy``) for comparison and for the key loss's
+positives. ``prepared.json`` (and the preparation's stamp, so that re-running the same
+``reluformer-prepare`` keeps them) records ``keys: learned ...``.
+
+Per split it measures, for the learned and the TF-IDF neighbours alike: recall@k of the exact
+best fuzzy match (on a sample of up to 500 sentences scored against the whole memory) and, on
+valid and test, the s-BLEU (sacreBLEU via :func:`reluformer_mt.evaluation.bleu.corpus_sbleu`) of
+copying the top-1 match's target as the translation.
+"""
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+from reluformer_mt.memory.learned_keys import TFIDF_SUFFIX, encode_keys, neighbours_from_keys
+from reluformer_mt.memory.neighbours import MEMORY_DIR, RECALL_SAMPLE, band_counts, neighbour_paths
+from reluformer_mt.memory.tm import Retriever, TranslationMemoryError, fuzzy_words, read_prepared, recall_at_k
+
+RERANKS = ("fuzzy", "none")
+
+
+def source_tokens(directory, split: str, dictionary) -> List[torch.Tensor]:
+    """Source token ids of a split's sentences, each with </s> (as the model's sources)."""
+    from reluformer_mt.data.prepared import Prepared
+    from reluformer_mt.memory.tm import split_sentences_of
+    from reluformer_mt.memory.tm_data import encode_entries
+
+    prepared = Prepared.load(directory)
+    path = Path(directory) / "text" / f"{split}.{prepared.src_lang}"
+    if not path.is_file():
+        raise TranslationMemoryError(f"{path}: missing; re-prepare {directory} with reluformer-prepare")
+    pieces = split_sentences_of(path.read_text(encoding="utf-8").splitlines(), prepared.separator)
+    eos = torch.tensor([dictionary.eos()])
+    return [torch.cat([t, eos]) for t in encode_entries(pieces, dictionary)]
+
+
+def keep_tfidf_neighbours(directory, split: str) -> Path:
+    """Copy a split's model-free neighbours aside the first time the directory is re-keyed."""
+    for path in neighbour_paths(directory, split):
+        kept = path.with_name(path.name.replace(".npy", f"{TFIDF_SUFFIX}.npy"))
+        if not kept.is_file():
+            shutil.copyfile(path, kept)
+    return neighbour_paths(directory, split)[0].with_name(f"{split}.ids{TFIDF_SUFFIX}.npy")
+
+
+def copy_sbleu(ids: np.ndarray, memory_targets: List[str], references: List[str]) -> float:
+    """s-BLEU of the top-1 match's target taken as the translation (empty where none)."""
+    from reluformer_mt.evaluation.bleu import corpus_sbleu
+
+    hyps = [memory_targets[i] if i >= 0 else "" for i in ids[:, 0]]
+    return round(corpus_sbleu(hyps, references).score, 2)
+
+
+def quality(scores: np.ndarray, best: np.ndarray, sample: np.ndarray) -> Dict[str, float]:
+    out = {key: round(v, 4) for key, v in recall_at_k(scores[sample], best).items()}
+    out["mean_top1_fuzzy"] = round(float(scores[:, 0].mean()), 4)
+    return out
+
+
+def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int = 128, checkpoint: str = "",
+          max_tokens: int = 8000, progress: bool = True) -> dict:
+    """Rewrite the neighbours of every split of ``directory`` with ``model``'s keys; returns
+    the description written into ``prepared.json`` (with the measured comparison)."""
+    from reluformer_mt.data.prepared import Prepared
+    from reluformer_mt.memory.mips import MipsIndex
+
+    if rerank not in RERANKS:
+        raise TranslationMemoryError(f"--rerank: got {rerank!r}, expected one of {', '.join(RERANKS)}")
+    if candidates < 1:
+        raise TranslationMemoryError(f"--candidates: got {candidates}, expected >= 1")
+    prepared = Prepared.load(directory)
+    info = dict(prepared.memory or {})
+    k = int(info.get("k", 0))
+    if not k:
+        raise TranslationMemoryError(f"{Prepared.path(directory)}: no translation-memory neighbours to re-key; run "
+                                     "reluformer-prepare with --memory-k K first")
+    if model.encoder.embed_tokens.num_embeddings != len(dictionary):
+        raise TranslationMemoryError(f"{directory}: its dictionary has {len(dictionary)} entries but the checkpoint's "
+                                     f"embeddings {model.encoder.embed_tokens.num_embeddings}; re-key with the data "
+                                     "directory the model was trained on")
+    start = time.time()
+    memory = read_prepared(directory, "train")
+    entry_words = [fuzzy_words(s) for s in memory.sources]
+    keys = encode_keys(model, source_tokens(directory, "train", dictionary), max_tokens, progress, "keys: memory")
+    index = MipsIndex("exact").build(keys)
+    tfidf = Retriever(memory, candidates=candidates)  # scores the exact best fuzzy match for recall
+    layers = getattr(model.encoder, "tm_key_layers", 1)
+    projection = "proj" if "tm_key_proj" in model.encoder._modules else "no-proj"
+    description = f"learned-enc{layers}-mean-{projection}{keys.shape[1]}, rerank {rerank}"
+    report = {"keys": description, "checkpoint": str(checkpoint), "splits": {}}
+    splits = {}
+    for split in prepared.splits:
+        pairs = memory if split == "train" else read_prepared(directory, split)
+        exclude = np.arange(len(pairs)) if split == "train" else None
+        queries = keys if split == "train" else encode_keys(model, source_tokens(directory, split, dictionary),
+                                                             max_tokens, progress, f"keys: {split}")
+        words = entry_words if split == "train" else [fuzzy_words(s) for s in pairs.sources]
+        ids, scores = neighbours_from_keys(index, queries, words, entry_words, k, candidates, rerank == "fuzzy", exclude)
+        tfidf_ids_file = keep_tfidf_neighbours(directory, split)
+        old_ids = np.load(tfidf_ids_file)
+        old_scores = np.load(tfidf_ids_file.with_name(f"{split}.scores{TFIDF_SUFFIX}.npy"))
+        ids_path, scores_path = neighbour_paths(directory, split)
+        np.save(ids_path, ids.astype(np.int32))
+        np.save(scores_path, scores)
+        sample = np.linspace(0, len(pairs) - 1, min(RECALL_SAMPLE, len(pairs))).astype(int)
+        best = tfidf.exact_best([pairs.sources[i] for i in sample], exclude=None if exclude is None else exclude[sample])
+        learned, model_free = quality(scores, best, sample), quality(old_scores, best, sample)
+        if split != "train":
+            learned["copy_top1_sbleu"] = copy_sbleu(ids, memory.targets, pairs.targets)
+            model_free["copy_top1_sbleu"] = copy_sbleu(old_ids, memory.targets, pairs.targets)
+        splits[split] = {"sentences": len(pairs), "mean_top1_fuzzy": learned["mean_top1_fuzzy"],
+                         "bands_top1": band_counts(scores[:, 0]),
+                         **{key: v for key, v in learned.items() if key.startswith("recall@")}}
+        report["splits"][split] = {"learned": learned, "tfidf": model_free}
+        if progress:
+            print(f"[rekey] {split}: learned {learned} | tfidf {model_free}", flush=True)
+    info.update({"keys": description, "rekeyed_from": str(checkpoint), "tfidf_kept": f"{MEMORY_DIR}/*{TFIDF_SUFFIX}.npy",
+                 "rerank": rerank, "candidates": candidates, "splits": splits, "comparison": report["splits"],
+                 "seconds": round(time.time() - start, 1)})
+    dataclasses.replace(prepared, memory=info).write(directory)
+    update_stamp(directory, info)
+    return report
+
+
+def update_stamp(directory, info: dict) -> None:
+    """The preparation's memory stamp describes the neighbours on disk: a re-run of the same
+    ``reluformer-prepare`` skips the step and keeps the learned description."""
+    from reluformer_mt.data.prepare import STEP_DIR
+
+    stamp = Path(directory) / STEP_DIR / "memory.json"
+    if stamp.is_file():
+        saved = json.loads(stamp.read_text(encoding="utf-8"))
+        saved["result"] = info
+        stamp.write_text(json.dumps(saved, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def format_report(report: dict) -> str:
+    lines = [f"keys: {report['keys']}",
+             f"{'split':6} {'keys':8} {'recall@1':>8} {'recall@4':>8} {'recall@16':>9} {'top-1 fuzzy':>11} {'copy s-BLEU':>11}"]
+    for split, both in report["splits"].items():
+        for name, row in both.items():
+            cells = [f"{row.get(key, float('nan')):.3f}" for key in ("recall@1", "recall@4", "recall@16")]
+            copy = f"{row['copy_top1_sbleu']:.2f}" if "copy_top1_sbleu" in row else "-"
+            lines.append(f"{split:6} {name:8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9} {row['mean_top1_fuzzy']:>11.3f} "
+                         f"{copy:>11}")
+    return "\n".join(lines)
+
+
+__all__ = ["RERANKS", "format_report", "rekey", "source_tokens"]
