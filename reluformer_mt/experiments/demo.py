@@ -320,11 +320,14 @@ def translate_family(o: "DemoOptions", checkpoint: Path, data_dir: Path) -> tupl
     return bleu, free, guided, bands
 
 
-def _translate_worker(o: "DemoOptions", checkpoint: Path, data_dir: Path) -> tuple:
+def _translate_worker(o: "DemoOptions", checkpoint: Path, data_dir: Path, log_file: Path) -> tuple:
+    """One family's translations in a worker process (one thread; progress bars and warnings into
+    the demo's log, as the training workers')."""
     torch.set_num_threads(1)
     register()
-    logging.getLogger().setLevel(logging.WARNING)
-    return translate_family(o, checkpoint, data_dir)
+    with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        logging.basicConfig(stream=log, level=logging.WARNING, force=True)
+        return translate_family(o, checkpoint, data_dir)
 
 
 def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir: Path) -> Dict[str, tuple]:
@@ -335,7 +338,7 @@ def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir:
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {family: pool.submit(_translate_worker, o, checkpoint, data_dir)
+        futures = {family: pool.submit(_translate_worker, o, checkpoint, data_dir, o.out / "logs" / "demo.log")
                    for family, checkpoint in checkpoints.items()}
         return {family: future.result() for family, future in futures.items()}
 
