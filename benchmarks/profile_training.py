@@ -2,15 +2,22 @@
 """Where a training step's time goes: fairseq's transformer against our families, op by op.
 
     python benchmarks/profile_training.py --length 30 --batch 34 --threads 1
+    python benchmarks/profile_training.py --demo --python   # the demo's model: Python time per call
 
 Builds the models as benchmarks/run.py does (same dimensions, same fake sentences), runs a few
 warm-up steps, then profiles ``--steps`` steps (forward + backward + Adam) of each model with
 torch.profiler and prints, per model, the total and the operators with the most self CPU time;
 then the operators whose time differs most from the transformer's. This is the profile behind
 the explanations in docs/PERFORMANCE.md.
+
+``--demo`` profiles the model ``make demo`` trains (64-dim 2+2 layers, 4 heads, a 2,000-piece
+shared vocabulary, dropout 0.1, padded batches of ~4,096 tokens, Adam with clipping) instead;
+``--python`` adds a cProfile of the same steps: own and cumulative time of the functions of
+``reluformer_mt`` (the Python work around the attention operators) and calls per step.
 """
 import argparse
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,26 +27,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import build_model, make_sample  # noqa: E402  (the benchmark's own builders)
 
 
-def profile_steps(model, criterion, sample, steps):
-    from torch.profiler import ProfilerActivity, profile
-
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+def training_step(model, criterion, sample, clip_norm=None):
+    """One update as fairseq-train does it (Adam; gradient clipping with ``clip_norm``)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
 
     def step():
         loss, _, _ = criterion(model, sample)
         loss.backward()
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def profile_steps(step, steps):
+    from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
-    times = Counter()
+    times, calls = Counter(), Counter()
     for event in prof.key_averages():
         times[event.key] += event.self_cpu_time_total / steps / 1000.0  # ms per step
-    return times
+        calls[event.key] += event.count / steps
+    return times, calls
+
+
+def python_profile(step, steps, top):
+    """cProfile of ``steps`` steps: the functions of reluformer_mt with the most cumulative time."""
+    import cProfile
+    import pstats
+
+    step()
+    profiler = cProfile.Profile(time.process_time)  # CPU time: robust on a shared machine
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = sorted(((ct / steps, tt / steps, nc / steps, f"{Path(file).name}:{line}:{name}")
+                   for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()
+                   if "reluformer_mt" in file), reverse=True)[:top]
+    print(f"  {stats.total_tt / steps * 1000:.0f} ms per step under cProfile; reluformer_mt functions "
+          f"(cumulative ms, own ms, calls per step):")
+    for ct, tt, nc, where in rows:
+        print(f"  {ct * 1000:8.2f} {tt * 1000:8.2f} {nc:6.0f}  {where}")
 
 
 def profile_decoding(model, dictionary, length, sentences, beam, top):
@@ -68,6 +103,10 @@ def profile_decoding(model, dictionary, length, sentences, beam, top):
         print(f"  {tt * 1000:8.1f} {ct * 1000:8.1f}  {where}")
 
 
+DEMO = dict(model_size="2,64,128,4", vocab=2000, length=30, batch=136, extra=["--share-all-embeddings"],
+            clip_norm=1.0, padded=True)  # reluformer_mt/experiments/demo.py, preset quick
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=30)
@@ -75,10 +114,21 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model-size", default="2,256,1024,4", help="LAYERS,EMBED,FFN,HEADS")
+    p.add_argument("--vocab", type=int, default=4000)
     p.add_argument("--models", default="transformer,reluformer_tiny,rela_tiny")
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--demo", action="store_true",
+                   help="the demo's model, vocabulary, padded batches and optimiser (--length/--batch still apply)")
+    p.add_argument("--python", action="store_true", help="also a cProfile of the steps (reluformer_mt functions)")
     p.add_argument("--decode", action="store_true", help="profile beam-4 decoding (cProfile) instead of training")
     args = p.parse_args(argv)
+    extra, clip_norm, padded = [], None, False
+    if args.demo:
+        defaults = p.parse_args([])
+        for key in ("model_size", "vocab", "length", "batch"):
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, DEMO[key])
+        extra, clip_norm, padded = DEMO["extra"], DEMO["clip_norm"], DEMO["padded"]
     torch.set_num_threads(args.threads)
     layers, embed, ffn, heads = (int(x) for x in args.model_size.split(","))
     dims = ["--encoder-layers", str(layers), "--decoder-layers", str(layers), "--encoder-embed-dim", str(embed),
@@ -86,19 +136,23 @@ def main(argv=None):
             "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads), "--dropout", "0.1"]
     if args.decode:
         for arch in args.models.split(","):
-            model, _, dictionary = build_model(arch, dims, 4000, args.length)
+            model, _, dictionary = build_model(arch, dims, args.vocab, args.length, extra)
             print(f"\n{arch}: beam-4 decoding of {args.batch} sentences x {args.length} steps")
             profile_decoding(model, dictionary, args.length, args.batch, 4, args.top)
         return
     profiles = {}
     for arch in args.models.split(","):
-        model, criterion, dictionary = build_model(arch, dims, 4000, args.length)
+        model, criterion, dictionary = build_model(arch, dims, args.vocab, args.length, extra)
         model.train()
-        profiles[arch] = profile_steps(model, criterion, make_sample(dictionary, args.batch, args.length), args.steps)
+        step = training_step(model, criterion, make_sample(dictionary, args.batch, args.length, padded=padded),
+                             clip_norm)
+        profiles[arch], calls = profile_steps(step, args.steps)
         total = sum(profiles[arch].values())
-        print(f"\n{arch}: {total:.1f} ms of self CPU time per step")
+        print(f"\n{arch}: {total:.1f} ms of self CPU time per step, {sum(calls.values()):.0f} operator calls")
         for name, ms in profiles[arch].most_common(args.top):
-            print(f"  {ms:8.2f} ms  {100 * ms / total:5.1f} %  {name}")
+            print(f"  {ms:8.2f} ms  {100 * ms / total:5.1f} %  {calls[name]:6.0f} calls  {name}")
+        if args.python:
+            python_profile(step, args.steps, args.top)
     reference = next(iter(profiles))
     for arch in list(profiles)[1:]:
         diff = Counter({name: profiles[arch][name] - profiles[reference].get(name, 0.0)
