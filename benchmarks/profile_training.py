@@ -13,7 +13,9 @@ the explanations in docs/PERFORMANCE.md.
 ``--demo`` profiles the model ``make demo`` trains (64-dim 2+2 layers, 4 heads, a 2,000-piece
 shared vocabulary, dropout 0.1, padded batches of ~4,096 tokens, Adam with clipping) instead;
 ``--python`` adds a cProfile of the same steps: own and cumulative time of the functions of
-``reluformer_mt`` (the Python work around the attention operators) and calls per step.
+``reluformer_mt`` (the Python work around the attention operators) and calls per step;
+``--calls`` times one attention call and its parts (softmax's SDPA, our ReLU route, the counts,
+the row sums, ReLUFormer's regularisers) in CPU time, at the same shapes.
 """
 import argparse
 import sys
@@ -54,6 +56,59 @@ def profile_steps(step, steps):
         times[event.key] += event.self_cpu_time_total / steps / 1000.0  # ms per step
         calls[event.key] += event.count / steps
     return times, calls
+
+
+def attention_call_costs(batch, length, heads, head_dim, reps=5, inner=10):
+    """CPU ms of one self-attention call's forward + backward at a model's shapes (padded keys):
+    the fused softmax kernel the softmax family runs (SDPA), our direct ReLU route, the same with
+    the non-zero counts (the statistics every family logs; rela's case), with the row sums, and
+    with ReLUFormer's two regularisers on them (reluformer's case). The differences are what each
+    part costs; the step's other work is the same in every family."""
+    import torch.nn.functional as F
+
+    from reluformer_mt.attention.blocked import tiled_attention
+    from reluformer_mt.attention.regularisers import regularisers_from_rows
+    from reluformer_mt.attention.visibility import Visibility
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
+    padding = torch.zeros(batch, length, dtype=torch.bool)
+    padding[1:, :length // 8] = True  # left-padded sources, as fairseq batches them
+    visible = Visibility.from_padding(length, length, padding)
+    n_visible = visible.n_visible()
+    factor = 1 / torch.sqrt(n_visible / 2.0)
+
+    def sdpa():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=~padding.view(batch, 1, 1, length)).sum().backward()
+
+    def relu(rows, sums, regularise):
+        def call():
+            out, got, _ = tiled_attention(q, k, v, visible, route="direct", scaling=head_dim ** -0.5,
+                                          row_factor=factor, n_visible=n_visible, want_rows=rows, row_sums=sums)
+            loss = out.sum()
+            if regularise:
+                norm, margin, _ = regularisers_from_rows(got[0], got[1], got[3])
+                loss = loss + norm + margin
+            loss.backward()
+        return call
+
+    variants = {"softmax (SDPA)": sdpa, "relu": relu(False, False, False), "relu + counts": relu(True, False, False),
+                "relu + counts + sums": relu(True, True, False), "relu + counts + sums + regularisers": relu(True, True, True)}
+    costs = {}
+    for name, fn in variants.items():
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.process_time()
+            for _ in range(inner):
+                fn()
+            times.append((time.process_time() - start) / inner * 1000)
+        costs[name] = sorted(times)[len(times) // 2]
+    print(f"\none attention call, forward + backward, batch {batch} x {heads} heads x {length} x {length}, "
+          f"head size {head_dim} (CPU ms, median of {reps}):")
+    for name, ms in costs.items():
+        print(f"  {ms:8.2f} ms  {name}")
+    return costs
 
 
 def python_profile(step, steps, top):
@@ -120,6 +175,8 @@ def main(argv=None):
     p.add_argument("--demo", action="store_true",
                    help="the demo's model, vocabulary, padded batches and optimiser (--length/--batch still apply)")
     p.add_argument("--python", action="store_true", help="also a cProfile of the steps (reluformer_mt functions)")
+    p.add_argument("--calls", action="store_true",
+                   help="only the CPU time of one attention call (forward + backward) and its parts, at these shapes")
     p.add_argument("--decode", action="store_true", help="profile beam-4 decoding (cProfile) instead of training")
     args = p.parse_args(argv)
     extra, clip_norm, padded = [], None, False
@@ -134,6 +191,9 @@ def main(argv=None):
     dims = ["--encoder-layers", str(layers), "--decoder-layers", str(layers), "--encoder-embed-dim", str(embed),
             "--decoder-embed-dim", str(embed), "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
             "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads), "--dropout", "0.1"]
+    if args.calls:
+        attention_call_costs(args.batch, args.length, heads, embed // heads)
+        return
     if args.decode:
         for arch in args.models.split(","):
             model, _, dictionary = build_model(arch, dims, args.vocab, args.length, extra)

@@ -112,9 +112,9 @@ def measure_setting(name, config, built, threads, clock, setting, length, reps):
         if label not in (REFERENCE, SOFTMAX):
             row["vs_softmax"] = run.paired_ratio(times[SOFTMAX], seconds)
         rows.append(row)
-    print(f"  {name} {setting} threads={threads}: " + ", ".join(
-        f"{r['model']} {run.fmt_ratio(r['vs_softmax'])}" for r in rows if "vs_softmax" in r) + " (vs softmax)",
-        flush=True)
+    print(f"  {name} {setting} threads={threads} (tokens/s, vs transformer, vs softmax): " + ", ".join(
+        f"{r['model']} {r['tokens_per_s']:.0f} {run.fmt_ratio(r['ratio']) if 'ratio' in r else 'ref'} "
+        f"{run.fmt_ratio(r['vs_softmax']) if 'vs_softmax' in r else '-'}" for r in rows), flush=True)
     return rows
 
 
