@@ -70,6 +70,9 @@ def attention_call_costs(batch, length, heads, head_dim, reps=5, inner=10):
     from reluformer_mt.attention.regularisers import regularisers_from_rows
     from reluformer_mt.attention.visibility import Visibility
 
+    from reluformer_mt.cpu_memory import keep_freed_memory
+
+    keep_freed_memory()  # as in training (a reluformer model sets it when it is built)
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
     padding = torch.zeros(batch, length, dtype=torch.bool)
