@@ -23,8 +23,10 @@ noise check: it should measure 1.00 against ``softmax``), ``reluformer`` and ``r
 round-robin with a rotating start (``run.round_robin``). Ratios are tokens/s over the
 reference's and over ``softmax``'s, the median of per-repetition paired ratios ± half the
 inter-quartile range (``run.paired_ratio``). Each thread count runs every configuration before
-the next count starts (``--threads 1,2``: the 2-thread rows last). Clock: CPU time of this process with one thread
-(robust on a shared machine), wall time with more (CPU time would count both threads' spinning).
+the next count starts (``--threads 1,2``: the 2-thread rows last). Clock (``--clock auto``): CPU time of this process
+with one thread (robust on a shared machine), wall time with more; ``--clock cpu`` takes CPU time
+for every thread count (the work of both threads, their OpenMP waiting included: on a busy
+machine, where another process takes the second core, wall time says nothing).
 """
 import argparse
 import json
@@ -79,7 +81,7 @@ def build_variants(config, max_len):
     return built
 
 
-def measure(configs, threads_list, reps):
+def measure(configs, threads_list, reps, clock="auto"):
     """Rows of every configuration, setting and thread count; the thread counts in the order
     given, each over every configuration (so the 2-thread rows of ``--threads 1,2`` run last)."""
     built = {name: build_variants(config, max(length for _, length in config["settings"]))
@@ -87,11 +89,11 @@ def measure(configs, threads_list, reps):
     rows = []
     for threads in threads_list:
         torch.set_num_threads(threads)
-        run.CLOCK = time.process_time if threads == 1 else time.perf_counter
-        clock = "cpu" if threads == 1 else "wall"
+        used = clock if clock != "auto" else ("cpu" if threads == 1 else "wall")
+        run.CLOCK = time.process_time if used == "cpu" else time.perf_counter
         for name, config in configs.items():
             for setting, length in config["settings"]:
-                rows += measure_setting(name, config, built[name], threads, clock, setting, length, reps)
+                rows += measure_setting(name, config, built[name], threads, used, setting, length, reps)
     return rows
 
 
@@ -141,6 +143,9 @@ def main(argv=None):
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts, run in this order")
     parser.add_argument("--reps", type=int, default=5, help="repetitions per row group (>= 2 for a spread)")
     parser.add_argument("--settings", help="only these settings (e.g. sentence,segment512)")
+    parser.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
+                        help="auto: CPU time with 1 thread, wall time with more; cpu: this process's CPU time "
+                             "(all threads; the only usable clock on a busy shared machine)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
     names = [c for c in args.configs.split(",") if c]
@@ -159,7 +164,7 @@ def main(argv=None):
             config["settings"] = [s for s in config["settings"] if s[0] in only]
         if config["settings"]:
             configs[name] = config
-    rows = measure(configs, threads, args.reps)
+    rows = measure(configs, threads, args.reps, args.clock)
     print(run.table(rows, ["config", "threads", "clock", "setting", "batch", "model", "tokens_per_s", "ratio",
                            "vs_softmax"],
                     "\n## Training tokens/s; ratio = tokens/s / fairseq transformer's, vs_softmax = / our softmax "
