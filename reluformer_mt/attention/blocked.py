@@ -35,13 +35,11 @@ Not handled here (the caller uses the reference path of :mod:`reluformer_mt.atte
 additive float masks and attention dropout in training. Activations other than relu get their
 derivative by autograd on the recomputed logits of each tile.
 """
-from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.extension import LazyExtension
 from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS, accumulation_dtype
 from reluformer_mt.attention.routes import DENSE_TILE_ELEMENTS
 from reluformer_mt.attention.visibility import Visibility, as_visibility, count_visible
@@ -307,48 +305,9 @@ def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads:
     if not row_sums:  # counts only: no T x S pass for sums nobody reads
         return out, None, None, torch.count_nonzero(a.detach(), dim=-1), a.detach()
     a_acc = a.to(accumulation_dtype(a.dtype))
-    mass, xlogx = mass_and_xlogx(a_acc)
-    return out, mass, xlogx, torch.count_nonzero(a.detach(), dim=-1), a.detach()
-
-
-ROW_SUMS_KERNEL = LazyExtension("reluformer_row_sums", Path(__file__).resolve().parent / "csrc" / "row_sums.cpp",
-                                "row-sum backward kernel", "autograd's backward")
-
-
-def mass_and_xlogx(a: Tensor) -> Tuple[Tensor, Tensor]:
-    """(m, e) per row of weights a (N, T, S): m_i = sum_j a_ij and e_i = sum_j a_ij log max(a_ij, 1e-30)
-    (a log a = 0 at a = 0, and the gradient there is cut by the ReLU).
-
-    Forward as plain tensor ops; with gradients on float CPU tensors the backward is the C++ kernel
-    of ``csrc/row_sums.cpp``: autograd's gradient of these ops, bit for bit, in one pass over
-    T x S instead of eight (issue 22: the regularisers were the largest part of ReLUFormer's extra
-    time per call at the demo's sizes)."""
-    if (a.requires_grad and torch.is_grad_enabled() and a.device.type == "cpu"
-            and a.dtype in (torch.float32, torch.float64) and ROW_SUMS_KERNEL.load() is not None):
-        return _RowSums.apply(a)
-    return a.sum(-1), torch.linalg.vecdot(a, a.clamp_min(1e-30).log())
-
-
-class _RowSums(torch.autograd.Function):
-    """:func:`mass_and_xlogx` with the one-pass backward (same values and gradients as the plain ops)."""
-
-    @staticmethod
-    def forward(ctx, a):
-        ctx.set_materialize_grads(False)  # an unused sum gets no term, as in autograd's graph
-        log_c = a.clamp_min(1e-30).log()
-        xlogx = torch.linalg.vecdot(a, log_c)
-        ctx.save_for_backward(a, log_c)
-        return a.sum(-1), xlogx
-
-    @staticmethod
-    def backward(ctx, g_mass, g_xlogx):
-        if g_mass is None and g_xlogx is None:
-            return None
-        a, log_c = ctx.saved_tensors
-        empty = a.new_zeros(0)
-        return ROW_SUMS_KERNEL.load().backward(a.contiguous(), log_c.contiguous(),
-                                               empty if g_mass is None else g_mass,
-                                               empty if g_xlogx is None else g_xlogx)
+    # log of max(a, 1e-30): a log a = 0 at a = 0, and the gradient there is cut by the ReLU
+    xlogx = torch.linalg.vecdot(a_acc, a_acc.clamp_min(1e-30).log())
+    return out, a_acc.sum(-1), xlogx, torch.count_nonzero(a.detach(), dim=-1), a.detach()
 
 
 def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):
