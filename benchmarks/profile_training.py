@@ -60,12 +60,15 @@ def profile_steps(step, steps):
 
 def attention_call_costs(batch, length, heads, head_dim, reps=5, inner=10):
     """CPU ms of one self-attention call's forward + backward at a model's shapes (padded keys):
-    the fused softmax kernel the softmax family runs (SDPA), our direct ReLU route, the same with
-    the non-zero counts (the statistics every family logs; rela's case), with the row sums, and
+    the fused softmax kernel the softmax family runs (SDPA), our ReLU route (direct, or the fused
+    C++ kernel from 512 keys on, as ``--attn-impl auto``), the same with
+    the non-zero counts (the statistics every family logs; rela's case; the fused kernel computes the
+sums with them), with the row sums, and
     with ReLUFormer's two regularisers on them (reluformer's case). The differences are what each
     part costs; the step's other work is the same in every family."""
     import torch.nn.functional as F
 
+    from reluformer_mt.attention import fused
     from reluformer_mt.attention.blocked import tiled_attention
     from reluformer_mt.attention.regularisers import regularisers_from_rows
     from reluformer_mt.attention.visibility import Visibility
@@ -80,13 +83,15 @@ def attention_call_costs(batch, length, heads, head_dim, reps=5, inner=10):
     visible = Visibility.from_padding(length, length, padding)
     n_visible = visible.n_visible()
     factor = 1 / torch.sqrt(n_visible / 2.0)
+    # the route --attn-impl auto takes for such a call: the C++ kernel from 512 keys on, else one tile
+    route = "fused" if length >= fused.AUTO_MIN_LEN and fused.available() else "direct"
 
     def sdpa():
         F.scaled_dot_product_attention(q, k, v, attn_mask=~padding.view(batch, 1, 1, length)).sum().backward()
 
     def relu(rows, sums, regularise):
         def call():
-            out, got, _ = tiled_attention(q, k, v, visible, route="direct", scaling=head_dim ** -0.5,
+            out, got, _ = tiled_attention(q, k, v, visible, route=route, scaling=head_dim ** -0.5,
                                           row_factor=factor, n_visible=n_visible, want_rows=rows, row_sums=sums)
             loss = out.sum()
             if regularise:
@@ -95,7 +100,8 @@ def attention_call_costs(batch, length, heads, head_dim, reps=5, inner=10):
             loss.backward()
         return call
 
-    variants = {"softmax (SDPA)": sdpa, "relu": relu(False, False, False), "relu + counts": relu(True, False, False),
+    variants = {"softmax (SDPA)": sdpa, f"relu ({route} route)": relu(False, False, False),
+                "relu + counts": relu(True, False, False),
                 "relu + counts + sums": relu(True, True, False), "relu + counts + sums + regularisers": relu(True, True, True)}
     costs = {}
     for name, fn in variants.items():
