@@ -2,15 +2,24 @@
 """Where a training step's time goes: fairseq's transformer against our families, op by op.
 
     python benchmarks/profile_training.py --length 30 --batch 34 --threads 1
+    python benchmarks/profile_training.py --demo --python   # the demo's model: Python time per call
 
 Builds the models as benchmarks/run.py does (same dimensions, same fake sentences), runs a few
 warm-up steps, then profiles ``--steps`` steps (forward + backward + Adam) of each model with
 torch.profiler and prints, per model, the total and the operators with the most self CPU time;
 then the operators whose time differs most from the transformer's. This is the profile behind
 the explanations in docs/PERFORMANCE.md.
+
+``--demo`` profiles the model ``make demo`` trains (64-dim 2+2 layers, 4 heads, a 2,000-piece
+shared vocabulary, dropout 0.1, padded batches of ~4,096 tokens, Adam with clipping) instead;
+``--python`` adds a cProfile of the same steps: own and cumulative time of the functions of
+``reluformer_mt`` (the Python work around the attention operators) and calls per step;
+``--calls`` times one attention call and its parts (softmax's SDPA, our ReLU route, the counts,
+the row sums, ReLUFormer's regularisers) in CPU time, at the same shapes.
 """
 import argparse
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,26 +29,116 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import build_model, make_sample  # noqa: E402  (the benchmark's own builders)
 
 
-def profile_steps(model, criterion, sample, steps):
-    from torch.profiler import ProfilerActivity, profile
-
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+def training_step(model, criterion, sample, clip_norm=None):
+    """One update as fairseq-train does it (Adam; gradient clipping with ``clip_norm``)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
 
     def step():
         loss, _, _ = criterion(model, sample)
         loss.backward()
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def profile_steps(step, steps):
+    from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
-    times = Counter()
+    times, calls = Counter(), Counter()
     for event in prof.key_averages():
         times[event.key] += event.self_cpu_time_total / steps / 1000.0  # ms per step
-    return times
+        calls[event.key] += event.count / steps
+    return times, calls
+
+
+def attention_call_costs(batch, length, heads, head_dim, reps=5, inner=10):
+    """CPU ms of one self-attention call's forward + backward at a model's shapes (padded keys):
+    the fused softmax kernel the softmax family runs (SDPA), our ReLU route (direct, or the fused
+    C++ kernel from 512 keys on, as ``--attn-impl auto``), the same with
+    the non-zero counts (the statistics every family logs; rela's case; the fused kernel computes the
+sums with them), with the row sums, and
+    with ReLUFormer's two regularisers on them (reluformer's case). The differences are what each
+    part costs; the step's other work is the same in every family."""
+    import torch.nn.functional as F
+
+    from reluformer_mt.attention import fused
+    from reluformer_mt.attention.blocked import tiled_attention
+    from reluformer_mt.attention.regularisers import regularisers_from_rows
+    from reluformer_mt.attention.visibility import Visibility
+
+    from reluformer_mt.cpu_memory import keep_freed_memory
+
+    keep_freed_memory()  # as in training (a reluformer model sets it when it is built)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
+    padding = torch.zeros(batch, length, dtype=torch.bool)
+    padding[1:, :length // 8] = True  # left-padded sources, as fairseq batches them
+    visible = Visibility.from_padding(length, length, padding)
+    n_visible = visible.n_visible()
+    factor = 1 / torch.sqrt(n_visible / 2.0)
+    # the route --attn-impl auto takes for such a call: the C++ kernel from 512 keys on, else one tile
+    route = "fused" if length >= fused.AUTO_MIN_LEN and fused.available() else "direct"
+
+    def sdpa():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=~padding.view(batch, 1, 1, length)).sum().backward()
+
+    def relu(rows, sums, regularise):
+        def call():
+            out, got, _ = tiled_attention(q, k, v, visible, route=route, scaling=head_dim ** -0.5,
+                                          row_factor=factor, n_visible=n_visible, want_rows=rows, row_sums=sums)
+            loss = out.sum()
+            if regularise:
+                norm, margin, _ = regularisers_from_rows(got[0], got[1], got[3])
+                loss = loss + norm + margin
+            loss.backward()
+        return call
+
+    variants = {"softmax (SDPA)": sdpa, f"relu ({route} route)": relu(False, False, False),
+                "relu + counts": relu(True, False, False),
+                "relu + counts + sums": relu(True, True, False), "relu + counts + sums + regularisers": relu(True, True, True)}
+    costs = {}
+    for name, fn in variants.items():
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.process_time()
+            for _ in range(inner):
+                fn()
+            times.append((time.process_time() - start) / inner * 1000)
+        costs[name] = sorted(times)[len(times) // 2]
+    print(f"\none attention call, forward + backward, batch {batch} x {heads} heads x {length} x {length}, "
+          f"head size {head_dim} (CPU ms, median of {reps}):")
+    for name, ms in costs.items():
+        print(f"  {ms:8.2f} ms  {name}")
+    return costs
+
+
+def python_profile(step, steps, top):
+    """cProfile of ``steps`` steps: the functions of reluformer_mt with the most cumulative time."""
+    import cProfile
+    import pstats
+
+    step()
+    profiler = cProfile.Profile(time.process_time)  # CPU time: robust on a shared machine
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = sorted(((ct / steps, tt / steps, nc / steps, f"{Path(file).name}:{line}:{name}")
+                   for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()
+                   if "reluformer_mt" in file), reverse=True)[:top]
+    print(f"  {stats.total_tt / steps * 1000:.0f} ms per step under cProfile; reluformer_mt functions "
+          f"(cumulative ms, own ms, calls per step):")
+    for ct, tt, nc, where in rows:
+        print(f"  {ct * 1000:8.2f} {tt * 1000:8.2f} {nc:6.0f}  {where}")
 
 
 def profile_decoding(model, dictionary, length, sentences, beam, top):
@@ -68,6 +167,10 @@ def profile_decoding(model, dictionary, length, sentences, beam, top):
         print(f"  {tt * 1000:8.1f} {ct * 1000:8.1f}  {where}")
 
 
+DEMO = dict(model_size="2,64,128,4", vocab=2000, length=30, batch=136, extra=["--share-all-embeddings"],
+            clip_norm=1.0, padded=True)  # reluformer_mt/experiments/demo.py, preset quick
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=30)
@@ -75,30 +178,50 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model-size", default="2,256,1024,4", help="LAYERS,EMBED,FFN,HEADS")
+    p.add_argument("--vocab", type=int, default=4000)
     p.add_argument("--models", default="transformer,reluformer_tiny,rela_tiny")
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--demo", action="store_true",
+                   help="the demo's model, vocabulary, padded batches and optimiser (--length/--batch still apply)")
+    p.add_argument("--python", action="store_true", help="also a cProfile of the steps (reluformer_mt functions)")
+    p.add_argument("--calls", action="store_true",
+                   help="only the CPU time of one attention call (forward + backward) and its parts, at these shapes")
     p.add_argument("--decode", action="store_true", help="profile beam-4 decoding (cProfile) instead of training")
     args = p.parse_args(argv)
+    extra, clip_norm, padded = [], None, False
+    if args.demo:
+        defaults = p.parse_args([])
+        for key in ("model_size", "vocab", "length", "batch"):
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, DEMO[key])
+        extra, clip_norm, padded = DEMO["extra"], DEMO["clip_norm"], DEMO["padded"]
     torch.set_num_threads(args.threads)
     layers, embed, ffn, heads = (int(x) for x in args.model_size.split(","))
     dims = ["--encoder-layers", str(layers), "--decoder-layers", str(layers), "--encoder-embed-dim", str(embed),
             "--decoder-embed-dim", str(embed), "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),
             "--encoder-attention-heads", str(heads), "--decoder-attention-heads", str(heads), "--dropout", "0.1"]
+    if args.calls:
+        attention_call_costs(args.batch, args.length, heads, embed // heads)
+        return
     if args.decode:
         for arch in args.models.split(","):
-            model, _, dictionary = build_model(arch, dims, 4000, args.length)
+            model, _, dictionary = build_model(arch, dims, args.vocab, args.length, extra)
             print(f"\n{arch}: beam-4 decoding of {args.batch} sentences x {args.length} steps")
             profile_decoding(model, dictionary, args.length, args.batch, 4, args.top)
         return
     profiles = {}
     for arch in args.models.split(","):
-        model, criterion, dictionary = build_model(arch, dims, 4000, args.length)
+        model, criterion, dictionary = build_model(arch, dims, args.vocab, args.length, extra)
         model.train()
-        profiles[arch] = profile_steps(model, criterion, make_sample(dictionary, args.batch, args.length), args.steps)
+        step = training_step(model, criterion, make_sample(dictionary, args.batch, args.length, padded=padded),
+                             clip_norm)
+        profiles[arch], calls = profile_steps(step, args.steps)
         total = sum(profiles[arch].values())
-        print(f"\n{arch}: {total:.1f} ms of self CPU time per step")
+        print(f"\n{arch}: {total:.1f} ms of self CPU time per step, {sum(calls.values()):.0f} operator calls")
         for name, ms in profiles[arch].most_common(args.top):
-            print(f"  {ms:8.2f} ms  {100 * ms / total:5.1f} %  {name}")
+            print(f"  {ms:8.2f} ms  {100 * ms / total:5.1f} %  {calls[name]:6.0f} calls  {name}")
+        if args.python:
+            python_profile(step, args.steps, args.top)
     reference = next(iter(profiles))
     for arch in list(profiles)[1:]:
         diff = Counter({name: profiles[arch][name] - profiles[reference].get(name, 0.0)

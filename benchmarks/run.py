@@ -282,8 +282,9 @@ def bench_sublayer(train_lengths, infer_lengths, reps, budget_gb, embed=512, hea
 
 
 # ---------------------------------------------------------------------------------- 4./5. models
-def build_model(arch, dims, vocab, max_len):
-    """A fairseq model + criterion + task from command-line style options, as fairseq-train would."""
+def build_model(arch, dims, vocab, max_len, extra=()):
+    """A fairseq model + criterion + task from command-line style options, as fairseq-train would;
+    ``extra``: further options (e.g. the demo's ``--share-all-embeddings``)."""
     from fairseq import options
     from fairseq.data import Dictionary
     from fairseq.tasks.translation import TranslationTask
@@ -294,7 +295,7 @@ def build_model(arch, dims, vocab, max_len):
     criterion = "label_smoothed_cross_entropy" if arch == "transformer" else "reluformer_cross_entropy"
     argv = ["/nonexistent", "--user-dir", USER_DIR, "--arch", arch, "--task", "translation",
             "--criterion", criterion, "--label-smoothing", "0.1", "--source-lang", "src", "--target-lang", "tgt",
-            "--max-source-positions", str(max_len + 8), "--max-target-positions", str(max_len + 8), *dims]
+            "--max-source-positions", str(max_len + 8), "--max-target-positions", str(max_len + 8), *dims, *extra]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, argv)
     dictionary = Dictionary()
@@ -306,11 +307,26 @@ def build_model(arch, dims, vocab, max_len):
     return model, task.build_criterion(args), dictionary
 
 
-def make_sample(dictionary, batch, length, seed=0):
+def make_sample(dictionary, batch, length, seed=0, padded=False):
+    """``batch`` random sentence pairs of ``length`` tokens; with ``padded``, as fairseq batches
+    real data: lengths from 3/4 of ``length`` to ``length``, sources left-padded and targets
+    right-padded (so the padding code paths run as in training)."""
     g = torch.Generator().manual_seed(seed)
     low = dictionary.nspecial
     src = torch.randint(low, len(dictionary), (batch, length), generator=g)
     tgt = torch.randint(low, len(dictionary), (batch, length), generator=g)
+    if padded:
+        shortest = max(1, (3 * length) // 4)
+        src_len = torch.randint(shortest, length + 1, (batch,), generator=g)
+        tgt_len = torch.randint(shortest, length + 1, (batch,), generator=g)
+        src_len[0] = tgt_len[0] = length  # the longest sentence fixes the batch's width
+        positions = torch.arange(length).view(1, -1)
+        src = src.masked_fill(positions < (length - src_len).view(-1, 1), dictionary.pad())  # left padding
+        tgt_pad = positions >= tgt_len.view(-1, 1)
+        tgt = tgt.masked_fill(tgt_pad, dictionary.pad())  # right padding
+        prev = torch.cat([torch.full((batch, 1), dictionary.eos()), tgt[:, :-1]], 1).masked_fill(tgt_pad, dictionary.pad())
+        return {"id": torch.arange(batch), "nsentences": batch, "ntokens": int(tgt_len.sum()), "target": tgt,
+                "net_input": {"src_tokens": src, "src_lengths": src_len, "prev_output_tokens": prev}}
     prev = torch.cat([torch.full((batch, 1), dictionary.eos()), tgt[:, :-1]], 1)
     return {"id": torch.arange(batch), "nsentences": batch, "ntokens": batch * length, "target": tgt,
             "net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), length), "prev_output_tokens": prev}}

@@ -72,3 +72,37 @@ def test_smallest_run(bench, tmp_path, capsys):
                  "noise check: reference copy"):
         assert part in summary[0], part
     assert printed.rstrip().splitlines()[-1] == summary[0]  # the last line
+
+
+def test_training_speed_rows_and_order(monkeypatch, capsys):
+    """benchmarks/training_speed.py (issue 22): per configuration, setting and thread count every
+    family against fairseq's transformer and our softmax, the softmax copy as the noise check,
+    the 2-thread rows after all 1-thread rows, one SUMMARY line."""
+    import importlib.util
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("benchmarks_training_speed", REPO / "benchmarks" / "training_speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    small = dict(speed.CONFIGS["demo"], vocab=64, tokens=96, settings=[("sentence", 12), ("segment48", 48)],
+                 dims=speed.CONFIGS["demo"]["dims"][:-1] + ["--encoder-layers", "1", "--decoder-layers", "1",
+                                                           "--share-all-embeddings"])
+    monkeypatch.setitem(speed.CONFIGS, "small", small)
+    threads = torch.get_num_threads()
+    try:
+        rows = speed.main(["--configs", "small", "--threads", "1,2", "--reps", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [(r["threads"], r["setting"]) for r in rows[::5]] == [(1, "sentence"), (1, "segment48"),
+                                                                 (2, "sentence"), (2, "segment48")]
+    assert [r["model"] for r in rows[:5]] == ["transformer", "softmax", "reluformer", "rela", "softmax_copy"]
+    assert {r["clock"] for r in rows if r["threads"] == 1} == {"cpu"}
+    for r in rows:
+        assert len(r["times_s"]) == 2
+        assert ("ratio" in r) == (r["model"] != "transformer")
+        assert ("vs_softmax" in r) == (r["model"] not in ("transformer", "softmax"))
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SUMMARY ")]
+    assert len(summary) == 1 and "noise check: softmax copy" in summary[0] and "8 rows" in summary[0]
+    with pytest.raises(SystemExit):
+        speed.main(["--configs", "nonesuch"])

@@ -8,7 +8,7 @@ from helpers import REPO
 PACKAGE = REPO / "reluformer_mt"
 # lowest first; a unit is a subpackage or a module of the package root ("" is the root __init__)
 LAYERS = [
-    {"fairseq_compat", "data", "attention"},
+    {"fairseq_compat", "data", "attention", "cpu_memory"},
     {"memory"},
     {"models", "criteria", "checkpoints"},
     {"evaluation"},

@@ -12,7 +12,7 @@ import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, fused
 from reluformer_mt.attention.blocked import tiled_attention
-from reluformer_mt.attention.visibility import Visibility, is_causal_mask, padding_ranges
+from reluformer_mt.attention.visibility import Visibility, is_causal_mask, live_query_rows, padding_ranges
 from helpers import load_benchmark_script
 
 
@@ -157,6 +157,46 @@ def test_padding_ranges_are_remembered_per_mask_and_changes_are_seen():
     assert ends[0] == 7 and starts.tolist() == [0, 0, 4, 0]
     kpm[1, 0] = True  # now padded at both ends: no longer a range
     assert padding_ranges(kpm) is None
+
+
+def test_layers_share_one_visibility_per_mask_and_changes_are_seen():
+    """The layers of a forward get the same padding mask: one Visibility, one count, one dense
+    mask and one set of live rows for all of them (issue 22); an in-place change of the mask
+    gives fresh ones, equal to what the mask now says."""
+    kpm = mixed_padding(9)
+    first = Visibility.from_padding(6, 9, kpm, causal=True)
+    assert Visibility.from_padding(6, 9, kpm, causal=True) is first
+    assert Visibility.from_padding(6, 9, kpm) is not first  # another pattern: another object
+    assert first.dense() is first.dense() and first.n_visible() is first.n_visible()
+    assert torch.equal(first.dense(), plain_mask(6, 9, kpm, causal=True))
+    live = live_query_rows(kpm)
+    assert live_query_rows(kpm) is live and torch.equal(live, ~kpm.view(4, 1, 9))
+    kpm[0, -2:] = True  # in place: sentence 0 is now right-padded too
+    changed = Visibility.from_padding(6, 9, kpm, causal=True)
+    assert changed is not first
+    assert torch.equal(changed.dense(), plain_mask(6, 9, kpm, causal=True))
+    assert torch.equal(changed.n_visible(), plain_mask(6, 9, kpm, causal=True).sum(-1, keepdim=True))
+    assert torch.equal(live_query_rows(kpm), ~kpm.view(4, 1, 9))
+    assert live_query_rows(torch.zeros(4, 9, dtype=torch.bool)) is None  # no padding row at all
+    starts = torch.tensor([0, 2])  # ranges given directly and then changed: counts follow
+    vis = Visibility(3, 5, starts=starts)
+    assert vis.n_visible().reshape(-1).tolist() == [5, 5, 5, 3, 3, 3]
+    starts[1] = 4
+    assert vis.n_visible().reshape(-1).tolist() == [5, 5, 5, 1, 1, 1]
+    assert torch.equal(vis.dense(), Visibility(3, 5, starts=starts.clone()).dense())
+
+
+def test_counts_without_sums_skip_the_sums_and_keep_everything_else():
+    """Statistics without regularisers take only the non-zero counts from the direct route
+    (issue 22): output and counts as with the sums, the sums None."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 7, 4) for _ in range(3))
+    vis = Visibility.from_padding(7, 7, mixed_padding(7)[:2], causal=True)
+    full_out, full_rows, _ = tiled_attention(q, k, v, vis, route="direct", scaling=0.5, want_rows=True)
+    out, rows, _ = tiled_attention(q, k, v, vis, route="direct", scaling=0.5, want_rows=True, row_sums=False)
+    assert torch.equal(out, full_out)
+    assert rows[0] is None and rows[1] is None
+    assert torch.equal(rows[2], full_rows[2]) and torch.equal(rows[3], full_rows[3])
 
 
 @pytest.mark.parametrize("act,factor,bias", [("relu", True, False), ("sigmoid", False, True), ("gelu", True, False)])

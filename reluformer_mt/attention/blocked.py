@@ -207,7 +207,8 @@ TILED_ROUTES = ("direct", "dense", "blocked", "fused", "flex")
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dense", activation: str = "relu",
                     scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
                     row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
-                    block_q: int = 512, block_k: int = 512, want_rows: bool = False, want_weights: bool = False):
+                    block_q: int = 512, block_k: int = 512, want_rows: bool = False, want_weights: bool = False,
+                    row_sums: bool = True):
     """out_i = sum_j c_i h(s_ij + b_i) v_j without the T x S intermediates of the reference path.
 
     q (B, H, T, D), k/v (B, H, S, D); ``keep`` the visible keys: a
@@ -224,7 +225,10 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dens
     A route that cannot serve the call raises ValueError: nothing here falls back.
     Returns (out (B, H, T, D), rows, weights) with rows = (mass, xlogx, nonzero, n_visible) of
     shape (B, H, T) each when ``want_rows`` (else None) and weights (B, H, T, S) when wanted
-    (direct and dense routes only).
+    (direct and dense routes only). ``row_sums=False`` says that only the counts are wanted (the
+    statistics of a sublayer without regularisers): the direct route then skips the two T x S
+    passes of mass and sum a log a and returns None for them (the other routes compute them in
+    the same pass as the counts and return them anyway).
     """
     B, H, T, D = q.shape
     S = k.size(2)
@@ -266,7 +270,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dens
         if plain_relu:
             # one tile (sentences, L <= 512): plain autograd ops beat the tiling's bookkeeping, which
             # costs as much as the math at these sizes (measured: docs/PERFORMANCE.md)
-            out, mass, xlogx, nonzero, weights = _direct_relu(q3, k3, v3, dense_keep, H, want_rows)
+            out, mass, xlogx, nonzero, weights = _direct_relu(q3, k3, v3, dense_keep, H, want_rows, row_sums)
             return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
         if needs_grad or want_rows or want_weights:
             raise ValueError("the direct route runs other activations than relu only without gradients, rows or weights")
@@ -282,10 +286,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dens
     return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
 
 
-def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int, want_rows: bool):
-    """out = relu(q k^T) masked, times v, the rows (mass, sum a log a, non-zeros) when wanted,
-    and the weights (detached, as the tiled path returns them), as plain differentiable tensor
-    ops on one (N, T, S) tile (autograd does the backward)."""
+def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int, want_rows: bool,
+                 row_sums: bool = True):
+    """out = relu(q k^T) masked, times v, the rows (mass, sum a log a, non-zeros) when wanted
+    (only the non-zeros without ``row_sums``), and the weights (detached, as the tiled path
+    returns them), as plain differentiable tensor ops on one (N, T, S) tile (autograd does the
+    backward)."""
     s = torch.bmm(q, k.transpose(1, 2))
     # in place (the GEMM's backward does not need its output): a fresh T x S buffer per op costs
     # as much as the ReLU itself at these sizes (page faults of a new allocation; profiled)
@@ -296,6 +302,8 @@ def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads:
     out = torch.bmm(a, v)
     if not want_rows:
         return out, None, None, None, a.detach()
+    if not row_sums:  # counts only: no T x S pass for sums nobody reads
+        return out, None, None, torch.count_nonzero(a.detach(), dim=-1), a.detach()
     a_acc = a.to(accumulation_dtype(a.dtype))
     # log of max(a, 1e-30): a log a = 0 at a = 0, and the gradient there is cut by the ReLU
     xlogx = torch.linalg.vecdot(a_acc, a_acc.clamp_min(1e-30).log())
@@ -307,7 +315,8 @@ def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows
     out = out.view(B, H, T, -1)
     rows = None
     if want_rows:
-        rows = (mass.view(B, H, T), xlogx.view(B, H, T), nonzero.view(B, H, T),
+        rows = (None if mass is None else mass.view(B, H, T), None if xlogx is None else xlogx.view(B, H, T),
+                nonzero.view(B, H, T),
                 n_visible.view(-1, 1, T).expand(B, H, T))
     return out, rows, (weights.view(B, H, T, S) if want_weights else None)
 

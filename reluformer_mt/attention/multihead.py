@@ -30,7 +30,7 @@ from reluformer_mt.attention.blocked import tiled_attention
 from reluformer_mt.attention import flex, fused  # noqa: F401
 from reluformer_mt.attention import triton_kernel
 from reluformer_mt.attention.config import AttentionConfig
-from reluformer_mt.attention.visibility import Visibility, is_causal_mask
+from reluformer_mt.attention.visibility import Visibility, is_causal_mask, live_query_rows
 
 
 def causal_float_mask(tgt_len: int, src_len: int, like: Tensor) -> Tensor:
@@ -115,9 +115,9 @@ class ReluformerAttention(MultiheadAttention):
         padding = self._query_padding
         if padding is None and self.self_attention and key_padding_mask is not None:
             padding = key_padding_mask[:, -tgt_len:]
-        if padding is None or padding.size(-1) != tgt_len or not bool(padding.any()):
+        if padding is None or padding.size(-1) != tgt_len:
             return None
-        return ~padding.bool().view(padding.size(0), 1, tgt_len)
+        return live_query_rows(padding)  # remembered per mask: the layers of a forward share it
 
     def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], is_causal: bool = False) -> Tuple[Visibility, Optional[Tensor]]:
@@ -171,6 +171,8 @@ class ReluformerAttention(MultiheadAttention):
         function, params = self.function, self._params()
         recorder = self._recorder
         counting = recorder is not None and recorder.records_statistics(self)
+        # the regularisers need the rows' sums; the statistics alone only their non-zero counts
+        regularised = counting and recorder.regularises(self)
         scale_logits = function.scale_logits(self.config)
         route = self.route(q, k.size(2), visible, additive, want_weights, counting, k, v, head_weights)
         n_visible = visible.n_visible(q.device)
@@ -186,7 +188,7 @@ class ReluformerAttention(MultiheadAttention):
                 row_factor=function.row_factor(n_visible, params, acc),
                 row_bias=function.row_bias(n_visible, params, acc), n_visible=n_visible,
                 block_q=self.config.block_size, block_k=self.config.block_size,
-                want_rows=counting, want_weights=want_weights)
+                want_rows=counting, want_weights=want_weights, row_sums=regularised)
             if rows is not None:
                 recorder.add_rows(self, *rows, live_queries=live_queries)
             return out, weights

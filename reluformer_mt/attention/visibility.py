@@ -28,7 +28,15 @@ from torch import Tensor
 # while its entry exists, and the version counter catches in-place changes.
 _CAUSAL_CHECKS: dict = {}
 _RANGE_CHECKS: dict = {}
+# Every layer of a forward gets the same padding mask tensor (the encoder's, the decoder's), so
+# its Visibility, live query rows, counts and short-call dense mask are built once per forward
+# and shared by the layers (issue 22: per-call work that does not scale with the model).
+_VISIBILITY_CACHE: dict = {}
+_LIVE_ROWS: dict = {}
 _CACHE_MAX = 8
+# a Visibility keeps its dense mask for the next layer up to this many entries (8 MB of bool;
+# the direct route's calls are far below it, long reference-path calls are not kept)
+DENSE_CACHE_ELEMENTS = 2 ** 23
 _CHECK_ROWS = 256  # rows per chunk when checking a mask: no T x S temporary
 
 
@@ -53,7 +61,22 @@ class Visibility:
     def from_padding(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor] = None,
                      causal: bool = False, extra_mask: Optional[Tensor] = None) -> "Visibility":
         """From fairseq's (B, S) key padding mask (True = padding), a causal flag and an optional
-        bool (T, S) mask of further hidden keys (True = hidden) that is not the causal pattern."""
+        bool (T, S) mask of further hidden keys (True = hidden) that is not the causal pattern.
+
+        Without ``extra_mask`` the result is remembered per padding mask tensor (its storage and
+        version) and call shape: the layers of one forward share one object and what it computes."""
+        if extra_mask is not None:
+            return Visibility._from_padding(tgt_len, src_len, key_padding_mask, causal, extra_mask)
+        key = (None if key_padding_mask is None else _tensor_key(key_padding_mask), tgt_len, src_len, bool(causal))
+        entry = _VISIBILITY_CACHE.get(key)
+        if entry is None:
+            entry = (key_padding_mask, Visibility._from_padding(tgt_len, src_len, key_padding_mask, causal, None))
+            _remember(_VISIBILITY_CACHE, key, entry)
+        return entry[1]
+
+    @staticmethod
+    def _from_padding(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor], causal: bool,
+                      extra_mask: Optional[Tensor]) -> "Visibility":
         offset = src_len - tgt_len if causal else None
         starts = ends = None
         if key_padding_mask is not None:
@@ -114,8 +137,25 @@ class Visibility:
             object.__setattr__(self, "_all_cache", cached)
         return cached
 
+    def _memo(self, what: str, device, compute):
+        """``compute()`` once per object, device and version of the range tensors (a caller that
+        changes ``starts`` / ``ends`` in place gets fresh results); callers must not modify it."""
+        versions = tuple(t._version for t in (self.starts, self.ends, self.mask) if t is not None)
+        key = (what, str(device), versions)
+        memo = self.__dict__.get("_memo_cache")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo_cache", memo)
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
     def n_visible(self, device=None) -> Tensor:
-        """(B or 1, 1, T, 1) int64: how many keys each query sees."""
+        """(B or 1, 1, T, 1) int64: how many keys each query sees (computed once per object and
+        device; not to be modified in place)."""
+        return self._memo("n_visible", device, lambda: self._n_visible(device))
+
+    def _n_visible(self, device=None) -> Tensor:
         if self.mask is not None:
             return count_visible(self.mask)
         device = device if device is not None else (self.starts.device if self.starts is not None else None)
@@ -134,7 +174,9 @@ class Visibility:
         """The (B or 1, 1, T, S) bool mask, True where visible (T x S: the reference path only)."""
         if self.mask is not None:
             return self.mask
-        return self.tile(0, self.tgt_len, 0, self.src_len, device)
+        if self.batch * self.tgt_len * self.src_len > DENSE_CACHE_ELEMENTS:
+            return self.tile(0, self.tgt_len, 0, self.src_len, device)
+        return self._memo("dense", device, lambda: self.tile(0, self.tgt_len, 0, self.src_len, device))
 
     def tile(self, i0: int, i1: int, j0: int, j1: int, device=None) -> Tensor:
         """The bool mask of queries i0..i1 x keys j0..j1, shape (B or 1, 1, i1 - i0, j1 - j0)."""
@@ -183,6 +225,19 @@ def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
     if entry is None:
         entry = (key_padding_mask, _padding_ranges(key_padding_mask))
         _remember(_RANGE_CHECKS, key, entry)
+    return entry[1]
+
+
+def live_query_rows(padding: Tensor) -> Optional[Tensor]:
+    """(B, 1, T) bool, True at the real query positions of a (B, T) padding mask (True =
+    padding); None when no position is padding. Remembered per mask tensor, as the ranges are:
+    one host sync per forward instead of one per sublayer."""
+    key = _tensor_key(padding)
+    entry = _LIVE_ROWS.get(key)
+    if entry is None:
+        live = ~padding.bool().view(padding.size(0), 1, padding.size(-1)) if bool(padding.any()) else None
+        entry = (padding, live)
+        _remember(_LIVE_ROWS, key, entry)
     return entry[1]
 
 
@@ -256,4 +311,4 @@ def as_visibility(keep) -> Visibility:
     return keep if isinstance(keep, Visibility) else Visibility.from_mask(keep)
 
 
-__all__ = ["Visibility", "as_visibility", "count_visible", "is_causal_mask", "padding_ranges"]
+__all__ = ["Visibility", "as_visibility", "count_visible", "is_causal_mask", "live_query_rows", "padding_ranges"]

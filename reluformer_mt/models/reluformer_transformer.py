@@ -23,6 +23,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf
 
 from reluformer_mt.attention import FUNCTIONS, AttentionOptionError, ReluformerAttention, routes
+from reluformer_mt.cpu_memory import keep_freed_memory
 from reluformer_mt.attention.config import (SUBLAYERS, add_attention_args, config_from_args as attention_config,
                                             fill_attention_defaults, validate_attention_args)
 from reluformer_mt.memory.tm_attention import (MemoryEncoder, MemoryReader, add_tm_args, copy_probabilities, fill_tm_defaults,
@@ -207,6 +208,8 @@ class ReluformerModel(TransformerModel):
         validate_memory_args(args)
         for note in inapplicable_impl_notes(args):
             logger.warning(note)
+        if getattr(args, "cpu", False) or not torch.cuda.is_available():
+            keep_freed_memory()  # training on the CPU: reuse freed blocks instead of page-faulting new ones
         return super().build_model(args, task)
 
     @classmethod
