@@ -48,6 +48,8 @@ DEMO_CASES = [  # (argv, what the one line says)
     (["--dropout", "-0.1"], "argument --dropout: expected a number in [0, 1), got '-0.1'"),
     (["--beam", "0"], "argument --beam: expected a positive integer, got '0'"),
     (["--tm-k", "0"], "argument --tm-k: expected a positive integer, got '0'"),
+    (["--pieces-weight", "-1"], "argument --pieces-weight: expected a finite number >= 0, got '-1'"),
+    (["--pieces-k", "0"], "argument --pieces-k: expected a positive integer, got '0'"),
     (["--jobs", "0"], "argument --jobs: expected a positive integer, got '0'"),
     (["--tm-fusion", "bogus"], "argument --tm-fusion: invalid choice: 'bogus'"),
     (["--families", "softmax+bogus"], "--families: 'softmax+bogus': expected FAMILY or FAMILY+tm|concat|attention"),
