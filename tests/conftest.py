@@ -59,6 +59,20 @@ def iwslt_files(split: str):
     return IWSLT / f"concatenated_en2de_{split}_en.txt", IWSLT / f"concatenated_en2de_{split}_de.txt"
 
 
+def prepare_iwslt_with_memory(out, spm_model, segment_tokens: int, memory_k: int = 4):
+    """Six IWSLT2017 dev talks (test: the test talks) prepared with translation-memory neighbours
+    (``reluformer-prepare --memory-k``) and a given SentencePiece model; returns ``out``."""
+    from reluformer_mt.data.prepare import PrepareConfig
+    from reluformer_mt.memory.neighbours import prepare_with_memory
+
+    prepare_with_memory(PrepareConfig(out=str(out), fmt="docmt", src="en", tgt="de",
+                                      train=[[str(p) for p in iwslt_files("dev")]],
+                                      test=[[str(p) for p in iwslt_files("test")]], valid_from_train=1, limit_docs=6,
+                                      segment_tokens=segment_tokens, spm_models=[str(spm_model)],
+                                      joined_dictionary=True, progress=False, memory_k=memory_k))
+    return out
+
+
 @pytest.fixture(scope="session")
 def prepared_doc_data(tmp_path_factory):
     """SentencePiece en->de directories prepared by ``reluformer_mt.data.prepare`` from real

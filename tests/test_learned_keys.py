@@ -17,16 +17,10 @@ from test_translation_memory import TRAIN_TM
 def key_data(prepared_doc_data, tmp_path_factory):
     """The sentence-level IWSLT directory prepared again with --memory-k 4 (every example is one
     sentence, so every one can take part in the key loss)."""
-    from conftest import iwslt_files
-    from reluformer_mt.data.prepare import PrepareConfig
-    from reluformer_mt.memory.neighbours import prepare_with_memory
+    from conftest import prepare_iwslt_with_memory
 
-    out = tmp_path_factory.mktemp("keys") / "sent"
-    prepare_with_memory(PrepareConfig(out=str(out), fmt="docmt", src="en", tgt="de", train=[[str(p) for p in iwslt_files("dev")]],
-                                      test=[[str(p) for p in iwslt_files("test")]], valid_from_train=1, limit_docs=6,
-                                      segment_tokens=0, spm_models=[str(prepared_doc_data["doc"] / "spm.model")],
-                                      joined_dictionary=True, progress=False, memory_k=4))
-    return out
+    return prepare_iwslt_with_memory(tmp_path_factory.mktemp("keys") / "sent", prepared_doc_data["doc"] / "spm.model",
+                                     segment_tokens=0)
 
 
 def train(data, save, *extra, updates=4):

@@ -64,16 +64,10 @@ def test_fuzzy_score_and_bands():
 @pytest.fixture(scope="module")
 def memory_data(prepared_doc_data, tmp_path_factory):
     """The doc-level IWSLT directory prepared again with --memory-k 4 (the fixture's SentencePiece model)."""
-    from conftest import iwslt_files
-    from reluformer_mt.data.prepare import PrepareConfig
-    from reluformer_mt.memory.neighbours import prepare_with_memory
+    from conftest import prepare_iwslt_with_memory
 
-    out = tmp_path_factory.mktemp("tm") / "doc128"
-    prepare_with_memory(PrepareConfig(out=str(out), fmt="docmt", src="en", tgt="de", train=[[str(p) for p in iwslt_files("dev")]],
-                          test=[[str(p) for p in iwslt_files("test")]], valid_from_train=1, limit_docs=6,
-                          segment_tokens=128, spm_models=[str(prepared_doc_data["doc"] / "spm.model")],
-                          joined_dictionary=True, progress=False, memory_k=4))
-    return out
+    return prepare_iwslt_with_memory(tmp_path_factory.mktemp("tm") / "doc128", prepared_doc_data["doc"] / "spm.model",
+                                     segment_tokens=128)
 
 
 def test_neighbours_in_the_prepared_directory_never_leak(memory_data):

@@ -17,7 +17,7 @@ verse. The demo
    learning curves against updates and minutes, word-level attention of one verse with the gold
    links, and ``index.html`` with all of it (``report_page``, docs/REPORT.md).
 
-Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 25 minutes on 2 CPU
+Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 21 minutes on 2 CPU
 cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
 (docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
 """
@@ -280,28 +280,34 @@ def training_jobs(o: "DemoOptions") -> int:
     return max(1, min(o.jobs, len(o.families))) if o.device == "cpu" else 1
 
 
-def _train_worker(o: "DemoOptions", family: str, dirs: Dict[str, Path], log_file: Path) -> dict:
-    """One family in a worker process (one thread; its console output into the demo's log)."""
+def _in_worker(log_file: Path, level: int, fn, *args):
+    """``fn(*args)`` in a worker process: one thread, its console output and logs into the demo's log."""
     torch.set_num_threads(1)
     register()
     with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        logging.basicConfig(stream=log, level=logging.INFO, force=True,
+        logging.basicConfig(stream=log, level=level, force=True,
                             format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-        return train_family(o, family, dirs)
+        return fn(*args)
 
 
-def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], log_file: Path) -> Dict[str, dict]:
-    """Every family, ``training_jobs(o)`` at a time, each in its own process (fresh fairseq state)."""
+def in_workers(o: "DemoOptions", calls: Dict[str, tuple], level: int = logging.INFO) -> Dict[str, object]:
+    """``{name: fn(*args)}`` of ``calls = {name: (fn, *args)}``, ``training_jobs(o)`` at a time, each in
+    its own spawned process (fresh fairseq state), started in the order of ``calls``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    log_file = o.out / "logs" / "demo.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=context) as pool:
-        # the slower memory families first, so that no long run starts last and alone
-        order = sorted(o.families, key=lambda f: split_family(f)[1] is None)
-        futures = {family: pool.submit(_train_worker, o, family, dirs, log_file) for family in order}
-        return {family: futures[family].result() for family in o.families}
+    with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_in_worker, log_file, level, *call) for name, call in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path]) -> Dict[str, dict]:
+    """Every family, ``training_jobs(o)`` at a time; the slower memory families first, so that no
+    long run starts last and alone."""
+    order = sorted(o.families, key=lambda f: split_family(f)[1] is None)
+    return in_workers(o, {family: (train_family, o, family, dirs) for family in order})
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -320,27 +326,12 @@ def translate_family(o: "DemoOptions", checkpoint: Path, data_dir: Path) -> tupl
     return bleu, free, guided, bands
 
 
-def _translate_worker(o: "DemoOptions", checkpoint: Path, data_dir: Path, log_file: Path) -> tuple:
-    """One family's translations in a worker process (one thread; progress bars and warnings into
-    the demo's log, as the training workers')."""
-    torch.set_num_threads(1)
-    register()
-    with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        logging.basicConfig(stream=log, level=logging.WARNING, force=True)
-        return translate_family(o, checkpoint, data_dir)
-
-
 def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir: Path) -> Dict[str, tuple]:
     """:func:`translate_family` of every family, ``training_jobs(o)`` at a time (one thread each)."""
     if training_jobs(o) == 1:
         return {family: translate_family(o, checkpoint, data_dir) for family, checkpoint in checkpoints.items()}
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {family: pool.submit(_translate_worker, o, checkpoint, data_dir, o.out / "logs" / "demo.log")
-                   for family, checkpoint in checkpoints.items()}
-        return {family: future.result() for family, future in futures.items()}
+    return in_workers(o, {family: (translate_family, o, checkpoint, data_dir)
+                          for family, checkpoint in checkpoints.items()}, level=logging.WARNING)
 
 
 def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: str = "constrained",
@@ -595,7 +586,7 @@ DEFINITIONS = {
 PIECES_HEADERS = ["model", "s-BLEU", "with pieces: s-BLEU", "gain", "d-BLEU", "with pieces: d-BLEU"]
 
 
-def pieces_table(results: Dict[str, dict], base: dict, o: DemoOptions) -> str:
+def pieces_table(results: Dict[str, dict], base: dict) -> str:
     """Every family with and without translation pieces, beside the copy baselines ('' when not run)."""
     rows = [[family, r["s_bleu"], r["pieces"]["s_bleu"], r["pieces"]["s_bleu"] - r["s_bleu"], r["d_bleu"],
              r["pieces"]["d_bleu"]] for family, r in results.items() if "pieces" in r]
@@ -647,7 +638,7 @@ def run_demo(o: DemoOptions) -> dict:
         (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
     if training_jobs(o) > 1:  # one stage: the families train side by side, one thread each
         with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"):
-            trained_families = train_in_parallel(o, dirs, o.out / "logs" / "demo.log")
+            trained_families = train_in_parallel(o, dirs)
     else:
         trained_families = {}
         for family in o.families:
@@ -681,7 +672,8 @@ def run_demo(o: DemoOptions) -> dict:
             results[family]["free"] = free
             if guided is not None:
                 results[family]["pieces"] = guided
-            for mode, b in (("constrained", bleu), ("free", free)) + ((("translation pieces", guided),) if guided else ()):
+            modes = [("constrained", bleu), ("free", free)] + ([("translation pieces", guided)] if guided else [])
+            for mode, b in modes:
                 print(f"  {family} ({mode}): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
                       f"({b['chapters']} chapters, {b['verses']} verses, {b['fallbacks']}/{b['segments']} segments "
                       f"retranslated, {b['translate_seconds']} s)", flush=True)
@@ -709,7 +701,7 @@ def run_demo(o: DemoOptions) -> dict:
     total = time.time() - started
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
-    guided = pieces_table(results, base, o)
+    guided = pieces_table(results, base)
     if guided:
         table += (f"\n\ntranslation pieces: beam search guided by the n-grams of the top {o.pieces_k} memory matches "
                   f"(weight {o.pieces_weight:g}; Zhang et al. 2018), constrained decoding:\n" + guided)

@@ -21,18 +21,17 @@ from torch import Tensor
 
 
 class TranslationPieces:
-    """The pieces of one source: every n-gram (``min_n`` <= n <= ``max_n``) of its entries with the
-    best weight of an entry holding it, and each token's cap (see :func:`pieces_of_entries`)."""
+    """The pieces of one source: every n-gram (n <= ``max_n``) of its entries with the best weight
+    of an entry holding it, and each token's cap (see :func:`pieces_of_entries`)."""
 
-    def __init__(self, entries: Iterable[Tuple[Sequence[int], float]], cap: Dict[int, int], max_n: int = 4,
-                 min_n: int = 1):
-        if not 1 <= min_n <= max_n:
-            raise ValueError(f"translation pieces: expected 1 <= min n <= max n, got {min_n}, {max_n}")
-        self.max_n, self.min_n = max_n, min_n
+    def __init__(self, entries: Iterable[Tuple[Sequence[int], float]], cap: Dict[int, int], max_n: int = 4):
+        if max_n < 1:
+            raise ValueError(f"translation pieces: expected max n >= 1, got {max_n}")
+        self.max_n = max_n
         self.best: Dict[Tuple[int, ...], float] = {}
         for tokens, weight in entries:
             tokens = [int(t) for t in tokens]
-            for n in range(min_n, max_n + 1):
+            for n in range(1, max_n + 1):
                 for i in range(len(tokens) - n + 1):
                     gram = tuple(tokens[i:i + n])
                     if weight > self.best.get(gram, 0.0):
@@ -117,7 +116,7 @@ class PieceTable:
 
 
 def pieces_of_entries(sentences: Sequence[Sequence[Tuple[Tensor, float]]], exclude: Sequence[int] = (),
-                      max_n: int = 4, min_n: int = 1) -> TranslationPieces:
+                      max_n: int = 4) -> TranslationPieces:
     """Pieces of one source from the retrieved entries of each of its sentences (a document
     segment has several): (target token ids, fuzzy score) each. An ``exclude``d token (padding,
     EOS, the separator) ends a piece. A token's cap is, summed over the sentences, the most
@@ -140,7 +139,7 @@ def pieces_of_entries(sentences: Sequence[Sequence[Tuple[Tensor, float]]], exclu
                     part.append(t)
         for t, n in most.items():
             cap[t] += n
-    return TranslationPieces(parts, cap, max_n=max_n, min_n=min_n)
+    return TranslationPieces(parts, cap, max_n=max_n)
 
 
 def add_piece_bonus(lprobs: Tensor, prefix: Tensor, pieces: Sequence[Optional[TranslationPieces]],

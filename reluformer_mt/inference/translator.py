@@ -25,8 +25,8 @@ checkpoint was trained on: the fairseq dictionaries, ``prepared.json`` (language
 separator) and the SentencePiece model(s) it names.
 """
 import argparse
-import math
 import logging
+import math
 import re
 import time
 from collections import Counter
@@ -495,9 +495,7 @@ class DocumentTranslator:
             sources = [self._source_ids(encoded, seg) for seg in pending]
             matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
             pieces = [self._segment_pieces(seg) for seg in pending] if self.memory and self.piece_weight else None
-            sources_ids = [s for s, _ in sources]
-            hyps = (self.generate(sources_ids, bar) if matches is None and pieces is None else
-                    self.generate(sources_ids, bar, matches, pieces))
+            hyps = self.generate([s for s, _ in sources], bar, matches, pieces)
             retry = []
             for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
                 results = self._resolve(seg, hyp, src_pieces, scores, alignments)
