@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention
-from reluformer_mt.attention import fused, routes
+from reluformer_mt.attention import blocked, fused, routes
+from reluformer_mt.attention.regularisers import regularisers_from_rows
+from reluformer_mt.attention.visibility import Visibility
 from reluformer_mt.attention.extension import LazyExtension
 from reluformer_mt.attention.blocked import count_visible, tiled_attention
 from helpers import route_of
@@ -118,3 +120,58 @@ def test_a_stale_build_lock_is_removed(tmp_path):
     with pytest.warns(UserWarning, match="stale build lock"):
         assert clear_stale_lock(tmp_path)
     assert not lock.exists()
+
+
+def test_counts_without_sums_on_the_fused_route():
+    """Statistics without regularisers (ReLA) take only the non-zero counts from the kernel
+    (issue 22: no log per weight): output and counts as with the sums, the sums None."""
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 9, 4) for _ in range(3))
+    vis = Visibility.from_padding(9, 9, torch.tensor([[True, True] + [False] * 7, [False] * 9]), causal=True)
+    full_out, full_rows, _ = tiled_attention(q, k, v, vis, route="fused", scaling=0.5, want_rows=True,
+                                             block_q=4, block_k=4)
+    out, rows, _ = tiled_attention(q, k, v, vis, route="fused", scaling=0.5, want_rows=True, row_sums=False,
+                                   block_q=4, block_k=4)
+    assert torch.equal(out, full_out)
+    assert rows[0] is None and rows[1] is None
+    assert torch.equal(rows[2], full_rows[2]) and torch.equal(rows[3], full_rows[3])
+    assert rows[2].sum() > 0 and (rows[2] < rows[3]).any()  # some weights are zero, some are not
+
+
+def _weights_gradient(monkeypatch, kernel: bool, dtype):
+    """d loss / d logits through a = relu(s), out = a v and ReLUFormer's row losses, as in the model."""
+    if not kernel:
+        monkeypatch.setattr(fused, "supports", lambda a: False)
+    torch.manual_seed(8)
+    s = torch.randn(12, 7, 10, dtype=dtype, requires_grad=True)
+    v = torch.randn(12, 10, 5, dtype=dtype)
+    a = s.clone().relu_()
+    out = torch.bmm(a, v)
+    mass, xlogx = blocked.mass_and_xlogx(a)
+    norm, margin, _ = regularisers_from_rows(mass, xlogx, torch.full_like(mass, 10.0))
+    (out.square().sum() + 0.3 * norm + 0.7 * margin).backward()
+    monkeypatch.undo()
+    return s.grad, mass, xlogx
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_sums_backward_kernel_is_autograds_gradient_bit_for_bit(monkeypatch, dtype):
+    """The one-pass C++ backward of the row sums adds autograd's terms in autograd's order
+    (issue 22 keeps training bit for bit): the gradient equals plain autograd's exactly."""
+    calls = []
+    original = fused.row_sums_backward
+    monkeypatch.setattr(fused, "row_sums_backward", lambda *args: calls.append(1) or original(*args))
+    kernel = _weights_gradient(monkeypatch, True, dtype)
+    assert calls, "the kernel did not run"
+    plain = _weights_gradient(monkeypatch, False, dtype)
+    for got, want in zip(kernel, plain):
+        assert torch.equal(got, want)
+    assert (kernel[0] != 0).any()
+
+
+def test_positive_counts_equal_count_nonzero():
+    a = torch.randn(3, 5, 300).relu_()
+    a[0, 0] = 0.0
+    a[1, 1, :7] = 1e-40  # denormals count as non-zero, as in count_nonzero
+    assert torch.equal(blocked.positive_counts(a), torch.count_nonzero(a, dim=-1))
+    assert torch.equal(blocked.positive_counts(a.bfloat16()), torch.count_nonzero(a.bfloat16(), dim=-1))

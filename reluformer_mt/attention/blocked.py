@@ -226,9 +226,9 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dens
     Returns (out (B, H, T, D), rows, weights) with rows = (mass, xlogx, nonzero, n_visible) of
     shape (B, H, T) each when ``want_rows`` (else None) and weights (B, H, T, S) when wanted
     (direct and dense routes only). ``row_sums=False`` says that only the counts are wanted (the
-    statistics of a sublayer without regularisers): the direct route then skips the two T x S
-    passes of mass and sum a log a and returns None for them (the other routes compute them in
-    the same pass as the counts and return them anyway).
+    statistics of a sublayer without regularisers): the direct and fused routes then skip mass
+    and sum a log a (two T x S passes, or a log per weight) and return None for them (the dense
+    and blocked routes compute them in the same pass as the counts and return them anyway).
     """
     B, H, T, D = q.shape
     S = k.size(2)
@@ -262,7 +262,10 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dens
     b3 = None if b is None else b.reshape(B * H, T, 1)
     if route == "fused":
         from reluformer_mt.attention import fused as fused_kernel
-        out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows)
+        out, mass, xlogx, nonzero = fused_kernel.fused_relu_attention(q3, k3, v3, visible, H, want_rows,
+                                                                      row_sums=row_sums)
+        if not row_sums:
+            mass = xlogx = None
         return _finish(out, mass, xlogx, nonzero, None, n_visible, B, H, T, S, want_rows, False)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q3, k3, v3, c3, b3))
     if route == "direct":
@@ -297,17 +300,59 @@ def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads:
     # as much as the ReLU itself at these sizes (page faults of a new allocation; profiled)
     if keep is not None:
         n, tq, tk = s.shape
-        s.view(-1, heads, tq, tk).mul_(keep)  # before the ReLU, whose backward needs its output intact
+        # before the ReLU, whose backward needs its output intact; outside autograd, since its
+        # backward would be a pass that changes nothing: ReLU's backward is already 0 where a = 0
+        with torch.no_grad():
+            s.view(-1, heads, tq, tk).mul_(keep)
     a = s.relu_()
     out = torch.bmm(a, v)
     if not want_rows:
         return out, None, None, None, a.detach()
     if not row_sums:  # counts only: no T x S pass for sums nobody reads
-        return out, None, None, torch.count_nonzero(a.detach(), dim=-1), a.detach()
-    a_acc = a.to(accumulation_dtype(a.dtype))
-    # log of max(a, 1e-30): a log a = 0 at a = 0, and the gradient there is cut by the ReLU
-    xlogx = torch.linalg.vecdot(a_acc, a_acc.clamp_min(1e-30).log())
-    return out, a_acc.sum(-1), xlogx, torch.count_nonzero(a.detach(), dim=-1), a.detach()
+        return out, None, None, positive_counts(a.detach()), a.detach()
+    mass, xlogx = mass_and_xlogx(a.to(accumulation_dtype(a.dtype)))
+    return out, mass, xlogx, positive_counts(a.detach()), a.detach()
+
+
+def positive_counts(a: Tensor) -> Tensor:
+    """The non-zeros per row of weights a >= 0 (N, T, S), as int64 (N, T): the sum of sign(a)
+    in float32 (exact for up to 2^24 keys), measured 5x faster than count_nonzero on CPU."""
+    return a.sign().sum(-1, dtype=torch.float32).long()
+
+
+def mass_and_xlogx(a: Tensor) -> Tuple[Tensor, Tensor]:
+    """(m, e) per row of weights a (N, T, S): m_i = sum_j a_ij, e_i = sum_j a_ij log max(a_ij, 1e-30)
+    (a log a = 0 at a = 0, and the gradient there is cut by the ReLU).
+
+    Plain tensor ops; when gradients are wanted on float CPU tensors, their backward is the C++
+    kernel's one pass instead of autograd's eight over T x S (ReLUFormer's regularisers were the
+    largest part of its extra time per call at the demo's sizes: docs/PERFORMANCE.md), with the
+    same bits (the kernel adds autograd's terms in autograd's order)."""
+    if a.requires_grad and torch.is_grad_enabled():
+        from reluformer_mt.attention import fused as fused_kernel
+        if fused_kernel.supports(a):
+            return _RowSums.apply(a)
+    # vecdot before sum, as the kernel's backward assumes (autograd runs the later op's backward first)
+    xlogx = torch.linalg.vecdot(a, a.clamp_min(1e-30).log())
+    return a.sum(-1), xlogx
+
+
+class _RowSums(torch.autograd.Function):
+    """:func:`mass_and_xlogx` with the kernel's one-pass backward (same values and gradients)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        ctx.set_materialize_grads(False)  # a sum no loss reads gets no term, as in autograd's graph
+        log_c = a.clamp_min(1e-30).log_()
+        ctx.save_for_backward(a, log_c)
+        return a.sum(-1), torch.linalg.vecdot(a, log_c)
+
+    @staticmethod
+    def backward(ctx, g_mass, g_xlogx):
+        if g_mass is None and g_xlogx is None:
+            return None
+        from reluformer_mt.attention import fused as fused_kernel
+        return fused_kernel.row_sums_backward(*ctx.saved_tensors, g_mass, g_xlogx)
 
 
 def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):

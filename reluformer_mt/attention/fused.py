@@ -78,11 +78,11 @@ class FusedReluAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, visible, heads, want_rows, block_q, block_k):
+    def forward(ctx, q, k, v, visible, heads, want_rows, row_sums, block_q, block_k):
         ext = load()
         mask, starts, ends, causal, offset = _kernel_visibility(visible, q)
         out, mass, xlogx, nonzero = ext.forward(q, k, v, mask, starts, ends, causal, offset, heads, block_q, block_k,
-                                                want_rows)
+                                                want_rows, row_sums)
         ctx.mark_non_differentiable(nonzero)
         ctx.save_for_backward(q, k, v, mask, starts, ends)
         ctx.causal, ctx.offset = causal, offset
@@ -99,17 +99,27 @@ class FusedReluAttention(torch.autograd.Function):
                                      empty if g_mass is None or g_mass.numel() == 0 else g_mass,
                                      empty if g_xlogx is None or g_xlogx.numel() == 0 else g_xlogx,
                                      ctx.heads, *ctx.blocks)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
-def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, visible, heads: int,
-                         want_rows: bool = False, block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, visible, heads: int, want_rows: bool = False,
+                         block_q: int = BLOCK_Q, block_k: int = BLOCK_K, row_sums: bool = True):
     """(out, mass, xlogx, nonzero) as ``blocked._TiledAttention`` returns them for h = relu.
 
-    ``visible``: a Visibility, a (B or 1, 1, T, S) bool mask, or None (every key visible)."""
+    ``visible``: a Visibility, a (B or 1, 1, T, S) bool mask, or None (every key visible).
+    ``row_sums=False`` with ``want_rows``: only the non-zero counts (mass and xlogx come back
+    empty), without the log per non-zero weight that sum a log a costs."""
     if visible is not None and not isinstance(visible, Visibility):
         visible = Visibility.from_mask(visible)
-    return FusedReluAttention.apply(q, k, v, visible, heads, want_rows, block_q, block_k)
+    return FusedReluAttention.apply(q, k, v, visible, heads, want_rows, row_sums, block_q, block_k)
 
 
-__all__ = ["KERNEL", "available", "fused_relu_attention", "load", "supports"]
+def row_sums_backward(a: Tensor, log_c: Tensor, g_mass: Optional[Tensor], g_xlogx: Optional[Tensor]) -> Tensor:
+    """Gradient of m = a.sum(-1) and e = vecdot(a, log_c), log_c = log(max(a, 1e-30)), as autograd
+    computes it for those plain ops (same bits; ``csrc/relu_attention.cpp``), in one pass."""
+    empty = a.new_zeros(0)
+    return load().row_sums_backward(a, log_c, empty if g_mass is None else g_mass,
+                                    empty if g_xlogx is None else g_xlogx)
+
+
+__all__ = ["KERNEL", "available", "fused_relu_attention", "load", "row_sums_backward", "supports"]

@@ -83,7 +83,7 @@ inline void visible_columns(const Visible& vis, int64_t i, int64_t j0, int64_t c
 }
 
 // a = relu(s) masked, in place over a (rows x cols) tile with leading dimension ld;
-// optionally adds the row sums m_i, sum a log a and the non-zero count.
+// optionally adds the non-zero count and (with mass and xlogx) the row sums m_i and sum a log a.
 template <typename scalar_t>
 void relu_mask_rows(scalar_t* s, int64_t rows, int64_t cols, int64_t ld, const Visible* vis,
                     int64_t i0, int64_t j0, scalar_t* mass, scalar_t* xlogx, int64_t* nonzero) {
@@ -101,7 +101,11 @@ void relu_mask_rows(scalar_t* s, int64_t rows, int64_t cols, int64_t ld, const V
     } else {
       for (int64_t c = 0; c < cols; ++c) x[c] = std::max(x[c], scalar_t(0));
     }
-    if (mass) {
+    if (nonzero && !mass) {  // counts only (statistics without regularisers): no log per weight
+      int64_t nz = 0;
+      for (int64_t c = 0; c < cols; ++c) nz += x[c] > scalar_t(0);
+      nonzero[i0 + r] += nz;
+    } else if (mass) {
       scalar_t m = 0, e = 0;
       int64_t nz = 0;
       for (int64_t c = 0; c < cols; ++c) {
@@ -150,11 +154,12 @@ void relu_grad_row(scalar_t* __restrict__ x, scalar_t* __restrict__ y, int64_t c
 
 // q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv); visibility: keep (B or 1, 1, T, S)
 // bool, or (when keep is empty) key ranges starts / ends (B,) int64 (empty: all keys) and, when
-// causal, j <= i + offset. Returns out (N, T, Dv), and mass, xlogx (N, T), nonzero (N, T) when want_rows.
+// causal, j <= i + offset. Returns out (N, T, Dv), and nonzero (N, T) when want_rows, with mass and
+// xlogx (N, T) when also row_sums (else those two are empty).
 std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
                                                const at::Tensor& keep_, const at::Tensor& starts_,
                                                const at::Tensor& ends_, bool causal, int64_t offset, int64_t heads, int64_t block_q,
-                                               int64_t block_k, bool want_rows) {
+                                               int64_t block_k, bool want_rows, bool row_sums) {
   // detached: the GEMMs run on OpenMP threads, where autograd's thread-local no-grad mode is not set
   auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
   auto keep = keep_.numel() ? keep_.contiguous() : keep_;
@@ -162,8 +167,9 @@ std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::T
   auto ends = ends_.numel() ? ends_.to(at::kLong).contiguous() : ends_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1), Dv = v.size(2);
   auto out = at::zeros({N, T, Dv}, q.options());
-  auto mass = want_rows ? at::zeros({N, T}, q.options()) : at::zeros({0}, q.options());
-  auto xlogx = want_rows ? at::zeros({N, T}, q.options()) : at::zeros({0}, q.options());
+  const bool sums = want_rows && row_sums;
+  auto mass = sums ? at::zeros({N, T}, q.options()) : at::zeros({0}, q.options());
+  auto xlogx = sums ? at::zeros({N, T}, q.options()) : at::zeros({0}, q.options());
   auto nonzero = at::zeros({want_rows ? N : 0, want_rows ? T : 0}, q.options().dtype(at::kLong));
   const int64_t n_iblocks = (T + block_q - 1) / block_q;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "relu_attention_forward", [&] {
@@ -181,8 +187,8 @@ std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::T
           auto s = tile.narrow(0, 0, i1 - i0).narrow(1, 0, j1 - j0);
           at::mm_out(s, qi, k[n].narrow(0, j0, j1 - j0).t());
           relu_mask_rows<scalar_t>(s.data_ptr<scalar_t>(), i1 - i0, j1 - j0, block_k, kind == 2 ? &vis : nullptr,
-                                   i0, j0, want_rows ? mass[n].data_ptr<scalar_t>() : nullptr,
-                                   want_rows ? xlogx[n].data_ptr<scalar_t>() : nullptr,
+                                   i0, j0, sums ? mass[n].data_ptr<scalar_t>() : nullptr,
+                                   sums ? xlogx[n].data_ptr<scalar_t>() : nullptr,
                                    want_rows ? nonzero[n].data_ptr<int64_t>() : nullptr);
           oi.addmm_(s, v[n].narrow(0, j0, j1 - j0));
         }
@@ -263,7 +269,62 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
   return {dq, dk, dv};
 }
 
+// Backward of the row sums of weights a (N, T, S) computed by plain tensor ops on the direct
+// route: m_i = a_i.sum() and e_i = vecdot(a_i, l_i) with l = log c, c = max(a, 1e-30). Returns
+// da = (g_m,i + g_e,i * l_ij) + [a_ij >= 1e-30] (g_e,i * a_ij) / c_ij, autograd's terms of
+// sum, vecdot and log(clamp_min) with the same IEEE operations on the same values, added in the
+// order autograd's engine adds them, so the same bits in one pass instead of eight. On the CPU the
+// engine runs a graph's nodes in reverse creation order (the latest unfinished node is always
+// ready), and a tensor's gradient terms are summed as its consumers finish: with vecdot created
+// before sum (blocked.mass_and_xlogx), sum's term comes first, then vecdot's, then the one through
+// log and clamp_min, whatever graph surrounds the call; the output GEMM's term (created earlier)
+// is added last by autograd. The build
+// targets the baseline x86-64 ISA without fast-math: no fused multiply-add, every step rounds.
+template <typename scalar_t>
+static void row_sums_grad(const scalar_t* a, const scalar_t* l, const scalar_t* g_mass, const scalar_t* g_xlogx,
+                          scalar_t* out, int64_t rows, int64_t S) {
+  const scalar_t lo = static_cast<scalar_t>(kTiny);  // clamp_min's scalar and its backward's test
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* ar = a + r * S;
+      const scalar_t* lr = l + r * S;
+      scalar_t* o = out + r * S;
+      if (!g_xlogx) {
+        std::fill(o, o + S, g_mass[r]);
+        continue;
+      }
+      const scalar_t ge = g_xlogx[r];
+      for (int64_t j = 0; j < S; ++j) {
+        const scalar_t x = ar[j];
+        const scalar_t c = x < lo ? lo : x;
+        const scalar_t t_vecdot = ge * lr[j];
+        const scalar_t t_log = x >= lo ? (ge * x) / c : scalar_t(0);
+        o[j] = (g_mass ? g_mass[r] + t_vecdot : t_vecdot) + t_log;
+      }
+    }
+  });
+}
+
+// a, log_c (N, T, S); g_mass, g_xlogx (N, T) or empty (no gradient reached that sum). Returns da.
+at::Tensor row_sums_backward(const at::Tensor& a_, const at::Tensor& log_c_, const at::Tensor& g_mass_,
+                             const at::Tensor& g_xlogx_) {
+  auto a = a_.detach().contiguous(), log_c = log_c_.detach().contiguous();
+  const bool has_m = g_mass_.numel() > 0, has_e = g_xlogx_.numel() > 0;
+  TORCH_CHECK(has_m || has_e, "row_sums_backward: no gradient given");
+  auto g_mass = has_m ? g_mass_.detach().contiguous() : g_mass_;
+  auto g_xlogx = has_e ? g_xlogx_.detach().contiguous() : g_xlogx_;
+  auto out = at::empty_like(a);
+  const int64_t S = a.size(-1), rows = S ? a.numel() / S : 0;
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "row_sums_backward", [&] {
+    row_sums_grad<scalar_t>(a.data_ptr<scalar_t>(), log_c.data_ptr<scalar_t>(),
+                            has_m ? g_mass.data_ptr<scalar_t>() : nullptr,
+                            has_e ? g_xlogx.data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(), rows, S);
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("row_sums_backward", &row_sums_backward, "gradient of the row sums m and sum a log a (CPU)");
   m.def("forward", &relu_attention_forward, "fused ReLU attention, forward (CPU)");
   m.def("backward", &relu_attention_backward, "fused ReLU attention, backward (CPU)");
 }
