@@ -147,14 +147,16 @@ def _weights_gradient(monkeypatch, kernel: bool, dtype):
     v = torch.randn(12, 10, 5, dtype=dtype)
     a = s.clone().relu_()
     out = torch.bmm(a, v)
-    mass, xlogx = blocked.mass_and_xlogx(a)
+    mass, xlogx = blocked.mass_and_xlogx(a.float() if dtype == torch.float16 else a)
+    if dtype == torch.float16:  # as a half-precision model's statistics hand them on
+        mass, xlogx = mass.half(), xlogx.half()
     norm, margin, _ = regularisers_from_rows(mass, xlogx, torch.full_like(mass, 10.0))
     (out.square().sum() + 0.3 * norm + 0.7 * margin).backward()
     monkeypatch.undo()
     return s.grad, mass, xlogx
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_row_sums_backward_kernel_is_autograds_gradient_bit_for_bit(monkeypatch, dtype):
     """The one-pass C++ backward of the row sums adds autograd's terms in autograd's order
     (issue 22 keeps training bit for bit): the gradient equals plain autograd's exactly."""

@@ -118,8 +118,10 @@ def row_sums_backward(a: Tensor, log_c: Tensor, g_mass: Optional[Tensor], g_xlog
     """Gradient of m = a.sum(-1) and e = vecdot(a, log_c), log_c = log(max(a, 1e-30)), as autograd
     computes it for those plain ops (same bits; ``csrc/relu_attention.cpp``), in one pass."""
     empty = a.new_zeros(0)
-    return load().row_sums_backward(a, log_c, empty if g_mass is None else g_mass,
-                                    empty if g_xlogx is None else g_xlogx)
+    # a gradient can come in another dtype (half precision); autograd's own terms promote it to
+    # a's dtype first, exactly (a widening cast)
+    return load().row_sums_backward(a, log_c, empty if g_mass is None else g_mass.to(a.dtype),
+                                    empty if g_xlogx is None else g_xlogx.to(a.dtype))
 
 
 __all__ = ["KERNEL", "available", "fused_relu_attention", "load", "row_sums_backward", "supports"]
