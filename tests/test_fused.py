@@ -138,37 +138,45 @@ def test_counts_without_sums_on_the_fused_route():
     assert rows[2].sum() > 0 and (rows[2] < rows[3]).any()  # some weights are zero, some are not
 
 
-def _weights_gradient(monkeypatch, kernel: bool, dtype):
-    """d loss / d logits through a = relu(s), out = a v and ReLUFormer's row losses, as in the model."""
+def _direct_route_results(monkeypatch, kernel: bool, dtype, loss_terms):
+    """Outputs, rows and q/k/v gradients of one direct-route call as a ReLUFormer layer makes it
+    (padding and causal mask, row factor, its row losses), with or without the one-node backward."""
     if not kernel:
-        monkeypatch.setattr(fused, "supports", lambda a: False)
+        monkeypatch.setattr(blocked, "_row_kernel_supports", lambda q: False)
     torch.manual_seed(8)
-    s = torch.randn(12, 7, 10, dtype=dtype, requires_grad=True)
-    v = torch.randn(12, 10, 5, dtype=dtype)
-    a = s.clone().relu_()
-    out = torch.bmm(a, v)
-    mass, xlogx = blocked.mass_and_xlogx(a.float() if dtype == torch.float16 else a)
-    if dtype == torch.float16:  # as a half-precision model's statistics hand them on
-        mass, xlogx = mass.half(), xlogx.half()
-    norm, margin, _ = regularisers_from_rows(mass, xlogx, torch.full_like(mass, 10.0))
-    (out.square().sum() + 0.3 * norm + 0.7 * margin).backward()
+    B, H, T, D = 4, 2, 24, 8  # enough weights that another order of the sums shows in the last bits
+    q, k, v = (torch.randn(B, H, T, D, dtype=dtype, requires_grad=True) for _ in range(3))
+    padding = torch.zeros(B, T, dtype=torch.bool)
+    padding[1, :3] = True
+    vis = Visibility.from_padding(T, T, padding, causal=True)
+    n_visible = vis.n_visible()
+    out, rows, _ = tiled_attention(q, k, v, vis, route="direct", scaling=0.5, row_factor=1 / n_visible.clamp(min=1).sqrt(),
+                                   n_visible=n_visible, want_rows=True)
+    norm, margin, _ = regularisers_from_rows(rows[0], rows[1], rows[3])
+    terms = {"out": out.square().sum(), "norm": 0.3 * norm, "margin": 0.7 * margin}
+    sum(terms[name] for name in loss_terms).backward()
     monkeypatch.undo()
-    return s.grad, mass, xlogx
+    return [out, *rows[:3], q.grad, k.grad, v.grad]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-def test_row_sums_backward_kernel_is_autograds_gradient_bit_for_bit(monkeypatch, dtype):
-    """The one-pass C++ backward of the row sums adds autograd's terms in autograd's order
-    (issue 22 keeps training bit for bit): the gradient equals plain autograd's exactly."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("loss_terms", [("out", "norm", "margin"), ("out", "norm"), ("out",), ("norm", "margin")])
+def test_direct_route_backward_kernel_is_autograds_gradient_bit_for_bit(monkeypatch, dtype, loss_terms):
+    """The direct route's one-node backward with ReLUFormer's row sums adds autograd's terms in
+    autograd's order (issue 22 keeps training bit for bit): outputs and gradients equal plain
+    autograd's exactly, whichever results the loss reads."""
     calls = []
-    original = fused.row_sums_backward
-    monkeypatch.setattr(fused, "row_sums_backward", lambda *args: calls.append(1) or original(*args))
-    kernel = _weights_gradient(monkeypatch, True, dtype)
+    original = fused.direct_relu_backward
+    monkeypatch.setattr(fused, "direct_relu_backward", lambda *args: calls.append(1) or original(*args))
+    kernel = _direct_route_results(monkeypatch, True, dtype, loss_terms)
     assert calls, "the kernel did not run"
-    plain = _weights_gradient(monkeypatch, False, dtype)
+    plain = _direct_route_results(monkeypatch, False, dtype, loss_terms)
     for got, want in zip(kernel, plain):
-        assert torch.equal(got, want)
-    assert (kernel[0] != 0).any()
+        if want is None:
+            assert got is None
+        else:
+            assert torch.equal(got, want) and got.dtype == want.dtype
+    assert all((g != 0).any() for g in kernel[4:] if g is not None)
 
 
 def test_positive_counts_equal_count_nonzero():

@@ -294,7 +294,21 @@ def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads:
     """out = relu(q k^T) masked, times v, the rows (mass, sum a log a, non-zeros) when wanted
     (only the non-zeros without ``row_sums``), and the weights (detached, as the tiled path
     returns them), as plain differentiable tensor ops on one (N, T, S) tile (autograd does the
-    backward)."""
+    backward; with the row sums and gradients, :class:`_DirectReluRows` does it in one pass)."""
+    if (want_rows and row_sums and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            and _row_kernel_supports(q)):
+        return _DirectReluRows.apply(q, k, v, keep, heads)
+    a, out = _relu_weights_and_output(q, k, v, keep, heads)
+    if not want_rows:
+        return out, None, None, None, a.detach()
+    if not row_sums:  # counts only: no T x S pass for sums nobody reads
+        return out, None, None, positive_counts(a.detach()), a.detach()
+    mass, xlogx = mass_and_xlogx(a.to(accumulation_dtype(a.dtype)))
+    return out, mass, xlogx, positive_counts(a.detach()), a.detach()
+
+
+def _relu_weights_and_output(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int):
+    """(a, out) with a = relu(q k^T) masked (N, T, S) and out = a v, as differentiable tensor ops."""
     s = torch.bmm(q, k.transpose(1, 2))
     # in place (the GEMM's backward does not need its output): a fresh T x S buffer per op costs
     # as much as the ReLU itself at these sizes (page faults of a new allocation; profiled)
@@ -305,13 +319,7 @@ def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads:
         with torch.no_grad():
             s.view(-1, heads, tq, tk).mul_(keep)
     a = s.relu_()
-    out = torch.bmm(a, v)
-    if not want_rows:
-        return out, None, None, None, a.detach()
-    if not row_sums:  # counts only: no T x S pass for sums nobody reads
-        return out, None, None, positive_counts(a.detach()), a.detach()
-    mass, xlogx = mass_and_xlogx(a.to(accumulation_dtype(a.dtype)))
-    return out, mass, xlogx, positive_counts(a.detach()), a.detach()
+    return a, torch.bmm(a, v)
 
 
 def positive_counts(a: Tensor) -> Tensor:
@@ -322,37 +330,53 @@ def positive_counts(a: Tensor) -> Tensor:
 
 def mass_and_xlogx(a: Tensor) -> Tuple[Tensor, Tensor]:
     """(m, e) per row of weights a (N, T, S): m_i = sum_j a_ij, e_i = sum_j a_ij log max(a_ij, 1e-30)
-    (a log a = 0 at a = 0, and the gradient there is cut by the ReLU).
-
-    Plain tensor ops; when gradients are wanted on float CPU tensors, their backward is the C++
-    kernel's one pass instead of autograd's eight over T x S (ReLUFormer's regularisers were the
-    largest part of its extra time per call at the demo's sizes: docs/PERFORMANCE.md), with the
-    same bits (the kernel adds autograd's terms in autograd's order)."""
-    if a.requires_grad and torch.is_grad_enabled():
-        from reluformer_mt.attention import fused as fused_kernel
-        if fused_kernel.supports(a):
-            return _RowSums.apply(a)
-    # vecdot before sum, as the kernel's backward assumes (autograd runs the later op's backward first)
+    (a log a = 0 at a = 0, and the gradient there is cut by the ReLU)."""
+    # vecdot before sum: the order autograd's backward sums their terms in, which
+    # csrc/relu_attention.cpp's direct_relu_backward reproduces (it runs the later op's first)
     xlogx = torch.linalg.vecdot(a, a.clamp_min(1e-30).log())
     return a.sum(-1), xlogx
 
 
-class _RowSums(torch.autograd.Function):
-    """:func:`mass_and_xlogx` with the kernel's one-pass backward (same values and gradients)."""
+def _row_kernel_supports(q: Tensor) -> bool:
+    from reluformer_mt.attention import fused as fused_kernel
+    return fused_kernel.supports(q)
+
+
+class _DirectReluRows(torch.autograd.Function):
+    """:func:`_direct_relu` with the row sums as one autograd node: the same forward ops, and a
+    backward that does the GEMMs as autograd's bmm backward does them and everything between them
+    (the row sums' terms, the output's term, ReLU's cut) in one C++ pass instead of ten, with the
+    same bits (``fused.direct_relu_backward``). ReLUFormer's regularisers were the largest part of
+    its extra time per call at the demo's sizes (docs/PERFORMANCE.md)."""
 
     @staticmethod
-    def forward(ctx, a):
-        ctx.set_materialize_grads(False)  # a sum no loss reads gets no term, as in autograd's graph
+    def forward(ctx, q, k, v, keep, heads):
+        ctx.set_materialize_grads(False)  # a result no loss reads gets no term, as in autograd's graph
+        a, out = _relu_weights_and_output(q, k, v, keep, heads)
         log_c = a.clamp_min(1e-30).log_()
-        ctx.save_for_backward(a, log_c)
-        return a.sum(-1), torch.linalg.vecdot(a, log_c)
+        xlogx = torch.linalg.vecdot(a, log_c)
+        mass = a.sum(-1)
+        nonzero = positive_counts(a)
+        ctx.save_for_backward(q, k, v, a, log_c)
+        ctx.mark_non_differentiable(nonzero, a)
+        return out, mass, xlogx, nonzero, a
 
     @staticmethod
-    def backward(ctx, g_mass, g_xlogx):
-        if g_mass is None and g_xlogx is None:
-            return None
+    def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero, _g_weights):
         from reluformer_mt.attention import fused as fused_kernel
-        return fused_kernel.row_sums_backward(*ctx.saved_tensors, g_mass, g_xlogx)
+        q, k, v, a, log_c = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        d_out = dv = None
+        if g_out is not None:  # out = bmm(a, v): autograd's two GEMMs, as it calls them
+            d_out = g_out.bmm(v.transpose(1, 2))
+            dv = a.transpose(1, 2).bmm(g_out) if need_v else None
+        if d_out is None and g_mass is None and g_xlogx is None:
+            return None, None, dv, None, None
+        ds = fused_kernel.direct_relu_backward(a, log_c, g_mass, g_xlogx, d_out)
+        k_t = k.transpose(1, 2)  # s = bmm(q, k^T): the same two GEMMs, and the transpose's backward
+        dq = ds.bmm(k_t.transpose(1, 2)) if need_q else None
+        dk = q.transpose(1, 2).bmm(ds).transpose(1, 2) if need_k else None
+        return dq, dk, dv, None, None
 
 
 def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):

@@ -114,14 +114,16 @@ def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, visible, heads: int, w
     return FusedReluAttention.apply(q, k, v, visible, heads, want_rows, row_sums, block_q, block_k)
 
 
-def row_sums_backward(a: Tensor, log_c: Tensor, g_mass: Optional[Tensor], g_xlogx: Optional[Tensor]) -> Tensor:
-    """Gradient of m = a.sum(-1) and e = vecdot(a, log_c), log_c = log(max(a, 1e-30)), as autograd
-    computes it for those plain ops (same bits; ``csrc/relu_attention.cpp``), in one pass."""
+def direct_relu_backward(a: Tensor, log_c: Tensor, g_mass: Optional[Tensor], g_xlogx: Optional[Tensor],
+                         d_out: Optional[Tensor]) -> Tensor:
+    """The logits' gradient of a = relu(s) with the row sums m = a.sum(-1) and e = vecdot(a, log_c),
+    log_c = log(max(a, 1e-30)), given d_out (the output GEMM's gradient of a, or None): the same
+    bits as autograd's backward of those plain ops, in one pass (``csrc/relu_attention.cpp``).
+    Gradients of half-precision models' statistics are widened to a's dtype first, as autograd's
+    own terms promote them (exactly)."""
     empty = a.new_zeros(0)
-    # a gradient can come in another dtype (half precision); autograd's own terms promote it to
-    # a's dtype first, exactly (a widening cast)
-    return load().row_sums_backward(a, log_c, empty if g_mass is None else g_mass.to(a.dtype),
-                                    empty if g_xlogx is None else g_xlogx.to(a.dtype))
+    return load().direct_relu_backward(a, log_c, empty if g_mass is None else g_mass,
+                                       empty if g_xlogx is None else g_xlogx, empty if d_out is None else d_out)
 
 
-__all__ = ["KERNEL", "available", "fused_relu_attention", "load", "row_sums_backward", "supports"]
+__all__ = ["KERNEL", "available", "fused_relu_attention", "load", "direct_relu_backward", "supports"]

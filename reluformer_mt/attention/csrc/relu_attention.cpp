@@ -281,62 +281,93 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
   return {dq, dk, dv};
 }
 
-// Backward of the row sums of weights a (N, T, S) computed by plain tensor ops on the direct
-// route: m_i = a_i.sum() and e_i = vecdot(a_i, l_i) with l = log c, c = max(a, 1e-30). Returns
-// da = (g_m,i + g_e,i * l_ij) + [a_ij >= 1e-30] (g_e,i * a_ij) / c_ij, autograd's terms of
-// sum, vecdot and log(clamp_min) with the same IEEE operations on the same values, added in the
-// order autograd's engine adds them, so the same bits in one pass instead of eight. On the CPU the
-// engine runs a graph's nodes in reverse creation order (the latest unfinished node is always
-// ready), and a tensor's gradient terms are summed as its consumers finish: with vecdot created
-// before sum (blocked.mass_and_xlogx), sum's term comes first, then vecdot's, then the one through
-// log and clamp_min, whatever graph surrounds the call; the output GEMM's term (created earlier)
-// is added last by autograd. The build
-// targets the baseline x86-64 ISA without fast-math: no fused multiply-add, every step rounds.
-template <typename scalar_t>
-static void row_sums_grad(const scalar_t* a, const scalar_t* l, const scalar_t* g_mass, const scalar_t* g_xlogx,
-                          scalar_t* out, int64_t rows, int64_t S) {
+// Gradient of the logits on the direct route with ReLUFormer's row sums (blocked._DirectReluRows):
+// a = relu(s) (N, T, S), out = a v, m_i = a_i.sum() and e_i = vecdot(a_i, l_i) with l = log c,
+// c = max(a, 1e-30). Per weight, the terms autograd's nodes give a (sum's g_m; vecdot's g_e l;
+// the one through log and clamp_min, [a >= 1e-30] (g_e a) / c; the output GEMM's d_out), summed
+// in the order autograd's engine sums them, then cut by ReLU's backward ([a <= 0] -> 0):
+//     ds = [a > 0] (((g_m + g_e l) + [a >= 1e-30] (g_e a) / c) + d_out)
+// On the CPU the engine runs a graph's nodes in reverse creation order (the latest unfinished
+// node is always ready) and sums a tensor's gradient terms as its consumers finish; the forward
+// creates the output GEMM, then vecdot, then sum, so whatever graph surrounds the call, this is
+// autograd's order, and the same IEEE operations on the same values give the same bits in one
+// pass instead of ten. A term whose gradient is absent is left out, as autograd leaves it out.
+// The build targets the baseline x86-64 ISA without fast-math: no fused multiply-add.
+// One row; which terms exist is a template argument, so that the loop has no branch and
+// vectorises (a branch on a > 0 per weight mispredicts about half the time).
+template <typename scalar_t, bool kMass, bool kXlogx, bool kOut>
+static void direct_relu_grad_row(const scalar_t* __restrict__ a, const scalar_t* __restrict__ l, scalar_t gm,
+                                 scalar_t ge, scalar_t* __restrict__ d, int64_t S) {
   const scalar_t lo = static_cast<scalar_t>(kTiny);  // clamp_min's scalar and its backward's test
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const scalar_t* ar = a + r * S;
-      const scalar_t* lr = l + r * S;
-      scalar_t* o = out + r * S;
-      if (!g_xlogx) {
-        std::fill(o, o + S, g_mass[r]);
-        continue;
-      }
-      const scalar_t ge = g_xlogx[r];
-      for (int64_t j = 0; j < S; ++j) {
-        const scalar_t x = ar[j];
-        const scalar_t c = x < lo ? lo : x;
-        const scalar_t t_vecdot = ge * lr[j];
-        const scalar_t t_log = x >= lo ? (ge * x) / c : scalar_t(0);
-        o[j] = (g_mass ? g_mass[r] + t_vecdot : t_vecdot) + t_log;
-      }
+  const scalar_t zero(0);
+  for (int64_t j = 0; j < S; ++j) {
+    const scalar_t x = a[j];
+    scalar_t acc = zero;
+    if (kXlogx) {
+      const scalar_t t_vecdot = ge * l[j];
+      const scalar_t c = x < lo ? lo : x;
+      const scalar_t quotient = (ge * x) / c;  // c >= 1e-30 (or NaN with x): no trap
+      const scalar_t t_log = x >= lo ? quotient : zero;
+      acc = (kMass ? gm + t_vecdot : t_vecdot) + t_log;
+      if (kOut) acc = acc + d[j];
+    } else if (kMass) {
+      acc = kOut ? gm + d[j] : gm;
+    } else {
+      acc = d[j];
     }
+    d[j] = x <= zero ? zero : acc;
+  }
+}
+
+template <typename scalar_t, bool kMass, bool kXlogx, bool kOut>
+static void direct_relu_grad_rows(const scalar_t* a, const scalar_t* l, const scalar_t* g_mass,
+                                  const scalar_t* g_xlogx, scalar_t* d, int64_t rows, int64_t S) {
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      direct_relu_grad_row<scalar_t, kMass, kXlogx, kOut>(a + r * S, l + r * S, kMass ? g_mass[r] : scalar_t(0),
+                                                           kXlogx ? g_xlogx[r] : scalar_t(0), d + r * S, S);
   });
 }
 
-// a, log_c (N, T, S); g_mass, g_xlogx (N, T) or empty (no gradient reached that sum). Returns da.
-at::Tensor row_sums_backward(const at::Tensor& a_, const at::Tensor& log_c_, const at::Tensor& g_mass_,
-                             const at::Tensor& g_xlogx_) {
+template <typename scalar_t>
+static void direct_relu_grad_kernel(const scalar_t* a, const scalar_t* l, const scalar_t* g_mass,
+                                    const scalar_t* g_xlogx, scalar_t* d, bool has_out, int64_t rows, int64_t S) {
+  const int which = (g_mass ? 4 : 0) + (g_xlogx ? 2 : 0) + (has_out ? 1 : 0);
+  switch (which) {
+    case 7: direct_relu_grad_rows<scalar_t, true, true, true>(a, l, g_mass, g_xlogx, d, rows, S); break;
+    case 6: direct_relu_grad_rows<scalar_t, true, true, false>(a, l, g_mass, g_xlogx, d, rows, S); break;
+    case 5: direct_relu_grad_rows<scalar_t, true, false, true>(a, l, g_mass, g_xlogx, d, rows, S); break;
+    case 4: direct_relu_grad_rows<scalar_t, true, false, false>(a, l, g_mass, g_xlogx, d, rows, S); break;
+    case 3: direct_relu_grad_rows<scalar_t, false, true, true>(a, l, g_mass, g_xlogx, d, rows, S); break;
+    case 2: direct_relu_grad_rows<scalar_t, false, true, false>(a, l, g_mass, g_xlogx, d, rows, S); break;
+    default: direct_relu_grad_rows<scalar_t, false, false, true>(a, l, g_mass, g_xlogx, d, rows, S); break;
+  }
+}
+
+// a, log_c (N, T, S); g_mass, g_xlogx (N, T) or empty (no gradient reached that sum); d_out (N, T, S),
+// the output GEMM's gradient of a, or empty. Returns the logits' gradient (in d_out's storage if given).
+at::Tensor direct_relu_backward(const at::Tensor& a_, const at::Tensor& log_c_, const at::Tensor& g_mass_,
+                                const at::Tensor& g_xlogx_, const at::Tensor& d_out_) {
   auto a = a_.detach().contiguous(), log_c = log_c_.detach().contiguous();
-  const bool has_m = g_mass_.numel() > 0, has_e = g_xlogx_.numel() > 0;
-  TORCH_CHECK(has_m || has_e, "row_sums_backward: no gradient given");
-  auto g_mass = has_m ? g_mass_.detach().contiguous() : g_mass_;
-  auto g_xlogx = has_e ? g_xlogx_.detach().contiguous() : g_xlogx_;
-  auto out = at::empty_like(a);
+  const bool has_m = g_mass_.numel() > 0, has_e = g_xlogx_.numel() > 0, has_out = d_out_.numel() > 0;
+  TORCH_CHECK(has_m || has_e || has_out, "direct_relu_backward: no gradient given");
+  auto g_mass = has_m ? g_mass_.detach().to(a.scalar_type()).contiguous() : g_mass_;
+  auto g_xlogx = has_e ? g_xlogx_.detach().to(a.scalar_type()).contiguous() : g_xlogx_;
+  auto d = has_out ? d_out_.detach().contiguous() : at::empty_like(a);
+  TORCH_CHECK(d.sizes() == a.sizes() && d.scalar_type() == a.scalar_type(), "direct_relu_backward: d_out must match a");
   const int64_t S = a.size(-1), rows = S ? a.numel() / S : 0;
-  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "row_sums_backward", [&] {
-    row_sums_grad<scalar_t>(a.data_ptr<scalar_t>(), log_c.data_ptr<scalar_t>(),
-                            has_m ? g_mass.data_ptr<scalar_t>() : nullptr,
-                            has_e ? g_xlogx.data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(), rows, S);
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "direct_relu_backward", [&] {
+    direct_relu_grad_kernel<scalar_t>(a.data_ptr<scalar_t>(), log_c.data_ptr<scalar_t>(),
+                                      has_m ? g_mass.data_ptr<scalar_t>() : nullptr,
+                                      has_e ? g_xlogx.data_ptr<scalar_t>() : nullptr, d.data_ptr<scalar_t>(),
+                                      has_out, rows, S);
   });
-  return out;
+  return d;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("row_sums_backward", &row_sums_backward, "gradient of the row sums m and sum a log a (CPU)");
+  m.def("direct_relu_backward", &direct_relu_backward,
+        "gradient of the logits of ReLU attention with row sums, direct route (CPU)");
   m.def("forward", &relu_attention_forward, "fused ReLU attention, forward (CPU)");
   m.def("backward", &relu_attention_backward, "fused ReLU attention, backward (CPU)");
 }
