@@ -351,12 +351,14 @@ class _DirectReluRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, keep, heads):
+        from reluformer_mt.attention import fused as fused_kernel
         ctx.set_materialize_grads(False)  # a result no loss reads gets no term, as in autograd's graph
-        a, out = _relu_weights_and_output(q, k, v, keep, heads)
+        a = torch.bmm(q, k.transpose(1, 2))
+        nonzero = fused_kernel.relu_count_(a, keep, heads)  # mask, ReLU and counts in one pass
+        out = torch.bmm(a, v)
         log_c = a.clamp_min(1e-30).log_()
         xlogx = torch.linalg.vecdot(a, log_c)
         mass = a.sum(-1)
-        nonzero = positive_counts(a)
         ctx.save_for_backward(q, k, v, a, log_c)
         ctx.mark_non_differentiable(nonzero, a)
         return out, mass, xlogx, nonzero, a

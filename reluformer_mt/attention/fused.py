@@ -114,6 +114,13 @@ def fused_relu_attention(q: Tensor, k: Tensor, v: Tensor, visible, heads: int, w
     return FusedReluAttention.apply(q, k, v, visible, heads, want_rows, row_sums, block_q, block_k)
 
 
+def relu_count_(s: Tensor, keep: Optional[Tensor], heads: int) -> Tensor:
+    """s (N, T, S) logits of N = batch x heads rows made a = relu(s) with hidden keys zeroed, in
+    place (the same bits as ``s.view(-1, heads, T, S).mul_(keep).relu_()``); returns the non-zero
+    count of each row (N, T), int64. ``keep`` (B or 1, 1, T, S) bool or None."""
+    return load().relu_count_(s, s.new_zeros(0, dtype=torch.bool) if keep is None else keep, heads)
+
+
 def direct_relu_backward(a: Tensor, log_c: Tensor, g_mass: Optional[Tensor], g_xlogx: Optional[Tensor],
                          d_out: Optional[Tensor]) -> Tensor:
     """The logits' gradient of a = relu(s) with the row sums m = a.sum(-1) and e = vecdot(a, log_c),
@@ -126,4 +133,4 @@ def direct_relu_backward(a: Tensor, log_c: Tensor, g_mass: Optional[Tensor], g_x
                                        empty if g_xlogx is None else g_xlogx, empty if d_out is None else d_out)
 
 
-__all__ = ["KERNEL", "available", "fused_relu_attention", "load", "direct_relu_backward", "supports"]
+__all__ = ["KERNEL", "available", "direct_relu_backward", "fused_relu_attention", "load", "relu_count_", "supports"]

@@ -293,6 +293,58 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
 // autograd's order, and the same IEEE operations on the same values give the same bits in one
 // pass instead of ten. A term whose gradient is absent is left out, as autograd leaves it out.
 // The build targets the baseline x86-64 ISA without fast-math: no fused multiply-add.
+// In place a = relu(s) on the direct route's logits s (N, T, S), with hidden keys' logits first
+// multiplied by 0, and each row's non-zero count: the same bits as s.mul_(keep).relu_() (ReLU keeps
+// a signed zero and NaN, and maps x < 0 to +0) and count_nonzero, in one pass instead of four.
+template <typename scalar_t>
+static void relu_count_rows(scalar_t* s, const bool* keep, int64_t keep_batch, int64_t kb, int64_t kt,
+                            int64_t* nonzero, int64_t N, int64_t T, int64_t S, int64_t heads) {
+  const scalar_t zero(0);
+  at::parallel_for(0, N * T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      scalar_t* x = s + r * S;
+      const int64_t n = r / T, i = r % T;
+      int64_t nz = 0;
+      if (keep) {
+        const bool* k = keep + (keep_batch == 1 ? 0 : n / heads) * kb + i * kt;
+        for (int64_t j = 0; j < S; ++j) {
+          const scalar_t v = x[j];
+          const scalar_t a = k[j] ? (v < zero ? zero : v) : v * zero;
+          x[j] = a;
+          nz += a != zero;
+        }
+      } else {
+        for (int64_t j = 0; j < S; ++j) {
+          const scalar_t v = x[j];
+          const scalar_t a = v < zero ? zero : v;
+          x[j] = a;
+          nz += a != zero;
+        }
+      }
+      nonzero[r] = nz;
+    }
+  });
+}
+
+// s (N, T, S) contiguous float, made a = relu(s) masked in place; keep (B or 1, 1, T, S) bool (rows of
+// S contiguous) or empty. Returns the non-zero count of each row, (N, T) int64.
+at::Tensor relu_count_(at::Tensor s, const at::Tensor& keep_, int64_t heads) {
+  TORCH_CHECK(s.is_contiguous() && s.dim() == 3, "relu_count_: contiguous (N, T, S) logits expected");
+  const int64_t N = s.size(0), T = s.size(1), S = s.size(2);
+  auto keep = keep_;
+  if (keep.numel()) {
+    TORCH_CHECK(keep.dim() == 4 && keep.size(2) == T && keep.size(3) == S, "relu_count_: keep (B or 1, 1, T, S) expected");
+    if (keep.stride(3) != 1) keep = keep.contiguous();
+  }
+  auto nonzero = at::empty({N, T}, s.options().dtype(at::kLong));
+  AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "relu_count_", [&] {
+    relu_count_rows<scalar_t>(s.data_ptr<scalar_t>(), keep.numel() ? keep.data_ptr<bool>() : nullptr,
+                              keep.numel() ? keep.size(0) : 1, keep.numel() ? keep.stride(0) : 0,
+                              keep.numel() ? keep.stride(2) : 0, nonzero.data_ptr<int64_t>(), N, T, S, heads);
+  });
+  return nonzero;
+}
+
 // One row; which terms exist is a template argument, so that the loop has no branch and
 // vectorises (a branch on a > 0 per weight mispredicts about half the time).
 template <typename scalar_t, bool kMass, bool kXlogx, bool kOut>
@@ -368,6 +420,7 @@ at::Tensor direct_relu_backward(const at::Tensor& a_, const at::Tensor& log_c_, 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("direct_relu_backward", &direct_relu_backward,
         "gradient of the logits of ReLU attention with row sums, direct route (CPU)");
+  m.def("relu_count_", &relu_count_, "in place masked ReLU of the direct route's logits, and row counts (CPU)");
   m.def("forward", &relu_attention_forward, "fused ReLU attention, forward (CPU)");
   m.def("backward", &relu_attention_backward, "fused ReLU attention, backward (CPU)");
 }
