@@ -189,3 +189,20 @@ def test_positive_counts_equal_count_nonzero():
     a[1, 1, :7] = 1e-40  # denormals count as non-zero, as in count_nonzero
     assert torch.equal(blocked.positive_counts(a), torch.count_nonzero(a, dim=-1))
     assert torch.equal(blocked.positive_counts(a.bfloat16()), torch.count_nonzero(a.bfloat16(), dim=-1))
+
+
+def test_build_all_reports_each_kernel_and_never_fails(monkeypatch, tmp_path, capsys):
+    """``make setup`` compiles the kernels once (build_all): one line per kernel, a kernel that
+    cannot be built is reported with the reason and does not fail the set-up."""
+    from reluformer_mt.attention import extension, sparse_maps
+
+    assert fused.available()  # built already: only the broken kernel compiles, in tmp_path
+    monkeypatch.setattr(extension, "build_directory", lambda: tmp_path / "build")
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(sparse_maps, "KERNEL", LazyExtension("reluformer_broken_test", broken, "broken kernel",
+                                                             "PyTorch code"))
+    assert extension.build_all() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("reluformer_mt: fused ReLU attention kernel ready")
+    assert out[1].startswith("reluformer_mt: broken kernel not built: reluformer_mt: broken kernel unavailable")
