@@ -11,7 +11,7 @@ $(VENV)/.installed: requirements.txt setup.py
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps -e .
 	# the C++ kernels, compiled once here rather than in the first training run (~1 min; never fails)
-	$(PY) -c "from reluformer_mt.attention.extension import build_all; build_all()"
+	$(PY) -m reluformer_mt.attention.build_kernels
 	touch $@
 
 setup: $(VENV)/.installed

@@ -152,7 +152,7 @@ def test_a_failing_stage_says_so_on_the_console(tmp_path):
 
 def test_demo_plan_counts_every_stage():
     """The stage counter used to end at 6/7: the plan has one stage per family plus three."""
-    from reluformer_mt.experiments.demo import DemoOptions
+    from reluformer_mt.experiments.demo import DEFAULT_FAMILIES, DemoOptions
     from reluformer_mt.experiments.progress import demo_plan
 
     one_by_one = demo_plan(DemoOptions(out=Path("x"), families=["a", "b", "c"], jobs=1))
@@ -160,9 +160,8 @@ def test_demo_plan_counts_every_stage():
     assert 15 * 60 < sum(seconds for _, seconds in one_by_one) < 35 * 60  # the quick preset's measured ~24 min
     side_by_side = demo_plan(DemoOptions(out=Path("x"), families=["a", "b", "c"], jobs=2))
     assert [kind for kind, _ in side_by_side] == ["prepare", "train", "evaluate", "translate"]
-    default = demo_plan(DemoOptions(out=Path("x"), families=["reluformer", "rela", "softmax", "reluformer+tm",
-                                                             "softmax+tm"]))
-    assert 30 * 60 < sum(seconds for _, seconds in default) < 45 * 60  # measured 37.6 min (52f181a)
+    default = demo_plan(DemoOptions(out=Path("x"), families=list(DEFAULT_FAMILIES)))
+    assert 18 * 60 < sum(seconds for _, seconds in default) < 24 * 60  # measured 20.7 min (bbeff71, idle)
     # one row per `with stages.stage(...)` of run_demo: prepare, the families (side by side, or one
     # stage each), evaluate, translate
     import inspect

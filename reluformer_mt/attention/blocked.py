@@ -372,8 +372,8 @@ class _DirectReluRows(torch.autograd.Function):
         if g_out is not None:  # out = bmm(a, v): autograd's two GEMMs, as it calls them
             d_out = g_out.bmm(v.transpose(1, 2))
             dv = a.transpose(1, 2).bmm(g_out) if need_v else None
-        if d_out is None and g_mass is None and g_xlogx is None:
-            return None, None, dv, None, None
+        if d_out is None and g_mass is None and g_xlogx is None:  # no loss reads any result
+            return None, None, None, None, None
         ds = fused_kernel.direct_relu_backward(a, log_c, g_mass, g_xlogx, d_out)
         k_t = k.transpose(1, 2)  # s = bmm(q, k^T): the same two GEMMs, and the transpose's backward
         dq = ds.bmm(k_t.transpose(1, 2)) if need_q else None

@@ -76,25 +76,3 @@ class LazyExtension:
             warnings.warn(f"reluformer_mt: {self.what} unavailable ({first_line[:200]}); using {self.fallback}")
             self.module = None
         return self.module
-
-
-def build_all() -> int:
-    """Compile every C++ kernel of the package now (``make setup`` runs this once), so that the
-    first training run does not spend its first minute compiling; prints one line per kernel.
-    Returns 0 even when a kernel cannot be built: its callers fall back to PyTorch code."""
-    import time
-
-    from reluformer_mt.attention import fused, sparse_maps
-
-    for kernel in (fused.KERNEL, sparse_maps.KERNEL):
-        start = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = kernel.load()
-        took = time.perf_counter() - start
-        if module is not None:
-            print(f"reluformer_mt: {kernel.what} ready ({took:.0f} s)")
-        else:
-            reason = str(caught[-1].message) if caught else "RELUFORMER_NO_FUSED=1"
-            print(f"reluformer_mt: {kernel.what} not built: {reason}")
-    return 0
