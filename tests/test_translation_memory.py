@@ -222,24 +222,46 @@ def test_translation_pieces_bonus_by_hand():
     """Zhang et al. 2018's bonus: every n-gram (n <= max n) a next token completes earns the best
     fuzzy score of the matches holding it, while the hypothesis holds fewer copies of the token
     than the matches do; excluded tokens end pieces."""
-    from reluformer_mt.inference.pieces import add_piece_bonus, pieces_of_entries
+    from reluformer_mt.inference.pieces import add_piece_bonus, sentence_pieces
 
     sep = 9
-    # one sentence with two entries (caps: the most copies in one entry), a second sentence with one
-    pieces = pieces_of_entries([[(torch.tensor([4, 5, 6, sep, 7]), 0.5), (torch.tensor([4, 5, 8]), 0.25)],
-                                [(torch.tensor([4, 10]), 0.75)]], exclude=(sep,), max_n=3)
-    assert len(pieces) == 12  # 4 5 6 7 8 10 | 4-5 5-6 5-8 4-10 | 4-5-6 4-5-8; 6-7 is cut by the separator
-    assert pieces.cap[4] == 2 and pieces.cap[5] == 1 and pieces.cap[10] == 1
+    pieces = sentence_pieces([(torch.tensor([4, 5, 6, sep, 7]), 0.5), (torch.tensor([4, 5, 8, 4]), 0.25)],
+                             exclude=(sep,), max_n=3)
+    assert len(pieces) == 12  # 4 5 6 7 8 | 4-5 5-6 5-8 8-4 | 4-5-6 4-5-8 5-8-4; 6-7 is cut by the separator
+    assert pieces.cap[4] == 2 and pieces.cap[5] == 1 and pieces.expected_length == 4
     lprobs = torch.zeros(3, 12)
     prefix = torch.tensor([[2, 4, 5], [2, 4, 4], [2, 6, 7]])  # BOS first, as fairseq's prefixes
     add_piece_bonus(lprobs, prefix, [pieces, pieces, None], weight=2.0)
     # row 0 after "4 5": 6 = unigram 0.5 + bigram 5-6 0.5 + trigram 4-5-6 0.5; 8 = 0.25 * 3; 5 used up
     assert lprobs[0, 6] == pytest.approx(2 * 1.5) and lprobs[0, 8] == pytest.approx(2 * 0.75)
-    assert lprobs[0, 7] == pytest.approx(2 * 0.5) and lprobs[0, 4] == pytest.approx(2 * 0.75) and lprobs[0, 5] == 0
-    # row 1 after "4 4": 4 is used up; 5 = unigram + bigram 4-5; 10 = unigram + bigram 4-10
-    assert lprobs[1, 4] == 0 and lprobs[1, 5] == pytest.approx(2 * 1.0) and lprobs[1, 10] == pytest.approx(2 * 1.5)
+    assert lprobs[0, 7] == pytest.approx(2 * 0.5) and lprobs[0, 4] == pytest.approx(2 * 0.5) and lprobs[0, 5] == 0
+    # row 1 after "4 4": 4 is used up; 5 = unigram + bigram 4-5
+    assert lprobs[1, 4] == 0 and lprobs[1, 5] == pytest.approx(2 * 1.0)
     assert lprobs[2].abs().sum() == 0  # no pieces: no bonus
     assert add_piece_bonus(torch.zeros(1, 12), prefix[:1], [pieces], weight=0.0).abs().sum() == 0
+
+
+def test_translation_pieces_follow_the_sentence_being_written():
+    """In a segment, a hypothesis is rewarded only by the pieces of the sentence it is writing (its
+    separators so far), caps count that sentence's tokens, no bonus past the sentence's expected
+    length, and matches below the fuzzy floor give no pieces (issue 32)."""
+    from reluformer_mt.inference.pieces import add_piece_bonus, sentence_pieces
+
+    sep = 9
+    first = sentence_pieces([(torch.tensor([4, 5]), 0.8)], exclude=(sep,), max_n=2)
+    second = sentence_pieces([(torch.tensor([6, 7, 4]), 0.6), (torch.tensor([10]), 0.1)], exclude=(sep,), max_n=2,
+                             floor=0.5)
+    assert 10 not in second.cap  # the 0.1-fuzzy match is below the floor
+    assert sentence_pieces([(torch.tensor([10]), 0.1)], floor=0.5) is None
+    rows = []
+    for p in ([2, 4], [2, 4, 5, sep], [2, 4, 5, sep, 6, 7, 4], [2, 4, 5]):
+        lp = torch.zeros(1, 12)
+        add_piece_bonus(lp, torch.tensor([p]), [[first, second]], weight=1.0, separator=sep)
+        rows.append(lp[0])
+    assert rows[0][5] == pytest.approx(1.6) and rows[0][6] == 0  # sentence 1: only its pieces (unigram + bigram 4-5)
+    assert rows[1][6] == pytest.approx(0.6) and rows[1][4] == pytest.approx(0.6) and rows[1][5] == 0  # sentence 2
+    assert rows[2].abs().sum() == 0  # sentence 2 reached its expected length (3 tokens)
+    assert rows[3].abs().sum() == 0  # sentence 1 reached its expected length (2 tokens)
 
 
 def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tmp_path):

@@ -71,6 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
                          "docs/TRANSLATION_MEMORY.md); works for checkpoints trained without memory too")
     tm.add_argument("--pieces-k", type=int, default=8, metavar="K", help="matches per sentence whose n-grams are pieces")
     tm.add_argument("--pieces-max-n", type=int, default=4, metavar="N", help="longest piece, in SentencePiece tokens")
+    tm.add_argument("--pieces-floor", type=float, default=0.0, metavar="F",
+                    help="only matches with a fuzzy score >= F give pieces (the demo's value is tuned with the weight)")
+    knn = p.add_argument_group("kNN-MT (Khandelwal et al. 2021): the decoder state of every step looks up its nearest "
+                               "entries in a datastore and mixes their next tokens into the model's distribution; "
+                               "any checkpoint (docs/KNN_MT.md)")
+    knn.add_argument("--knn", metavar="DATASTORE", help="a datastore built with 'reluformer-memory datastore build' for "
+                                                        "this checkpoint (its tuned values are the defaults below)")
+    knn.add_argument("--knn-memory", action="store_true",
+                     help="per-input datastores (SK-MT, Dai et al. 2023): each sentence's best --knn-memory-k matches "
+                          "of the translation memory (--memory), force-decoded at translation time")
+    knn.add_argument("--knn-memory-k", type=int, default=8, metavar="M", help="matches per sentence of --knn-memory")
+    knn.add_argument("--knn-k", type=int, metavar="K", help="neighbours per step (default: tuned, else 16)")
+    knn.add_argument("--knn-lambda", type=float, metavar="L", help="largest share of the neighbours (default: tuned, else 0.5)")
+    knn.add_argument("--knn-readout", choices=("softmax", "relu", "sparsemax", "entmax15"),
+                     help="softmax(-d/T) (kNN-MT), relu: ReLU(1 - d/radius) with no mass when every neighbour is "
+                          "beyond the radius, sparsemax/entmax15 over -d/T (default: tuned, else softmax)")
+    knn.add_argument("--knn-temperature", type=float, metavar="T", help="T of softmax/sparsemax/entmax15 (default: tuned, else 10)")
+    knn.add_argument("--knn-radius", type=float, metavar="R", help="radius of the relu read-out (default: tuned, else 10)")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
     out.add_argument("--scores", help="write each sentence's mean token log-probability here")
     out.add_argument("--memory-matches", metavar="FILE",
@@ -112,6 +130,32 @@ def check_paths(args) -> None:
             check_output_file(path, option)
 
 
+KNN_FLAGS = {"k": "knn_k", "lam": "knn_lambda", "readout": "knn_readout", "temperature": "knn_temperature",
+             "radius": "knn_radius"}
+
+
+def knn_options(args):
+    """KnnOptions of the --knn-* flags given, on top of the datastore's tuned values (with --knn)
+    or the defaults; None when no flag is given and a datastore's tuned values apply as they are."""
+    given = {field: getattr(args, flag) for field, flag in KNN_FLAGS.items() if getattr(args, flag) is not None}
+    if not (args.knn or args.knn_memory):
+        if given:
+            raise ValueError("--knn-k/--knn-lambda/--knn-readout/--knn-temperature/--knn-radius need --knn DATASTORE "
+                             "or --knn-memory")
+        return None
+    if not given and args.knn:
+        return None
+    from reluformer_mt.knn.search import KnnOptions
+
+    base = {}
+    if args.knn:
+        from reluformer_mt.knn.datastore import Datastore
+
+        base = Datastore.load(args.knn).meta.get("tuned", {}).get("full", {})
+    fields = {k: v for k, v in base.items() if k in KNN_FLAGS}
+    return KnnOptions(**{**fields, **given}).check()
+
+
 def run(args) -> str:
     """Translate as ``args`` say; returns the summary."""
     from reluformer_mt.inference import DocumentTranslator, parse_input, read_text, write_output
@@ -130,7 +174,8 @@ def run(args) -> str:
         args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
         segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
-        piece_weight=args.pieces_weight, piece_k=args.pieces_k, piece_max_n=args.pieces_max_n)
+        piece_weight=args.pieces_weight, piece_k=args.pieces_k, piece_max_n=args.pieces_max_n,
+        piece_floor=args.pieces_floor, knn=args.knn, knn_memory=args.knn_memory, knn_memory_k=args.knn_memory_k, knn_options=knn_options(args))
     if args.memory_matches and translator.memory is None:
         raise ValueError(f"--memory-matches: {args.checkpoint} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")

@@ -52,7 +52,9 @@ class SeparatorConstrainedBeamSearch(BeamSearch):
     (the dataset index of each source) giving that source's number of separators, or None (a
     sentence-level model: nothing to constrain). :attr:`pieces`: None, or a
     :class:`reluformer_mt.inference.pieces.PieceTable` of the sources indexed the same way, rewarded
-    with :attr:`piece_weight`.
+    with :attr:`piece_weight`. :attr:`knn`: None, or a :class:`reluformer_mt.knn.search.KnnMixer` whose
+    neighbours are mixed into the model's distribution first (kNN-MT), so that the bonus and the
+    constraint act on the mixed distribution.
     """
 
     def __init__(self, tgt_dict, separator: Optional[int]):
@@ -61,6 +63,7 @@ class SeparatorConstrainedBeamSearch(BeamSearch):
         self.required: Optional[Tensor] = None
         self.pieces = None
         self.piece_weight = 0.0
+        self.knn = None
 
     def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
              original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
@@ -68,6 +71,8 @@ class SeparatorConstrainedBeamSearch(BeamSearch):
         bsz, beam_size, vocab_size = lprobs.size()
         rows = lprobs.view(bsz * beam_size, vocab_size)
         # rows are sentence-major (sentence b's beams are rows b*beam .. b*beam+beam-1), as tokens are
+        if self.knn is not None:
+            rows.copy_(self.knn.mix(rows, original_batch_idxs.repeat_interleave(beam_size)))
         if self.pieces is not None and self.piece_weight:
             sources = original_batch_idxs.repeat_interleave(beam_size)
             self.pieces.add_bonus(rows, prev_output_tokens, sources, self.piece_weight)

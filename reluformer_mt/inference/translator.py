@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from reluformer_mt.checkpoints import OpenedCheckpoint, open_checkpoint, pick_device  # noqa: F401  (pick_device re-exported)
@@ -144,7 +145,8 @@ class DocumentTranslator:
     def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 4, lenpen: float = 1.0,
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
                  segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained",
-                 memory=None, piece_weight: float = 0.0, piece_k: int = 8, piece_max_n: int = 4):
+                 memory=None, piece_weight: float = 0.0, piece_k: int = 8, piece_max_n: int = 4,
+                 piece_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_options=None, knn_memory_k: int = 8):
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
         if separators not in SEPARATOR_MODES:
@@ -189,9 +191,17 @@ class DocumentTranslator:
         self.piece_weight, self.piece_k, self.piece_max_n = float(piece_weight), int(piece_k), int(piece_max_n)
         if not math.isfinite(self.piece_weight) or self.piece_weight < 0:
             raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {piece_weight}")
+        self.piece_floor = float(piece_floor)
+        if not 0 <= self.piece_floor <= 1:
+            raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {piece_floor}")
         if self.piece_k < 1 or not 1 <= self.piece_max_n <= 8:
             raise TranslationError(f"--pieces-k {piece_k} / --pieces-max-n {piece_max_n}: expected k >= 1 and 1 <= n <= 8")
-        if (self.reads_memory or self.piece_weight) and memory != "none":  # "none": withhold the matches
+        self.knn_memory, self.knn_memory_k = bool(knn_memory), int(knn_memory_k)
+        if self.knn_memory and self.knn_memory_k < 1:
+            raise TranslationError(f"--knn-memory-k: expected >= 1 matches per sentence, got {knn_memory_k}")
+        if self.knn_memory and memory == "none":
+            raise TranslationError("--knn-memory reads the translation memory's matches, but --memory is none")
+        if (self.reads_memory or self.piece_weight or self.knn_memory) and memory != "none":  # "none": withhold the matches
             from reluformer_mt.inference.memory import MemoryLookup
 
             self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
@@ -208,6 +218,38 @@ class DocumentTranslator:
                 self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
                 self.generator.search = self.constraint
             self.constraint.piece_weight = self.piece_weight
+        self.knn = self._knn_mixer(knn, knn_options) if (knn is not None or self.knn_memory) else None
+        self._entry_states = {}  # per-input datastores: (entry, memory ids) -> (keys, values)
+
+    def _knn_mixer(self, knn, options):
+        """kNN-MT (:mod:`reluformer_mt.knn`): a corpus datastore (``knn``, a directory) or per-input
+        datastores of the memory's matches (``knn_memory``), mixed in by the beam search object."""
+        from reluformer_mt.knn.datastore import Datastore, DatastoreError, model_fingerprint
+        from reluformer_mt.knn.readout import ReadoutError
+        from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder
+
+        if knn is not None and self.knn_memory:
+            raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
+        try:
+            datastore = None
+            if knn is not None:
+                datastore = Datastore.load(knn, fingerprint=model_fingerprint(self.model), checkpoint=str(self.checkpoint))
+            if options is None:  # the values the tuner stored with the datastore, else the defaults
+                tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
+                options = KnnOptions(**{k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__})
+            mixer = KnnMixer(StateRecorder(self.model.decoder), options)
+        except (DatastoreError, ReadoutError) as e:
+            raise TranslationError(str(e)) from None
+        if datastore is not None:
+            mixer.store = FullDatastore(datastore)
+            self.knn_datastore = datastore
+        if self.constraint is None:  # plain beam search with the neighbours mixed in
+            from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
+
+            self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
+            self.generator.search = self.constraint
+        self.constraint.knn = mixer
+        return mixer
 
     def describe(self) -> str:
         r = self.resources
@@ -218,8 +260,13 @@ class DocumentTranslator:
         if self.memory is not None and self.reads_memory:
             level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
         if self.memory is not None and self.piece_weight:
-            level += (f"; translation pieces (n <= {self.piece_max_n}) of the top {self.piece_k} matches, "
+            level += (f"; translation pieces (n <= {self.piece_max_n}) of the top {self.piece_k} matches"
+                      + (f" with fuzzy >= {self.piece_floor:g}" if self.piece_floor else "") + ", "
                       f"weight {self.piece_weight:g}" + ("" if self.reads_memory else f", from {self.memory.entries.summary()}"))
+        if self.knn is not None:
+            where = (f"the {self.knn_memory_k} best memory matches of each sentence (per-input datastores)"
+                     if self.knn_memory else self.knn_datastore.describe())
+            level += f"; kNN-MT: {self.knn.options.describe()} over {where}"
         return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
                 f"{level}, device {self.device}")
 
@@ -333,13 +380,15 @@ class DocumentTranslator:
         return length_batches(lengths, self.max_tokens, self.batch_size)
 
     @torch.no_grad()
-    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, pieces=None) -> List[dict]:
+    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, pieces=None,
+                 knn_entries=None) -> List[dict]:
         """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
         (target ids without the final </s>), ``positional_scores`` (one per token and the
         final </s>), ``attention`` ((target tokens + 1) x source tokens, or None) and
         ``at_length_limit`` (the hypothesis has the most tokens the generator allows). ``matches``:
         the translation memory's tokens of each source (models trained with a memory); ``pieces``:
-        the translation pieces of each source (:mod:`reluformer_mt.inference.pieces`) or None."""
+        the translation pieces of each source (:mod:`reluformer_mt.inference.pieces`) or None;
+        ``knn_entries``: per source, the (entry id, memory tokens) pairs of its per-input datastore."""
         from fairseq import utils
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
@@ -352,7 +401,10 @@ class DocumentTranslator:
             from reluformer_mt.inference.pieces import PieceTable
 
             # indexed by sample["id"] too
-            self.constraint.pieces = None if pieces is None else PieceTable(pieces, len(self.tgt_dict))
+            separator = self.sep_tgt if self.segment_tokens and self.sep_tgt != self.tgt_dict.unk() else None
+            self.constraint.pieces = None if pieces is None else PieceTable(pieces, len(self.tgt_dict), separator)
+        if self.knn is not None and self.knn_memory:
+            self.knn.store = self._per_input_datastores(knn_entries or [[] for _ in sources])
         g = self.generator
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
@@ -378,6 +430,47 @@ class DocumentTranslator:
             if progress is not None:
                 progress.update(len(batch))
         return results
+
+    def _per_input_datastores(self, entries_of_sources):
+        """SK-MT's per-input datastores: each source's memory matches force-decoded (cached per
+        entry and the memory it was decoded with)."""
+        from reluformer_mt.knn.search import PerInputDatastores, per_input_states
+
+        wanted = {key for entries in entries_of_sources for key in entries if key not in self._entry_states}
+        if wanted:
+            wanted = sorted(wanted)
+            eos = torch.tensor([self.src_dict.eos()])
+            pairs = [(torch.cat([self._entry_source(entry), eos]), self.memory.tokens[entry]) for entry, _ in wanted]
+            memories = ([self.memory.tokens_of([np.asarray(ids)]) for _, ids in wanted] if self.reads_memory else None)
+            for key, state in zip(wanted, per_input_states(self.model, self.task, pairs, memories,
+                                                           max_tokens=self.max_tokens, device=self.device)):
+                self._entry_states[key] = state
+        keys = [torch.cat([self._entry_states[e][0] for e in entries]) if entries else torch.zeros(0, 1)
+                for entries in entries_of_sources]
+        values = [torch.cat([self._entry_states[e][1] for e in entries]) if entries else torch.zeros(0, dtype=torch.long)
+                  for entries in entries_of_sources]
+        store = PerInputDatastores(keys, values)
+        self.stats["knn: per-input datastore entries"] += store.entries
+        return store
+
+    def _entry_source(self, entry: int) -> torch.Tensor:
+        """Source token ids of a memory entry (without </s>), encoded once."""
+        cache = self.__dict__.setdefault("_entry_sources", {})
+        if entry not in cache:
+            line = " ".join(self.sp_src.encode(self.memory.entries.sources[entry], out_type=str))
+            cache[entry] = self.src_dict.encode_line(line, add_if_not_exist=False, append_eos=False).long()
+        return cache[entry]
+
+    def _segment_knn_entries(self, seg: "_Segment"):
+        """The per-input datastore's entries of a segment: the top ``knn_memory_k`` matches of each
+        of its sentences, each with the memory a memory-reading model decodes it with (the
+        sentence's own matches, as at translation)."""
+        out = []
+        for i in seg.sentences:
+            ids, _ = self._matches[(seg.doc, i)]
+            memory = tuple(int(e) for e in ids[:self.memory.k]) if self.reads_memory else ()
+            out += [(int(e), memory) for e in ids[:self.knn_memory_k] if e >= 0]
+        return list(dict.fromkeys(out))
 
     # ------------------------------------------------------------ splitting back
 
@@ -495,7 +588,8 @@ class DocumentTranslator:
             sources = [self._source_ids(encoded, seg) for seg in pending]
             matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
             pieces = [self._segment_pieces(seg) for seg in pending] if self.memory and self.piece_weight else None
-            hyps = self.generate([s for s, _ in sources], bar, matches, pieces)
+            knn_entries = [self._segment_knn_entries(seg) for seg in pending] if self.knn_memory else None
+            hyps = self.generate([s for s, _ in sources], bar, matches, pieces, knn_entries)
             retry = []
             for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
                 results = self._resolve(seg, hyp, src_pieces, scores, alignments)
@@ -519,6 +613,9 @@ class DocumentTranslator:
             bar.total += len(pending)
             bar.refresh()
         bar.close()
+        if self.knn is not None:  # the mixer's counts join the summary
+            self.stats.update(self.knn.stats)
+            self.knn.stats.clear()
         self.stats["seconds"] += time.time() - t0
         assert all(r is not None for doc in out for r in doc)
         return [self._merge(doc_out, doc_units, doc_owners, len(doc))
@@ -532,7 +629,7 @@ class DocumentTranslator:
         if self.memory is None:
             return
         keys = [(d, u) for d, doc in enumerate(encoded) for u, p in enumerate(doc) if p is not None]
-        k = max(self.memory.k, self.piece_k if self.piece_weight else 0)
+        k = max(self.memory.k, self.piece_k if self.piece_weight else 0, self.knn_memory_k if self.knn_memory else 0)
         ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys], k)
         for n, key in enumerate(keys):
             self._matches[key] = (ids[n], scores[n])
@@ -542,13 +639,15 @@ class DocumentTranslator:
         return self.memory.tokens_of([self._matches[(seg.doc, i)][0][:self.memory.k] for i in seg.sentences])
 
     def _segment_pieces(self, seg: _Segment):
-        """Translation pieces of a segment: the top ``piece_k`` entries of each of its sentences."""
-        from reluformer_mt.inference.pieces import pieces_of_entries
+        """Translation pieces of a segment, one set per sentence: the top ``piece_k`` entries of each
+        sentence that reach the fuzzy floor."""
+        from reluformer_mt.inference.pieces import sentence_pieces
 
-        sentences = [[(self.memory.tokens[entry], float(score))
-                      for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)])) if entry >= 0]
-                     for i in seg.sentences]
-        return pieces_of_entries(sentences, (self.tgt_dict.pad(), self.tgt_dict.eos(), self.sep_tgt), self.piece_max_n)
+        exclude = (self.tgt_dict.pad(), self.tgt_dict.eos(), self.sep_tgt)
+        return [sentence_pieces([(self.memory.tokens[entry], float(score))
+                                 for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)]))
+                                 if entry >= 0], exclude, self.piece_max_n, self.piece_floor)
+                for i in seg.sentences]
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
         """One result per input sentence from the results of its units (parts)."""

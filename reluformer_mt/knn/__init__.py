@@ -1,0 +1,9 @@
+"""kNN-MT: a token-level memory for every family (Khandelwal et al., ICLR 2021, arXiv:2010.00710).
+
+- :mod:`~reluformer_mt.knn.datastore`: build, store and search (decoder state -> next token) entries;
+- :mod:`~reluformer_mt.knn.readout`: how neighbours become a distribution (softmax, ReLU, sparse);
+- :mod:`~reluformer_mt.knn.search`: the mixing at every beam step, full or per-input datastores (SK-MT);
+- :mod:`~reluformer_mt.knn.tune`: the search values chosen on the validation split.
+
+docs/KNN_MT.md has the commands, the choices and the measured numbers.
+"""

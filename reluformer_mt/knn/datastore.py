@@ -1,0 +1,298 @@
+"""The kNN-MT datastore: (decoder state -> next target token) over a parallel corpus.
+
+Khandelwal et al. (ICLR 2021, arXiv:2010.00710): every target token of a corpus, force-decoded
+by the model, gives one entry whose key is the decoder's last hidden state (the input of the
+output projection) and whose value is the token. At translation the state of each step looks up
+its nearest keys (:mod:`reluformer_mt.knn.search`).
+
+On disk (``DIR/``): ``datastore.json`` (format version, the checkpoint's fingerprint, where the
+entries come from, the index, tuned search values), ``keys.npy`` (float16, entries x dim),
+``values.npy`` (int32), ``pairs.npy`` (a 64-bit hash of every (source, target) sentence the
+entries come from, for the leakage checks) and ``index.faiss``. A build writes shards of
+``SHARD_BATCHES`` batches to ``DIR/shards/`` first, so a killed build resumes where it stopped.
+
+A document model's datastore is built from the data directory's segments: its keys are states of
+the document model with the segment's earlier sentences in context, as at translation. A model
+trained with memory attention is force-decoded with the training neighbours it was trained on.
+"""
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "reluformer-knn-datastore"
+VERSION = 1
+META_NAME = "datastore.json"
+SHARD_BATCHES = 50
+EXACT_LIMIT = 1_000_000  # entries up to which ``--index auto`` searches exactly
+INDEX_KINDS = ("auto", "exact", "hnsw", "ivf")
+
+
+class DatastoreError(ValueError):
+    """A one-line, user-facing problem with a datastore (missing, another checkpoint's, leaking)."""
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 of the model's parameters and buffers (names, shapes and bytes, in name order): the
+    same weights give the same fingerprint whichever file (checkpoint_best, _last) they came from."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()[:16]
+
+
+def pair_hashes(sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+    """64-bit hashes of (source, target) sentence pairs (the leakage checks compare them)."""
+    out = np.empty(len(sources), dtype=np.uint64)
+    for i, (s, t) in enumerate(zip(sources, targets)):
+        out[i] = int.from_bytes(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8).digest(), "little")
+    return out
+
+
+def split_pairs(data_dir, split: str, src_lang: str, tgt_lang: str, separator: str) -> Tuple[list, list]:
+    """The (source, target) sentences of a prepared split, as SentencePiece pieces."""
+    from reluformer_mt.memory.tm import split_sentences_of
+
+    sides = []
+    for lang in (src_lang, tgt_lang):
+        path = Path(data_dir) / "text" / f"{split}.{lang}"
+        if not path.is_file():
+            raise DatastoreError(f"{path}: missing; a datastore is built from a directory prepared by reluformer-prepare")
+        with open(path, encoding="utf-8") as f:
+            sides.append(split_sentences_of(f, separator))
+    if len(sides[0]) != len(sides[1]):
+        raise DatastoreError(f"{data_dir}: {split} has {len(sides[0])} source and {len(sides[1])} target sentences")
+    return sides[0], sides[1]
+
+
+def overlap(datastore_pairs: np.ndarray, pairs: np.ndarray) -> float:
+    """Share of ``pairs`` that the datastore's sentences contain."""
+    return float(np.isin(pairs, datastore_pairs).mean()) if len(pairs) else 0.0
+
+
+def augmented(keys: np.ndarray) -> np.ndarray:
+    """Keys as inner-product keys: [k, -|k|^2 / 2], so that with a query [q, 1] the largest inner
+    product is the smallest L2 distance (|q - k|^2 = |q|^2 - 2 q'.k'): the MIPS index of the
+    memory layers (:class:`reluformer_mt.memory.mips.MipsIndex`) serves the datastore unchanged."""
+    keys = keys.astype(np.float32)
+    return np.ascontiguousarray(np.hstack([keys, -0.5 * (keys.astype(np.float64) ** 2).sum(1, keepdims=True).astype(np.float32)]))
+
+
+class Datastore:
+    """A built datastore: metadata, float16 keys, int32 values and the index (loaded on demand)."""
+
+    def __init__(self, directory, meta: dict, keys: np.ndarray, values: np.ndarray):
+        self.directory, self.meta = Path(directory), meta
+        self.keys, self.values = keys, values
+        self._index = None
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    @property
+    def dim(self) -> int:
+        return self.keys.shape[1]
+
+    @classmethod
+    def load(cls, directory, fingerprint: Optional[str] = None, checkpoint: Optional[str] = None) -> "Datastore":
+        """Open ``directory``; with ``fingerprint``, refuse a datastore built with other weights."""
+        directory = Path(directory)
+        meta_path = directory / META_NAME
+        if not meta_path.is_file():
+            raise DatastoreError(f"--knn {directory}: no {META_NAME} (build one with reluformer-memory datastore build)")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DatastoreError(f"{meta_path}: not readable JSON ({e})") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise DatastoreError(f"{meta_path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected "
+                                 f"{FORMAT!r} version {VERSION}; rebuild it")
+        if fingerprint is not None and meta.get("fingerprint") != fingerprint:
+            raise DatastoreError(f"--knn {directory}: built with the weights of {meta.get('checkpoint')} (fingerprint "
+                                 f"{meta.get('fingerprint')}), not those of {checkpoint or 'this model'} ({fingerprint}); "
+                                 "its keys are another model's states: rebuild it with this checkpoint")
+        keys = np.load(directory / "keys.npy", mmap_mode="r")
+        values = np.load(directory / "values.npy")
+        if keys.shape[0] != len(values) or len(values) != meta.get("size"):
+            raise DatastoreError(f"{directory}: keys.npy has {keys.shape[0]} rows, values.npy {len(values)}, "
+                                 f"{META_NAME} says {meta.get('size')}: an unfinished build; rebuild it")
+        return cls(directory, meta, keys, values)
+
+    def pairs(self) -> np.ndarray:
+        return np.load(self.directory / "pairs.npy")
+
+    def index(self):
+        """The faiss index (read from ``index.faiss``; built from the keys if it is missing)."""
+        if self._index is None:
+            import faiss
+
+            from reluformer_mt.memory.mips import MipsIndex
+
+            kind = self.meta["index"]["kind"]
+            mips = MipsIndex(kind, ef_search=self.meta["index"].get("ef_search", 128),
+                             nprobe=self.meta["index"].get("nprobe", 16))
+            path = self.directory / "index.faiss"
+            if path.is_file():
+                mips.index, mips.size = faiss.read_index(str(path)), self.size
+            else:
+                mips.build(augmented(np.asarray(self.keys)))
+            self._index = mips
+        return self._index
+
+    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(squared L2 distances, values) of the ``k`` nearest keys of each query (rows, k); a
+        missing neighbour has distance inf and value -1."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        q = np.hstack([queries, np.ones((len(queries), 1), np.float32)])
+        scores, ids = self.index().search(q, k)
+        norms = (queries.astype(np.float64) ** 2).sum(1, keepdims=True)
+        distances = np.maximum(norms - 2.0 * scores, 0.0).astype(np.float32)
+        found = ids >= 0
+        return np.where(found, distances, np.inf), np.where(found, self.values[np.maximum(ids, 0)], -1)
+
+    def set_tuned(self, key: str, values: dict) -> None:
+        """Record tuned search values under ``tuned.KEY`` in ``datastore.json`` (atomically)."""
+        self.meta.setdefault("tuned", {})[key] = values
+        write_meta(self.directory, self.meta)
+
+    def describe(self) -> str:
+        m = self.meta
+        return (f"datastore {self.directory}: {self.size:,} entries of dim {self.dim} from {m['source']['data']} "
+                f"({m['source']['split']}, {m['source']['sentences']:,} sentences), {m['index']['kind']} index, "
+                f"checkpoint {m['checkpoint']} (fingerprint {m['fingerprint']})")
+
+
+def write_meta(directory: Path, meta: dict) -> None:
+    tmp = directory / (META_NAME + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / META_NAME)
+
+
+def choose_index(kind: str, size: int) -> str:
+    if kind not in INDEX_KINDS:
+        raise DatastoreError(f"--index: got {kind!r}, expected one of {', '.join(INDEX_KINDS)}")
+    if kind == "auto":
+        return "exact" if size <= EXACT_LIMIT else "hnsw"
+    return kind
+
+
+def length_order(dataset) -> np.ndarray:
+    """Examples by length, ties in index order: the same batches on every run (resuming needs it;
+    fairseq's ``ordered_indices`` breaks ties at random)."""
+    sizes = np.asarray(dataset.src_sizes) + (np.asarray(dataset.tgt_sizes) if dataset.tgt_sizes is not None else 0)
+    return np.argsort(sizes, kind="stable")
+
+
+@torch.no_grad()
+def forced_states(model, sample) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(keys (tokens, dim), values (tokens,)) of one collated batch: the decoder's last hidden
+    state before the output projection at every real target position, and the token it predicts."""
+    features, _ = model(**sample["net_input"], features_only=True)
+    target = sample["target"]
+    real = target != model.decoder.padding_idx
+    return features[real], target[real]
+
+
+def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens: int = 8000, index: str = "auto",
+                    device: str = "cpu", progress: bool = True, force: bool = False) -> Datastore:
+    """Force-decode ``split`` of the checkpoint's data directory (or ``data``, prepared with the same
+    dictionaries) and write the datastore to ``out``; resumes an unfinished build of the same
+    checkpoint and data."""
+    from fairseq.data import data_utils
+    from tqdm import tqdm
+
+    from reluformer_mt.checkpoints import load_model
+
+    if max_tokens < 1:
+        raise DatastoreError(f"--max-tokens: expected a positive number of tokens per batch, got {max_tokens}")
+    choose_index(index, 0)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DatastoreError(f"--out {out}: exists and is not a directory")
+    if (out / META_NAME).is_file() and not force:
+        raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
+    loaded = load_model(checkpoint, data, device=device)
+    model, task = loaded.model, loaded.task
+    fingerprint = model_fingerprint(model)
+    source = {"data": str(Path(loaded.data_dir).resolve()), "split": split}
+    started = time.time()
+    sources, targets = split_pairs(loaded.data_dir, split, loaded.src_lang, loaded.tgt_lang, loaded.separator)
+    source["sentences"] = len(sources)
+    try:
+        task.load_dataset(split)
+    except FileNotFoundError as e:
+        raise DatastoreError(f"{loaded.data_dir}: cannot read the {split} split ({e})") from None
+    dataset = task.dataset(split)
+    batches = data_utils.batch_by_size(length_order(dataset), dataset.num_tokens, max_tokens=max_tokens)
+    shard_dir = out / "shards"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    plan = {"fingerprint": fingerprint, "source": source, "max_tokens": max_tokens, "batches": len(batches)}
+    plan_path = shard_dir / "plan.json"
+    if plan_path.is_file() and json.loads(plan_path.read_text()) != plan:
+        for stale in shard_dir.glob("*.npz"):  # another checkpoint or data: start over
+            stale.unlink()
+    plan_path.write_text(json.dumps(plan) + "\n")
+    n_shards = (len(batches) + SHARD_BATCHES - 1) // SHARD_BATCHES
+    bar = tqdm(total=len(batches), desc="datastore", unit="batch", disable=not progress, leave=False)
+    resumed = 0
+    for s in range(n_shards):
+        path = shard_dir / f"{s:05d}.npz"
+        chunk = batches[s * SHARD_BATCHES:(s + 1) * SHARD_BATCHES]
+        if path.is_file():
+            resumed += 1
+            bar.update(len(chunk))
+            continue
+        keys, values = [], []
+        for batch in chunk:
+            sample = dataset.collater([dataset[int(i)] for i in batch])
+            if device != "cpu":
+                from fairseq import utils
+
+                sample = utils.move_to_cuda(sample, device=torch.device(device))
+            k, v = forced_states(model, sample)
+            keys.append(k.to(torch.float16).cpu().numpy())
+            values.append(v.to(torch.int32).cpu().numpy())
+            bar.update(1)
+        tmp = shard_dir / f"{s:05d}.tmp.npz"
+        np.savez(tmp, keys=np.concatenate(keys), values=np.concatenate(values))
+        os.replace(tmp, path)
+    bar.close()
+    shards = [np.load(shard_dir / f"{s:05d}.npz") for s in range(n_shards)]
+    keys = np.concatenate([s["keys"] for s in shards])
+    values = np.concatenate([s["values"] for s in shards])
+    np.save(out / "keys.npy", keys)
+    np.save(out / "values.npy", values)
+    np.save(out / "pairs.npy", pair_hashes(sources, targets))
+    kind = choose_index(index, len(values))
+    from reluformer_mt.memory.mips import MipsIndex
+    import faiss
+
+    mips = MipsIndex(kind).build(augmented(keys))
+    faiss.write_index(mips.index, str(out / "index.faiss"))
+    meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(checkpoint), "fingerprint": fingerprint,
+            "arch": getattr(loaded.cfg.model, "arch", "?"), "size": int(len(values)), "dim": int(keys.shape[1]),
+            "source": source, "index": {"kind": kind, "ef_search": mips.ef_search, "nprobe": mips.nprobe},
+            "dtype": "float16", "build_seconds": round(time.time() - started, 1), "resumed_shards": resumed,
+            "bytes": sum(f.stat().st_size for f in out.glob("*.*") if f.is_file())}
+    write_meta(out, meta)
+    for f in shard_dir.glob("*"):
+        f.unlink()
+    shard_dir.rmdir()
+    meta["bytes"] = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    write_meta(out, meta)
+    return Datastore(out, meta, np.load(out / "keys.npy", mmap_mode="r"), values)
+
+
+__all__ = ["Datastore", "DatastoreError", "INDEX_KINDS", "build_datastore", "model_fingerprint", "overlap", "pair_hashes",
+           "split_pairs"]

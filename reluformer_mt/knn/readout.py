@@ -1,0 +1,81 @@
+"""Read-outs: how the k nearest datastore entries of a decoding step become a distribution.
+
+Each read-out maps the squared L2 distances ``d`` (rows, k) of a step's neighbours and their
+values (the target tokens that followed them) to a distribution over the vocabulary and a
+per-row *mass*, the share of the final distribution the neighbours may take:
+
+    p(y) = lambda * mass * p_knn(y) + (1 - lambda * mass) * p_model(y)
+
+- ``softmax`` (kNN-MT, Khandelwal et al., ICLR 2021, arXiv:2010.00710): weights softmax(-d / T),
+  mass 1, so lambda is the same at every step however far the neighbours are.
+- ``relu`` (ours; the ReLUFormer paper's claim that ReLU reads many value slots better, Shen et
+  al. 2023, arXiv:2302.06461, transposed to a datastore): each neighbour gets a = ReLU(1 - d / tau),
+  1 for an exact match, 0 beyond the radius tau, and p_knn is a / sum(a). The mass is the closest
+  neighbour's a: a step whose neighbours are all beyond tau gives the datastore no mass at all, one
+  with an exact match gives it lambda, so lambda becomes data-dependent without a trained network
+  (adaptive kNN-MT, Zheng et al., ACL 2021, trains one for that). Our choice where nothing is
+  published: the row is normalised by its sum (ReLUFormer's sqrt(n / 2) length factor keeps an
+  attention output's variance, which a distribution does not need) and the mass is the largest
+  weight (the sum of k weights would grow with k).
+- ``sparsemax`` / ``entmax15`` over -d / T (the ``entmax`` package; Peters et al., ACL 2019):
+  sparse weights that sum to 1, mass 1.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+READOUTS = ("softmax", "relu", "sparsemax", "entmax15")
+
+
+class ReadoutError(ValueError):
+    """A bad read-out option: one line naming it."""
+
+
+def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0, radius: float = 10.0) -> Tuple[Tensor, Tensor]:
+    """(weights (rows, k) summing to 1 or 0 per row, mass (rows,)) of ``distances`` (rows, k);
+    ``inf`` distances (no neighbour) get weight 0."""
+    if readout not in READOUTS:
+        raise ReadoutError(f"--knn-readout: got {readout!r}, expected one of {', '.join(READOUTS)}")
+    distances = distances.float()
+    missing = ~torch.isfinite(distances)
+    if readout == "relu":
+        if not radius > 0:
+            raise ReadoutError(f"--knn-radius: expected a positive distance, got {radius}")
+        a = torch.relu(1.0 - distances.masked_fill(missing, float("inf")) / radius)
+        total = a.sum(dim=1, keepdim=True)
+        weights = torch.where(total > 0, a / total.clamp_min(1e-30), torch.zeros_like(a))
+        return weights, a.max(dim=1).values if a.size(1) else a.new_zeros(a.size(0))
+    if not temperature > 0:
+        raise ReadoutError(f"--knn-temperature: expected a positive number, got {temperature}")
+    logits = (-distances / temperature).masked_fill(missing, float("-inf"))
+    if readout == "softmax":
+        weights = torch.softmax(logits, dim=1)
+    else:
+        import entmax
+
+        # entmax takes no -inf: a missing neighbour sits far below every real one instead
+        low = logits.masked_fill(missing, 0).min(dim=1, keepdim=True).values - 1e4
+        fn = entmax.sparsemax if readout == "sparsemax" else entmax.entmax15
+        weights = fn(torch.where(missing, low, logits), dim=1)
+    none = missing.all(dim=1, keepdim=True)
+    weights = torch.where(none, torch.zeros_like(weights), torch.nan_to_num(weights))
+    return weights, (~none.squeeze(1)).float()
+
+
+def knn_probabilities(weights: Tensor, values: Tensor, vocab: int) -> Tensor:
+    """(rows, vocab) distribution: each neighbour's weight on the token it stores (rows, k)."""
+    probs = weights.new_zeros(weights.size(0), vocab)
+    return probs.scatter_add_(1, values.long().clamp_min(0), weights * (values >= 0))
+
+
+def mix_log_probs(lprobs: Tensor, knn_probs: Tensor, mass: Tensor, lam: float) -> Tensor:
+    """log(lambda * mass * p_knn + (1 - lambda * mass) * p_model) per row; a token the search has
+    ruled out (log-probability -inf: padding, EOS before the minimum length, every token but EOS
+    at the length limit) stays ruled out."""
+    share = (lam * mass).clamp(0.0, 1.0).unsqueeze(1).to(lprobs.dtype)
+    mixed = torch.log(share * knn_probs.to(lprobs.dtype) + (1 - share) * lprobs.exp())
+    return mixed.masked_fill(torch.isneginf(lprobs), float("-inf"))
+
+
+__all__ = ["READOUTS", "ReadoutError", "knn_probabilities", "mix_log_probs", "neighbour_weights"]

@@ -1,0 +1,180 @@
+"""kNN-MT at decoding time: the state of every beam step looks up its nearest datastore entries,
+and a read-out (:mod:`reluformer_mt.knn.readout`) mixes their tokens into the model's distribution.
+
+Two kinds of datastore:
+- :class:`FullDatastore`: one datastore over a whole corpus (:mod:`reluformer_mt.knn.datastore`),
+  searched with its faiss index (Khandelwal et al., ICLR 2021);
+- :class:`PerInputDatastores`: for each source, a tiny datastore of its translation memory
+  matches only, force-decoded at translation time and searched exactly (SK-MT, Dai et al., ICLR
+  2023, arXiv:2211.05578): nothing is stored ahead, only the memory itself.
+
+The state is read where fairseq's decoder hands it to the output projection (a forward hook,
+:class:`StateRecorder`), so every family, with or without memory attention, is served the same
+way and fairseq's ``SequenceGenerator`` is used unchanged; the mixing happens in the beam search
+object (:class:`reluformer_mt.inference.separators.SeparatorConstrainedBeamSearch`), whose rows are
+the rows the decoder just ran.
+"""
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from reluformer_mt.knn.readout import READOUTS, ReadoutError, knn_probabilities, mix_log_probs, neighbour_weights
+
+
+@dataclass
+class KnnOptions:
+    """Search values of kNN-MT (``--knn-k`` etc.); ``reluformer-memory tune`` chooses them on the
+    validation split and stores them with the datastore."""
+    k: int = 16
+    lam: float = 0.5          # the largest share of the distribution the neighbours may take
+    temperature: float = 10.0  # softmax / sparsemax / entmax15: weights of -d / T
+    radius: float = 10.0       # relu: a = ReLU(1 - d / radius)
+    readout: str = "softmax"
+
+    def check(self) -> "KnnOptions":
+        if self.k < 1:
+            raise ReadoutError(f"--knn-k: expected >= 1 neighbours, got {self.k}")
+        if not 0 <= self.lam <= 1:
+            raise ReadoutError(f"--knn-lambda: expected a share between 0 and 1, got {self.lam}")
+        if self.readout not in READOUTS:
+            raise ReadoutError(f"--knn-readout: got {self.readout!r}, expected one of {', '.join(READOUTS)}")
+        if not (self.temperature > 0 and self.radius > 0):
+            raise ReadoutError(f"--knn-temperature {self.temperature} / --knn-radius {self.radius}: expected positive numbers")
+        return self
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        spread = f"radius {self.radius:g}" if self.readout == "relu" else f"T {self.temperature:g}"
+        return f"{self.readout} read-out of k={self.k}, lambda {self.lam:g}, {spread}"
+
+
+class StateRecorder:
+    """Keeps the last input of a decoder's output projection: the hidden state kNN-MT searches with
+    ((rows, 1, dim) at each incremental step)."""
+
+    def __init__(self, decoder):
+        projection = getattr(decoder, "output_projection", None)
+        if projection is None:
+            raise ReadoutError(f"kNN-MT: the decoder {type(decoder).__name__} has no output_projection to read states from")
+        self.state: Optional[Tensor] = None
+        self._handle = projection.register_forward_hook(self._keep)
+
+    def _keep(self, module, inputs, output):
+        self.state = inputs[0]
+
+    def last_states(self, rows: int) -> Tensor:
+        if self.state is None:
+            raise RuntimeError("kNN-MT: no decoder state recorded for this step")
+        state = self.state[:, -1, :] if self.state.dim() == 3 else self.state
+        if state.size(0) != rows:
+            raise RuntimeError(f"kNN-MT: {state.size(0)} decoder states for {rows} beam rows")
+        return state
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+class FullDatastore:
+    """A corpus datastore searched by its index (sources are ignored: every row searches all)."""
+
+    def __init__(self, datastore):
+        self.datastore = datastore
+
+    def neighbours(self, states: Tensor, sources: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+        distances, values = self.datastore.search(states.detach().float().cpu().numpy(), k)
+        return torch.from_numpy(distances), torch.from_numpy(values.astype(np.int64))
+
+
+class PerInputDatastores:
+    """One small datastore per source (its memory matches' states), searched exactly in torch."""
+
+    def __init__(self, keys: Sequence[Tensor], values: Sequence[Tensor]):
+        dim = next((k.size(1) for k in keys if k.numel()), 1)
+        longest = max(1, max((len(v) for v in values), default=1))
+        self.keys = torch.zeros(len(keys), longest, dim)
+        self.values = torch.full((len(keys), longest), -1, dtype=torch.long)
+        for s, (k, v) in enumerate(zip(keys, values)):
+            self.keys[s, :len(v)] = k.float()
+            self.values[s, :len(v)] = v
+        self.norms = (self.keys ** 2).sum(-1)
+        self.entries = sum(len(v) for v in values)
+
+    def neighbours(self, states: Tensor, sources: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+        states = states.detach().float().cpu()
+        sources = sources.cpu()
+        keys, values = self.keys[sources], self.values[sources]  # (rows, n, dim), (rows, n)
+        distances = ((states ** 2).sum(-1, keepdim=True) - 2 * torch.einsum("rd,rnd->rn", states, keys)
+                     + self.norms[sources]).clamp_min(0)
+        distances = distances.masked_fill(values < 0, float("inf"))
+        k = min(k, distances.size(1))
+        nearest, at = torch.topk(distances, k, dim=1, largest=False)
+        return nearest, torch.gather(values, 1, at).masked_fill(torch.isinf(nearest), -1)
+
+
+class KnnMixer:
+    """Mixes a datastore's neighbours into one beam step's log-probabilities (:meth:`mix`)."""
+
+    def __init__(self, recorder: StateRecorder, options: KnnOptions):
+        self.recorder, self.options = recorder, options.check()
+        self.store = None  # FullDatastore or PerInputDatastores, set before generating
+        self.stats: Counter = Counter()
+
+    def mix(self, lprobs: Tensor, sources: Tensor) -> Tensor:
+        """``lprobs`` (rows, vocab) mixed with the kNN distribution of each row's state; ``sources``
+        (rows,) index the per-input datastores."""
+        if self.store is None or self.options.lam == 0:
+            return lprobs
+        o = self.options
+        distances, values = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, o.k)
+        weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
+        probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
+        mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)
+        self.stats["knn: beam steps"] += lprobs.size(0)
+        self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
+        # the steps where the neighbours decided the token: the best next token changed
+        self.stats["knn: beam steps whose best token the neighbours changed"] += int(
+            (mixed.argmax(dim=1) != lprobs.argmax(dim=1)).sum())
+        return mixed
+
+
+@torch.no_grad()
+def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memories: Optional[Sequence[Tensor]] = None,
+                     max_tokens: int = 8000, device: str = "cpu") -> List[Tuple[Tensor, Tensor]]:
+    """(keys, values) of each (source ids with </s>, target ids without </s>) pair, force-decoded;
+    ``memories``: the memory tokens each pair is decoded with (models trained with memory attention)."""
+    from fairseq.data import LanguagePairDataset, data_utils
+
+    from reluformer_mt.knn.datastore import forced_states
+
+    if not pairs:
+        return []
+    eos = task.tgt_dict.eos()
+    targets = [torch.cat([t, torch.tensor([eos])]) for _, t in pairs]
+    sources = [s for s, _ in pairs]
+    dataset = LanguagePairDataset(sources, [len(s) for s in sources], task.src_dict, targets, [len(t) for t in targets],
+                                  task.tgt_dict, shuffle=False)
+    if memories is not None:
+        dataset = task.dataset_with_matches(dataset, list(memories))
+    out: List[Optional[Tuple[Tensor, Tensor]]] = [None] * len(pairs)
+    order = np.argsort([len(s) + len(t) for s, t in zip(sources, targets)], kind="stable")
+    for batch in data_utils.batch_by_size(order, dataset.num_tokens, max_tokens=max_tokens):
+        sample = dataset.collater([dataset[int(i)] for i in batch])
+        if device != "cpu":
+            from fairseq import utils
+
+            sample = utils.move_to_cuda(sample, device=torch.device(device))
+        features, _ = model(**sample["net_input"], features_only=True)
+        target = sample["target"]
+        for row, idx in enumerate(sample["id"].tolist()):
+            real = target[row] != task.tgt_dict.pad()
+            out[idx] = (features[row][real].float().cpu(), target[row][real].cpu())
+    return out
+
+
+__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "StateRecorder", "per_input_states"]

@@ -1,0 +1,307 @@
+"""``reluformer-memory tune``: choose the search values of kNN-MT and translation pieces on the
+validation split, never on the test split.
+
+Two stages, so that a grid of hundreds of settings costs seconds:
+
+1. **Teacher forcing.** The validation split is force-decoded once; for every reference token we
+   keep the model's probability of it and its nearest datastore entries (the full datastore, and
+   the per-input datastore of its sentence's memory matches). Every (read-out, k, lambda, T or
+   radius) of the grid is then scored by the validation tokens' mean negative log-likelihood under
+   the mixture, as kNN-LM / kNN-MT tune lambda and T (Khandelwal et al. 2020, 2021). T and the
+   radius are searched as multiples of the median distance to the nearest entry, so the grid
+   follows the scale of the model's states.
+2. **Decoding.** The best setting of each read-out, translation pieces (weight x fuzzy floor), and
+   kNN with pieces, are used to translate the validation documents; the setting with the best
+   s-BLEU wins. This is what the demo uses for the test chapters.
+
+The choices go to a JSON report (``--json``) and, for the full datastore, into its
+``datastore.json`` (``tuned.full``), where ``reluformer-translate --knn`` finds them.
+"""
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from reluformer_mt.knn.datastore import (Datastore, DatastoreError, model_fingerprint, overlap, pair_hashes,
+                                         split_pairs)
+from reluformer_mt.knn.readout import knn_probabilities, neighbour_weights
+from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecorder, per_input_states
+
+logger = logging.getLogger(__name__)
+
+GRID_K = (4, 16, 64, 256)
+GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
+GRID_RADIUS = (0.5, 1.0, 2.0, 4.0, 8.0)         # x the median nearest-entry distance
+GRID_PIECES_WEIGHT = (2.0, 5.0, 10.0)
+GRID_PIECES_FLOOR = (0.3, 0.6)
+TUNE_READOUTS = ("softmax", "relu")
+
+
+class TuneError(ValueError):
+    """A one-line problem with the tuner's input (the test split, a leaking datastore)."""
+
+
+# ------------------------------------------------------------------ data
+
+def split_documents(data_dir, split: str) -> Tuple[List[List[str]], List[List[str]], List[str]]:
+    """(source documents, reference documents, document ids) of a prepared split. A corpus with
+    word files (the bible: ``SPLIT.words.LANG`` and ``SPLIT.verses.tsv``) is read from them, as the
+    demo scores it; otherwise the prepared text, decoded, grouped by the segments' document ids."""
+    from reluformer_mt.data.prepared import Prepared
+    from reluformer_mt.data.segments import metadata_path, read_segment_metadata
+    from reluformer_mt.memory.tm import read_prepared
+
+    data_dir = Path(data_dir)
+    prepared = Prepared.load(data_dir)
+    verses = data_dir / f"{split}.verses.tsv"
+    words = [data_dir / f"{split}.words.{lang}" for lang in (prepared.src_lang, prepared.tgt_lang)]
+    if verses.is_file() and all(w.is_file() for w in words):
+        chapters = [line.split("\t")[1] for line in verses.read_text(encoding="utf-8").splitlines()]
+        sides = [w.read_text(encoding="utf-8").splitlines() for w in words]
+        pairs = list(zip(chapters, *sides))
+    else:
+        entries = read_prepared(data_dir, split)
+        ids = [info.doc_id for info in read_segment_metadata(metadata_path(data_dir, split))
+               for _ in range(info.n_sentences)]
+        pairs = list(zip(ids, entries.sources, entries.targets))
+    docs: Dict[str, Tuple[list, list]] = {}
+    for doc, src, ref in pairs:
+        docs.setdefault(doc, ([], []))
+        docs[doc][0].append(src)
+        docs[doc][1].append(ref)
+    return [d[0] for d in docs.values()], [d[1] for d in docs.values()], list(docs)
+
+
+def check_leakage(datastore: Datastore, data_dir, split: str) -> dict:
+    """Refuse a datastore that holds more of ``split``'s sentence pairs than the training split
+    itself does (the bible repeats verses, so some overlap is the corpus, not a leak)."""
+    from reluformer_mt.data.prepared import Prepared
+
+    prepared = Prepared.load(data_dir)
+    evaluated = pair_hashes(*split_pairs(data_dir, split, prepared.src_lang, prepared.tgt_lang, prepared.separator))
+    train = pair_hashes(*split_pairs(data_dir, "train", prepared.src_lang, prepared.tgt_lang, prepared.separator))
+    held, natural = overlap(datastore.pairs(), evaluated), overlap(train, evaluated)
+    if held > natural + 1e-9:
+        raise DatastoreError(f"--knn {datastore.directory}: holds {held:.0%} of the {split} split's sentence pairs, the "
+                             f"training split only {natural:.0%}: it was built from data containing the {split} split; "
+                             "refused (build it from the training split)")
+    return {"split": split, "datastore_overlap": held, "training_overlap": natural}
+
+
+# ------------------------------------------------------------------ stage 1: teacher forcing
+
+class ForcedSplit:
+    """Every reference token of a split: the model's log-probability of it, the decoder state,
+    and the example (segment) it belongs to."""
+
+    def __init__(self, model, task, split: str, max_tokens: int = 8000, device: str = "cpu"):
+        from fairseq.data import data_utils
+
+        from reluformer_mt.knn.datastore import length_order
+
+        task.load_dataset(split)
+        dataset = task.dataset(split)
+        recorder = StateRecorder(model.decoder)
+        states, refs, lps, examples = [], [], [], []
+        try:
+            with torch.no_grad():
+                for batch in data_utils.batch_by_size(length_order(dataset), dataset.num_tokens, max_tokens=max_tokens):
+                    sample = dataset.collater([dataset[int(i)] for i in batch])
+                    if device != "cpu":
+                        from fairseq import utils
+
+                        sample = utils.move_to_cuda(sample, device=torch.device(device))
+                    net_output = model(**sample["net_input"])
+                    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+                    target = sample["target"]
+                    real = target != task.tgt_dict.pad()
+                    states.append(recorder.state[real].float().cpu())
+                    refs.append(target[real].cpu())
+                    lps.append(lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[real].float().cpu())
+                    examples.append(sample["id"].unsqueeze(1).expand_as(target)[real].cpu())
+        finally:
+            recorder.close()
+        self.states, self.refs = torch.cat(states), torch.cat(refs)
+        self.lp_ref, self.examples = torch.cat(lps), torch.cat(examples)
+        self.infos = task.segment_infos[split]
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+
+def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, readouts=TUNE_READOUTS,
+                ks=GRID_K, lambdas=GRID_LAMBDA) -> Tuple[List[dict], float]:
+    """Validation NLL of every grid point (rows of dicts) and the distance scale used."""
+    finite = distances[:, 0][torch.isfinite(distances[:, 0])]
+    scale = float(finite.median()) if len(finite) else 1.0
+    scale = scale if scale > 0 else 1.0
+    p_ref = forced.lp_ref.double().exp()
+    rows = []
+    hits = (values == forced.refs.unsqueeze(1))
+    for readout in readouts:
+        spreads = GRID_RADIUS if readout == "relu" else GRID_TEMPERATURE
+        for k in ks:
+            if k > distances.size(1):
+                continue
+            for spread in spreads:
+                value = spread * scale
+                w, mass = neighbour_weights(distances[:, :k], readout, temperature=value, radius=value)
+                p_knn = (w * hits[:, :k]).sum(1).double()
+                for lam in lambdas:
+                    share = lam * mass.double()
+                    nll = float(-torch.log(share * p_knn + (1 - share) * p_ref).clamp_min(-1e30).mean())
+                    rows.append({"readout": readout, "k": k, "lam": lam, "spread": spread,
+                                 "temperature": value, "radius": value, "nll": nll,
+                                 "knn_share": float(share.mean())})
+    return rows, scale
+
+
+def best_options(rows: Sequence[dict], readout: str) -> Optional[KnnOptions]:
+    mine = [r for r in rows if r["readout"] == readout]
+    if not mine:
+        return None
+    best = min(mine, key=lambda r: r["nll"])
+    return KnnOptions(k=best["k"], lam=best["lam"], temperature=best["temperature"], radius=best["radius"],
+                      readout=readout)
+
+
+def per_input_neighbours(forced: ForcedSplit, model, task, memory_ids: np.ndarray, lookup, k: int,
+                         reads_memory: bool, tm_k: int, max_tokens: int, device: str):
+    """Nearest entries of every validation token among its segment's matches (per-input datastores)."""
+    from reluformer_mt.memory.neighbours import sentence_rows
+
+    rows = sentence_rows([info.n_sentences for info in forced.infos])
+    eos = torch.tensor([task.src_dict.eos()])
+    wanted = sorted({(int(e), tuple(int(x) for x in memory_ids[s][:tm_k]) if reads_memory else ())
+                     for r in rows for s in r for e in memory_ids[s][:k] if e >= 0})
+    pairs = [(torch.cat([lookup.entry_source(e), eos]), lookup.tokens[e]) for e, _ in wanted]
+    memories = [lookup.tokens_of([np.asarray(m)]) for _, m in wanted] if reads_memory else None
+    states = dict(zip(wanted, per_input_states(model, task, pairs, memories, max_tokens=max_tokens, device=device)))
+    keys, values = [], []
+    for r in rows:
+        entries = list(dict.fromkeys((int(e), tuple(int(x) for x in memory_ids[s][:tm_k]) if reads_memory else ())
+                                     for s in r for e in memory_ids[s][:k] if e >= 0))
+        keys.append(torch.cat([states[e][0] for e in entries]) if entries else torch.zeros(0, forced.states.size(1)))
+        values.append(torch.cat([states[e][1] for e in entries]) if entries else torch.zeros(0, dtype=torch.long))
+    store = PerInputDatastores(keys, values)
+    return store.neighbours(forced.states, forced.examples, max(GRID_K))
+
+
+# ------------------------------------------------------------------ stage 2: decoding
+
+def validation_bleu(translator_factory, sources, references) -> Tuple[float, float]:
+    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+
+    translator = translator_factory()
+    start = time.time()
+    results = translator.translate(sources, progress=False)
+    hyps = [[r.text for r in doc] for doc in results]
+    s = corpus_sbleu([h for d in hyps for h in d], [r for d in references for r in d]).score
+    return s, time.time() - start
+
+
+def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
+         memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, progress=print) -> dict:
+    """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory)
+    and translation pieces on ``split``; returns the report (grid, decodes, chosen values)."""
+    from reluformer_mt.checkpoints import load_model
+    from reluformer_mt.inference.translator import DocumentTranslator
+
+    if split == "test":
+        raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
+    started = time.time()
+    loaded = load_model(checkpoint, data, device=device)
+    model, task, data_dir = loaded.model, loaded.task, Path(loaded.data_dir)
+    report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": split, "fingerprint": model_fingerprint(model)}
+    store = None
+    if datastore is not None:
+        store = Datastore.load(datastore, fingerprint=report["fingerprint"], checkpoint=str(checkpoint))
+        report["leakage"] = check_leakage(store, data_dir, split)
+    forced = ForcedSplit(model, task, split, max_tokens=max_tokens, device=device)
+    progress(f"tune: {len(forced):,} {split} tokens force-decoded ({time.time() - started:.0f} s)")
+    report["tokens"] = len(forced)
+    report["model_nll"] = float(-forced.lp_ref.double().mean())
+    grids = {}
+    if store is not None:
+        d, v = store.search(forced.states.numpy(), max(GRID_K))
+        grids["full"], report["full_scale"] = grid_scores(forced, torch.from_numpy(d), torch.from_numpy(v.astype(np.int64)))
+    # per-input: the memory of the translator (the data directory's training split)
+    probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k)
+    lookup = probe.memory
+    sentence_sources = read_split_sentences(data_dir, split)
+    memory_ids, _ = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
+    lookup.entry_source = probe._entry_source
+    d, v = per_input_neighbours(forced, model, task, memory_ids, lookup, memory_k, probe.reads_memory, lookup.k,
+                                max_tokens, device)
+    grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v)
+    progress(f"tune: {sum(len(g) for g in grids.values()):,} settings scored by validation NLL ({time.time() - started:.0f} s)")
+    report["grid"] = grids
+    chosen = {mode: {r: best_options(rows, r).as_dict() for r in TUNE_READOUTS} for mode, rows in grids.items()}
+    report["best_by_nll"] = chosen
+    if not decode:
+        report["seconds"] = round(time.time() - started, 1)
+        return report
+    sources, references, _ = split_documents(data_dir, split)
+    common = dict(data=data, device=device, beam=beam)
+    decodes = []
+
+    def run(name, **kwargs):
+        s, seconds = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **kwargs), sources, references)
+        decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds, 1),
+                        **{k: (v.as_dict() if isinstance(v, KnnOptions) else v) for k, v in kwargs.items()
+                           if k not in ("knn",)}})
+        progress(f"tune: {name}: {split} s-BLEU {s:.2f} ({seconds:.0f} s)")
+        return s
+
+    run("plain")
+    for weight in GRID_PIECES_WEIGHT:
+        for floor in GRID_PIECES_FLOOR:
+            run(f"pieces w={weight:g} floor={floor:g}", piece_weight=weight, piece_k=pieces_k, piece_floor=floor)
+    pieces = max((d for d in decodes if d["name"].startswith("pieces")), key=lambda d: d["s_bleu"])
+    best = {"pieces": {"piece_weight": pieces["piece_weight"], "piece_floor": pieces["piece_floor"],
+                       "s_bleu": pieces["s_bleu"]}}
+    for mode in grids:
+        kw = {"knn": datastore} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
+        scores = {}
+        for readout in TUNE_READOUTS:
+            options = KnnOptions(**chosen[mode][readout])
+            scores[readout] = (run(f"knn {mode} {readout}", knn_options=options, **kw), options)
+        readout = max(scores, key=lambda r: scores[r][0])
+        options = scores[readout][1]
+        with_pieces = run(f"knn {mode} {readout} + pieces", knn_options=options, piece_weight=best["pieces"]["piece_weight"],
+                          piece_k=pieces_k, piece_floor=best["pieces"]["piece_floor"], **kw)
+        best[mode] = {"options": options.as_dict(), "s_bleu": scores[readout][0],
+                      "pieces": with_pieces > scores[readout][0], "s_bleu_with_pieces": with_pieces,
+                      "by_readout": {r: s for r, (s, _) in scores.items()}}
+    report["decodes"], report["chosen"] = decodes, best
+    if store is not None:
+        store.set_tuned("full", {**best["full"]["options"], "tuned_on": f"{data_dir} ({split})"})
+    report["seconds"] = round(time.time() - started, 1)
+    return report
+
+
+def read_split_sentences(data_dir, split: str) -> List[str]:
+    """The split's source sentences in order, as the memory lookup sees them at translation."""
+    sources, _, _ = split_documents(data_dir, split)
+    return [s for doc in sources for s in doc]
+
+
+def format_report(report: dict) -> str:
+    lines = [f"tuned on {report['data']} ({report['split']}, {report['tokens']:,} tokens); model NLL "
+             f"{report['model_nll']:.3f}"]
+    for mode, by_readout in report["best_by_nll"].items():
+        for readout, o in by_readout.items():
+            row = min((r for r in report["grid"][mode] if r["readout"] == readout), key=lambda r: r["nll"])
+            lines.append(f"  {mode:9s} {readout:8s} best by NLL: k={o['k']} lambda={o['lam']:g} "
+                         f"{'radius' if readout == 'relu' else 'T'}={row['spread']:g}x scale -> NLL {row['nll']:.3f}")
+    for d in report.get("decodes", []):
+        lines.append(f"  decode {d['name']:32s} s-BLEU {d['s_bleu']:6.2f}  ({d['seconds']} s)")
+    return "\n".join(lines)
+
+
+__all__ = ["TuneError", "check_leakage", "format_report", "split_documents", "tune"]

@@ -1,0 +1,195 @@
+"""kNN-MT (issue 31): read-outs, datastores, decoding and the tuner, on real tiny models."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from reluformer_mt.knn.readout import knn_probabilities, mix_log_probs, neighbour_weights
+
+
+def test_softmax_readout_is_knn_mt():
+    """Khandelwal et al.: weights softmax(-d/T) over the k neighbours, summed per token, mass 1."""
+    d = torch.tensor([[1.0, 2.0, 4.0]])
+    values = torch.tensor([[3, 5, 3]])
+    w, mass = neighbour_weights(d, "softmax", temperature=2.0)
+    expected = torch.softmax(-d / 2.0, dim=1)
+    assert torch.allclose(w, expected) and mass.item() == 1.0
+    p = knn_probabilities(w, values, 8)
+    assert p[0, 3] == pytest.approx(float(expected[0, 0] + expected[0, 2])) and p[0, 5] == pytest.approx(float(expected[0, 1]))
+    assert p.sum().item() == pytest.approx(1.0)
+
+
+def test_relu_readout_gives_no_mass_when_every_neighbour_is_beyond_the_radius():
+    d = torch.tensor([[12.0, 15.0, 30.0], [0.0, 5.0, 20.0]])
+    w, mass = neighbour_weights(d, "relu", radius=10.0)
+    assert w[0].abs().sum() == 0 and mass[0] == 0  # all beyond tau: nothing from the datastore
+    assert torch.allclose(w[1], torch.tensor([1.0, 0.5, 0.0]) / 1.5) and mass[1] == 1.0  # exact match: full lambda
+    lprobs = torch.log_softmax(torch.randn(2, 6), dim=1)
+    probs = knn_probabilities(w, torch.tensor([[1, 2, 3], [4, 4, 5]]), 6)
+    mixed = mix_log_probs(lprobs, probs, mass, lam=0.7)
+    assert torch.allclose(mixed[0], lprobs[0], atol=1e-6)  # row 0 unchanged
+    expected = torch.log(0.7 * probs[1] + 0.3 * lprobs[1].exp())
+    assert torch.allclose(mixed[1], expected, atol=1e-6)
+
+
+def test_sparse_readouts_and_missing_neighbours():
+    d = torch.tensor([[1.0, 1.1, 9.0], [float("inf")] * 3])
+    for readout in ("sparsemax", "entmax15"):
+        w, mass = neighbour_weights(d, readout, temperature=1.0)
+        assert w[0].sum().item() == pytest.approx(1.0) and w[0, 2] == 0  # the far one gets exactly 0
+        assert w[1].abs().sum() == 0 and mass[1] == 0  # nothing found: no kNN mass
+    w, mass = neighbour_weights(d, "softmax", temperature=1.0)
+    assert w[1].abs().sum() == 0 and mass[1] == 0
+
+
+def test_mixing_keeps_ruled_out_tokens_ruled_out():
+    lprobs = torch.log_softmax(torch.randn(1, 5), dim=1)
+    lprobs[0, 2] = -math.inf  # e.g. EOS before the minimum length
+    probs = torch.zeros(1, 5)
+    probs[0, 2] = 1.0
+    mixed = mix_log_probs(lprobs, probs, torch.ones(1), lam=0.9)
+    assert torch.isneginf(mixed[0, 2]) and torch.isfinite(mixed[0, [0, 1, 3, 4]]).all()
+
+
+def test_bad_readout_options_are_one_line_errors():
+    from reluformer_mt.knn.readout import ReadoutError
+    from reluformer_mt.knn.search import KnnOptions
+
+    with pytest.raises(ReadoutError, match="--knn-readout"):
+        neighbour_weights(torch.zeros(1, 2), "cosine")
+    with pytest.raises(ReadoutError, match="--knn-lambda"):
+        KnnOptions(lam=1.5).check()
+    with pytest.raises(ReadoutError, match="--knn-k"):
+        KnnOptions(k=0).check()
+
+
+def test_per_input_datastores_search_only_their_own_entries():
+    from reluformer_mt.knn.search import PerInputDatastores
+
+    keys = [torch.tensor([[0.0, 0.0], [1.0, 1.0]]), torch.tensor([[5.0, 5.0]])]
+    values = [torch.tensor([7, 8]), torch.tensor([9])]
+    store = PerInputDatastores(keys, values)
+    d, v = store.neighbours(torch.tensor([[0.9, 1.0], [0.9, 1.0]]), torch.tensor([0, 1]), k=2)
+    assert v[0].tolist() == [8, 7] and d[0, 0].item() == pytest.approx(0.01)
+    assert v[1].tolist() == [9, -1] and math.isinf(d[1, 1].item())  # source 1 has one entry
+
+
+# ------------------------------------------------------------------ on real tiny models
+
+TRAIN_TINY = ["--arch", "reluformer_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
+              "--max-source-positions", "1024", "--max-target-positions", "256",
+              "--criterion", "reluformer_cross_entropy", "--optimizer", "adam", "--lr", "3e-3",
+              "--max-tokens", "1500", "--num-workers", "0", "--seed", "1", "--cpu", "--disable-validation",
+              "--no-epoch-checkpoints", "--no-progress-bar", "--max-update", "6"]
+
+
+@pytest.fixture(scope="module")
+def knn_setup(prepared_doc_data, tmp_path_factory):
+    """IWSLT talks prepared with memory neighbours, a tiny document model (no memory) and one with
+    memory attention trained on them, and a datastore of the first over the training split."""
+    from conftest import prepare_iwslt_with_memory
+    from helpers import USER_DIR, run_fairseq
+
+    from reluformer_mt.knn.datastore import build_datastore
+
+    root = tmp_path_factory.mktemp("knn")
+    data = prepare_iwslt_with_memory(root / "doc128", prepared_doc_data["doc"] / "spm.model", segment_tokens=128)
+    checkpoints = {}
+    for fusion in ("none", "attention"):
+        save = root / fusion
+        run_fairseq("train", [data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TINY,
+                              "--tm-fusion", fusion, "--tm-k", "1", "--save-dir", save])
+        checkpoints[fusion] = save / "checkpoint_last.pt"
+    store = build_datastore(checkpoints["none"], root / "store", progress=False)
+    return {"data": data, "checkpoints": checkpoints, "store": store, "root": root}
+
+
+def test_datastore_holds_every_training_target_token_with_its_state(knn_setup):
+    from reluformer_mt.data.prepared import Prepared
+    from reluformer_mt.knn.datastore import Datastore
+
+    store = knn_setup["store"]
+    prepared = Prepared.load(knn_setup["data"])
+    train = prepared.splits["train"]
+    # one entry per target token (separators included) and the </s> of every training segment
+    assert store.size == train.target_tokens + train.segments
+    assert store.keys.dtype == np.float16 and store.values.dtype == np.int32 and store.dim == 32
+    again = Datastore.load(store.directory)
+    # the nearest entry of a stored key is itself (distance ~0, float16 keys)
+    d, v = again.search(np.asarray(again.keys[:5], dtype=np.float32), 1)
+    assert (d[:, 0] < 1e-3).all() and (v[:, 0] == again.values[:5]).all()
+    assert "entries of dim 32" in again.describe() and again.meta["bytes"] > 0
+
+
+def test_datastore_of_another_checkpoint_is_refused(knn_setup):
+    from reluformer_mt.inference import DocumentTranslator, TranslationError
+
+    with pytest.raises(TranslationError, match="built with the weights of .* rebuild it with this checkpoint"):
+        DocumentTranslator(knn_setup["checkpoints"]["attention"], knn=knn_setup["store"].directory)
+
+
+def test_knn_changes_translations_and_lambda_zero_does_not(knn_setup):
+    """--knn with lambda 1 and a stored datastore changes the output (every family: here a plain
+    document model); lambda 0 is the plain translation, bit for bit."""
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.knn.search import KnnOptions
+    from reluformer_mt.memory.tm import read_prepared
+
+    test = read_prepared(knn_setup["data"], "test")
+    documents = [test.sources[:4], test.sources[4:7]]
+    ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
+    kwargs = dict(beam=2, max_len_a=0, max_len_b=10)
+    plain = [[r.text for r in d] for d in DocumentTranslator(ckpt, **kwargs).translate(documents)]
+    off = DocumentTranslator(ckpt, knn=store, knn_options=KnnOptions(lam=0.0), **kwargs)
+    assert [[r.text for r in d] for d in off.translate(documents)] == plain
+    on = DocumentTranslator(ckpt, knn=store, knn_options=KnnOptions(k=8, lam=0.9, temperature=1.0), **kwargs)
+    guided = [[r.text for r in d] for d in on.translate(documents)]
+    assert guided != plain
+    assert on.stats["knn: beam steps"] > 0 and on.stats["knn: beam steps whose best token the neighbours changed"] > 0
+    assert "kNN-MT: softmax read-out of k=8" in on.describe()
+    assert "knn: beam steps whose best token" in on.summary()
+
+
+def test_per_input_datastores_for_a_memory_model(knn_setup):
+    """--knn-memory (SK-MT): each sentence's matches force-decoded into its own datastore, for a
+    model trained with memory attention too; a relu read-out with a tiny radius gives no mass."""
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.knn.search import KnnOptions
+    from reluformer_mt.memory.tm import read_prepared
+
+    test = read_prepared(knn_setup["data"], "test")
+    documents = [test.sources[:5]]
+    ckpt = knn_setup["checkpoints"]["attention"]
+    kwargs = dict(beam=2, max_len_a=0, max_len_b=10)
+    plain = [[r.text for r in d] for d in DocumentTranslator(ckpt, **kwargs).translate(documents)]
+    far = DocumentTranslator(ckpt, knn_memory=True, knn_options=KnnOptions(readout="relu", radius=1e-9, lam=1.0), **kwargs)
+    assert [[r.text for r in d] for d in far.translate(documents)] == plain
+    assert far.stats["knn: beam steps with kNN mass"] == 0 and far.stats["knn: per-input datastore entries"] > 0
+    near = DocumentTranslator(ckpt, knn_memory=True, knn_memory_k=4,
+                              knn_options=KnnOptions(readout="relu", radius=1e6, lam=1.0, k=4), **kwargs)
+    assert [[r.text for r in d] for d in near.translate(documents)] != plain
+    assert near.stats["knn: beam steps with kNN mass"] > 0
+
+
+def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, tmp_path):
+    from reluformer_mt.knn.datastore import DatastoreError, build_datastore
+    from reluformer_mt.knn.tune import TuneError, tune
+
+    ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
+    with pytest.raises(TuneError, match="never reads the test split"):
+        tune(ckpt, datastore=store, split="test", progress=lambda *_: None)
+    report = tune(ckpt, datastore=store, decode=False, progress=lambda *_: None)
+    assert report["split"] == "valid" and report["tokens"] > 0
+    assert report["leakage"]["datastore_overlap"] <= report["leakage"]["training_overlap"]
+    for mode in ("full", "per_input"):
+        rows = report["grid"][mode]
+        assert {r["readout"] for r in rows} == {"softmax", "relu"} and len(rows) > 100
+        best = min(rows, key=lambda r: r["nll"])
+        assert best["nll"] <= report["model_nll"] + 1e-9  # lambda -> small recovers the model at worst
+    # a datastore built from the validation split holds it: refused
+    leaky = build_datastore(ckpt, tmp_path / "leaky", split="valid", progress=False)
+    with pytest.raises(DatastoreError, match="built from data containing the valid split; refused"):
+        tune(ckpt, datastore=leaky.directory, decode=False, progress=lambda *_: None)
