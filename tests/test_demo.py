@@ -28,7 +28,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
         starts = r["learning_curve"]["phase_starts"]  # the plot marks where the document phase begins
         assert list(starts) == ["sentence", "document"] and starts["sentence"] == 0 < starts["document"]
         assert 0 <= r["fallback_rate"] <= 1
-        free = r["free"]  # the same chapters decoded with --separators free
+        free = r["modes"]["free"]  # the same chapters decoded with --separators free
         assert free["separators"] == "free" and r["separators"] == "constrained"
         assert free["segments"] == r["segments"] and 0 <= free["fallbacks"] <= free["segments"]
     baselines = report["baselines"]
@@ -48,17 +48,33 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     table = tiny_demo["stdout"]
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
-    # the memory family: its bands (with, without, copy of the match) and the copy baseline's row
-    bands = report["models"]["softmax+tm"]["memory_bands"]
-    assert [b["band"] for b in bands["bands"]] == ["<50", "50-70", "70-90", ">=90", ">=50", "all"]
-    assert bands["bands"][-1]["sentences"] == report["models"]["softmax+tm"]["verses"]
-    assert 0 <= bands["without_memory"]["s_bleu"] <= 100 and 0 < report["baselines"]["tm_copy"]["s_bleu"] < 100
-    assert "baseline: copy of the memory's match" in table and "by the best match's fuzzy-match band" in table
-    # every family again with translation pieces (the memory's n-grams guide beam search)
+    # every family in every decoding mode, each mode's hypotheses in a plain file that recomputes its numbers
+    from reluformer_mt.evaluation.bleu import corpus_sbleu
+
+    refs = (report_dir / "test.ref.en.txt").read_text(encoding="utf-8").splitlines()
     for family, r in report["models"].items():
-        assert r["pieces"]["verses"] == r["verses"] and 0 <= r["pieces"]["s_bleu"] <= 100
-        assert summary["families"][family]["s_bleu_pieces"] == round(r["pieces"]["s_bleu"], 2)
-    assert "translation pieces: beam search guided" in table and "with pieces: s-BLEU" in table
+        expected = {"constrained", "free", "sentence", "pieces", "knn", "knn-memory", "knn+pieces"}
+        expected |= {"without-memory"} if "+" in family else set()
+        assert set(r["modes"]) == expected, family
+        for mode, m in r["modes"].items():
+            hyps = (report_dir / m["hypothesis_file"]).read_text(encoding="utf-8").splitlines()
+            assert len(hyps) == r["verses"] and m["verses"] == r["verses"]
+            assert corpus_sbleu(hyps, refs).score == pytest.approx(m["s_bleu"], abs=1e-9), (family, mode)
+            assert summary["families"][family]["modes"][mode]["s_bleu"] == round(m["s_bleu"], 2)
+        assert r["modes"]["knn"]["knn_steps"] > 0  # the datastore was consulted at every step
+        # the values tuned on the validation chapters, and the mode chosen there
+        tuned = r["tuned"]
+        assert set(tuned["chosen"]) == {"pieces", "full", "per_input"} and tuned["datastore"]["entries"] > 0
+        assert r["best_mode"] in r["modes"]
+        assert json.loads(open(tuned["report"], encoding="utf-8").read())["split"] == "valid"
+        # bands of every mode beside copying the match
+        bands = r["bands"]
+        assert [b["band"] for b in bands["bands"]] == ["<50", "50-70", "70-90", ">=90", ">=50", "all"]
+        assert bands["bands"][-1]["sentences"] == r["verses"] and "copy of the match" in bands["systems"]
+    assert 0 < report["baselines"]["tm_copy"]["s_bleu"] < 100
+    assert "baseline: copy of the memory's match" in table and "by the best memory match's fuzzy-match band" in table
+    assert "s-BLEU of every decoding mode" in table and "+ kNN-MT (per-input)" in table
+    assert "values tuned on the validation chapters" in table
 
 
 def test_reference_run_rows_come_from_its_summary():

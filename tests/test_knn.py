@@ -193,3 +193,19 @@ def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, t
     leaky = build_datastore(ckpt, tmp_path / "leaky", split="valid", progress=False)
     with pytest.raises(DatastoreError, match="built from data containing the valid split; refused"):
         tune(ckpt, datastore=leaky.directory, decode=False, progress=lambda *_: None)
+
+
+def test_fairseq_generate_with_a_datastore(knn_setup):
+    """fairseq users: --knn-datastore on the task gives fairseq-generate kNN-MT; lambda 0 is plain."""
+    from helpers import USER_DIR, run_fairseq
+
+    ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
+    common = [knn_setup["data"], "--user-dir", USER_DIR, "--task", "document_translation", "--path", ckpt,
+              "--gen-subset", "test", "--beam", "2", "--max-len-a", "0", "--max-len-b", "8", "--max-sentences", "8",
+              "--cpu", "--no-progress-bar"]
+    outputs = {}
+    for name, extra in (("plain", []), ("off", ["--knn-datastore", store, "--knn-lambda", "0"]),
+                        ("on", ["--knn-datastore", store, "--knn-lambda", "0.9", "--knn-temperature", "1"])):
+        printed = run_fairseq("generate", common + extra, capture=True)
+        outputs[name] = sorted(line for line in printed.splitlines() if line.startswith("H-"))
+    assert outputs["plain"] and outputs["off"] == outputs["plain"] and outputs["on"] != outputs["plain"]

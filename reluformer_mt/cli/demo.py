@@ -18,7 +18,6 @@ from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
 # the stages import fairseq, whose imports would print log lines before --help's usage
 _demo = import_quietly("reluformer_mt.experiments.demo")
 DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo = _demo.DEFAULT_FAMILIES, _demo.PRESETS, _demo.DemoOptions, _demo.run_demo
-PIECES_WEIGHT = _demo.PIECES_WEIGHT
 PRESET_DEFAULT = " (default: the preset's)"
 
 
@@ -41,9 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tm-fusion", choices=["concat", "attention"], default=None,
                    help="fusion of the +tm families (default: the preset's)")
     p.add_argument("--tm-k", type=positive_int, default=None, help="memory matches per sentence of the +tm families")
-    p.add_argument("--pieces-weight", type=non_negative_float, default=PIECES_WEIGHT,
-                   help="also translate every family with beam search guided by the memory's translation pieces "
-                        "(reluformer-translate --pieces-weight; 0 = skip)")
+    p.add_argument("--pieces-weight", type=non_negative_float, default=None,
+                   help="translation pieces' weight for every family (reluformer-translate --pieces-weight; 0 = skip); "
+                        "default: weight and fuzzy floor tuned on the validation chapters (reluformer-memory tune)")
+    p.add_argument("--pieces-floor", type=probability, default=0.0,
+                   help="with --pieces-weight: only matches with a fuzzy score >= this give pieces")
+    p.add_argument("--no-knn", dest="knn", action="store_false",
+                   help="skip kNN-MT (the datastores, the tuning and the kNN rows; docs/KNN_MT.md)")
+    p.add_argument("--knn-memory-k", type=positive_int, default=8,
+                   help="memory matches per verse of the per-input kNN-MT datastores")
     p.add_argument("--pieces-k", type=positive_int, default=8, help="memory matches per verse whose n-grams are pieces")
     p.add_argument("--jobs", type=positive_int, default=2,
                    help="families trained at once on a CPU, one thread each (small models gain little from a second "
@@ -95,6 +100,7 @@ def options_from_args(args, families) -> DemoOptions:
                        bible_root=args.bible_root,
                        **{name: getattr(args, name) for name in ("tm_fusion", "tm_k") if getattr(args, name) is not None},
                        jobs=args.jobs, pieces_weight=args.pieces_weight, pieces_k=args.pieces_k,
+                       pieces_floor=args.pieces_floor, knn=args.knn, knn_memory_k=args.knn_memory_k,
                        force=args.force, device=args.device, train_args=list(args.train_args), **values)
 
 

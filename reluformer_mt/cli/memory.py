@@ -3,6 +3,12 @@
     # re-key the memory with a checkpoint's learned keys (EMAT), rewrite every split's neighbours
     # and compare recall and copy-of-top-1 s-BLEU with the TF-IDF keys
     reluformer-memory rekey --checkpoint checkpoints/checkpoint_last.pt --data data-bin/bible.sentence
+
+    # kNN-MT: a datastore of the checkpoint's decoder states over its training split, its
+    # description, and the search values tuned on the validation split (docs/KNN_MT.md)
+    reluformer-memory datastore build --checkpoint checkpoints/checkpoint_last.pt --out knn/bible
+    reluformer-memory datastore info knn/bible
+    reluformer-memory tune --checkpoint checkpoints/checkpoint_last.pt --knn knn/bible --json tuned.json
 """
 import argparse
 import json
@@ -10,11 +16,12 @@ import logging
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser
+from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
+                                     check_output_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="reluformer-memory", description="The translation memory of a prepared directory.",
+    p = OneLineParser(prog="reluformer-memory", description="The translation memory of a prepared directory and kNN-MT datastores.",
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     r = sub.add_parser("rekey", formatter_class=DefaultsHelpFormatter,
@@ -28,7 +35,66 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default="cpu", help="torch device of the encoding")
     r.add_argument("--json", help="also write the comparison to this file")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    ds = sub.add_parser("datastore", help="kNN-MT datastores (docs/KNN_MT.md)")
+    ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
+    b = ds_sub.add_parser("build", formatter_class=DefaultsHelpFormatter,
+                          help="force-decode a prepared split with a checkpoint: (decoder state -> next token) entries")
+    b.add_argument("--checkpoint", "-c", required=True, help="fairseq checkpoint (.pt) of any family")
+    b.add_argument("--out", "-o", required=True, help="the datastore's directory (created)")
+    b.add_argument("--data", help="a directory prepared with the checkpoint's dictionaries (default: the one it was trained on)")
+    b.add_argument("--split", default="train", help="the split whose target tokens become entries")
+    b.add_argument("--index", choices=("auto", "exact", "hnsw", "ivf"), default="auto",
+                   help="faiss index: auto = exact up to 1M entries, HNSW above")
+    b.add_argument("--max-tokens", type=int, default=8000, help="tokens per force-decoding batch")
+    b.add_argument("--device", default="auto", help="torch device: auto (CUDA when available), cpu, cuda")
+    b.add_argument("--force", action="store_true", help="rebuild a datastore that is already there")
+    b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    i = ds_sub.add_parser("info", help="what a datastore holds")
+    i.add_argument("directory")
+    t = sub.add_parser("tune", formatter_class=DefaultsHelpFormatter,
+                       help="choose kNN-MT and translation-piece values on the validation split (never the test split)")
+    t.add_argument("--checkpoint", "-c", required=True, help="fairseq checkpoint (.pt)")
+    t.add_argument("--knn", metavar="DATASTORE", help="a datastore of this checkpoint (its tuned values are written back)")
+    t.add_argument("--data", help="prepared directory (default: the one the checkpoint was trained on)")
+    t.add_argument("--split", default="valid", help="the split tuned on (test is refused)")
+    t.add_argument("--beam", type=int, default=4, help="beam of the validation decodes")
+    t.add_argument("--knn-memory-k", type=int, default=8, help="matches per sentence of the per-input datastores")
+    t.add_argument("--pieces-k", type=int, default=8, help="matches per sentence of translation pieces")
+    t.add_argument("--no-decode", action="store_true", help="only the teacher-forced grid (seconds), no validation decodes")
+    t.add_argument("--device", default="auto", help="torch device: auto (CUDA when available), cpu, cuda")
+    t.add_argument("--json", help="write the whole report (grid, decodes, chosen values) here")
     return p
+
+
+def run_datastore(args) -> str:
+    from reluformer_mt.knn.datastore import Datastore, build_datastore
+
+    if args.action == "info":
+        store = Datastore.load(args.directory)
+        tuned = store.meta.get("tuned", {}).get("full")
+        return store.describe() + (f"\n  tuned: {tuned}" if tuned else "\n  not tuned (reluformer-memory tune)")
+    if not Path(args.checkpoint).is_file():
+        raise ValueError(f"--checkpoint {args.checkpoint}: not found")
+    store = build_datastore(args.checkpoint, args.out, data=args.data, split=args.split, max_tokens=args.max_tokens,
+                            index=args.index, device=args.device, progress=not args.quiet, force=args.force)
+    m = store.meta
+    return (store.describe() + f"\n  built in {m['build_seconds']} s; {m['bytes'] / 2**20:.1f} MiB on disk"
+            + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else ""))
+
+
+def run_tune(args) -> str:
+    from reluformer_mt.knn.tune import format_report, tune
+
+    if not Path(args.checkpoint).is_file():
+        raise ValueError(f"--checkpoint {args.checkpoint}: not found")
+    if args.json:
+        check_output_file(args.json, "--json")
+    report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=args.device,
+                  beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return format_report(report)
 
 
 def run_rekey(args) -> dict:
@@ -54,6 +120,12 @@ def main(argv=None) -> int:
 
     register()
     try:
+        if args.command == "datastore":
+            print(run_datastore(args))
+            return EXIT_OK
+        if args.command == "tune":
+            print(run_tune(args))
+            return EXIT_OK
         report = run_rekey(args)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -101,7 +101,8 @@ function setupSentences() {
   const S = DATA.sentences, M = DATA.metrics;
   if (!S || !M) return;
   const systems = [];
-  for (const model of S.models) for (const mode of S.modes) systems.push([model, mode, model + " (" + mode + ")"]);
+  const first = S.chapters[0].verses[0].hyp;  // a mode a model was not decoded with is left out
+  for (const model of S.models) for (const mode of S.modes) if (first[model][mode] !== undefined) systems.push([model, mode, model + " (" + mode + ")"]);
   const nearest = DATA.nearest_name;
   const rows = [];
   S.chapters.forEach((ch) => ch.verses.forEach((v, k) => rows.push({chapter: ch.id, verse: k + 1, idx: rows.length, v: v})));

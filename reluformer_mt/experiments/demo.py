@@ -86,9 +86,6 @@ PRESETS: Dict[str, dict] = {
 }
 
 
-PIECES_WEIGHT = 10.0
-
-
 @dataclass
 class DemoOptions:
     out: Path
@@ -125,10 +122,16 @@ class DemoOptions:
     tm_fusion: str = "attention"
     tm_k: int = 2
     # translation pieces (Zhang et al. 2018): every family also translated with beam search guided by the
-    # n-grams of the top ``pieces_k`` memory matches, bonus ``pieces_weight`` x fuzzy score (0: not run);
-    # the weight was tuned on the validation chapters (docs/TRANSLATION_MEMORY.md)
-    pieces_weight: float = PIECES_WEIGHT
+    # n-grams of the top ``pieces_k`` memory matches of the verse it is writing, bonus weight x fuzzy
+    # score for matches above a fuzzy floor. None: weight and floor tuned on the validation chapters by
+    # ``reluformer-memory tune`` (the default); a number: used as given (0: not run)
+    pieces_weight: Optional[float] = None
+    pieces_floor: float = 0.0
     pieces_k: int = 8
+    # kNN-MT (docs/KNN_MT.md): a datastore of every family's training chapters, the search values tuned on
+    # the validation chapters, and the test chapters translated with it (full and per-input datastores)
+    knn: bool = True
+    knn_memory_k: int = 8
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
 
@@ -240,7 +243,7 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
     if o.sentence_updates > 0 and not o.budget_minutes:
         phases.append(("sentence", dirs["sentence"], o.sentence_updates))
     phases.append(("document", dirs["doc"], o.max_update))
-    init_from, curve, offset, seconds = None, {"train": [], "valid": []}, 0.0, 0.0
+    init_from, curve, offset, seconds, cpu, total_updates = None, {"train": [], "valid": []}, 0.0, 0.0, 0.0, 0
     for name, data_dir, updates in phases:
         save_dir = root / name if len(phases) > 1 else root
         log_file = log_dir / (f"{family}.{name}.log" if len(phases) > 1 else f"{family}.log")
@@ -251,7 +254,7 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
                     stale.unlink(missing_ok=True)
             before = float((save_dir / "seconds_before_resume.txt").read_text()) if (
                 save_dir / "seconds_before_resume.txt").exists() else 0.0
-            start = time.time()
+            start, cpu_start = time.time(), process_cpu_seconds()
             try:
                 run_fairseq("train", train_argv(o, family, data_dir, save_dir, log_file, max_positions, updates, init_from))
             except BaseException:  # interrupted: remember the time spent, resume on the next call
@@ -259,6 +262,9 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
                 (save_dir / "seconds_before_resume.txt").write_text(f"{before + time.time() - start:.1f}\n")
                 raise
             finished.write_text(f"{before + time.time() - start:.1f}\n")
+            # CPU seconds of this process (training runs in-process): unlike wall minutes, they do not
+            # depend on which family trained beside it or on other jobs of the machine
+            (save_dir / "train_cpu_seconds.txt").write_text(f"{process_cpu_seconds() - cpu_start:.1f}\n")
         else:
             print(f"  {checkpoint} is finished: skipped (use --force to retrain)")
         phase_curve = read_learning_curve(log_file)
@@ -270,8 +276,21 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
         phase_seconds = float(finished.read_text())
         offset += phase_seconds
         seconds += phase_seconds
+        cpu_file = save_dir / "train_cpu_seconds.txt"
+        cpu = None if cpu is None or not cpu_file.exists() else cpu + float(cpu_file.read_text())
+        total_updates += updates
         init_from = checkpoint
-    return {"checkpoint": init_from, "train_seconds": round(seconds, 1), "learning_curve": curve}
+    return {"checkpoint": init_from, "train_seconds": round(seconds, 1), "learning_curve": curve,
+            "train_cpu_seconds": None if cpu is None else round(cpu, 1),
+            "cpu_seconds_per_update": None if cpu is None or o.budget_minutes else round(cpu / max(1, total_updates), 3)}
+
+
+def process_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def training_jobs(o: "DemoOptions") -> int:
@@ -311,42 +330,38 @@ def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path]) -> Dict[str, dict
 
 
 # ------------------------------------------------------------------------------------ evaluation
-def translate_family(o: "DemoOptions", checkpoint: Path, data_dir: Path) -> tuple:
-    """Every translation of the held-out chapters one family needs: (constrained, free separators,
-    translation pieces or None, memory bands or None); ``matches`` are dropped, hypotheses kept."""
-    bleu = bleu_of_model(o, checkpoint, data_dir)
-    matches = bleu.pop("matches")
-    bands = None if matches is None else memory_bands(o, checkpoint, data_dir, bleu["hypotheses"], matches)
-    free = bleu_of_model(o, checkpoint, data_dir, separators="free")
-    free.pop("matches")
-    guided = None
-    if o.pieces_weight:
-        guided = bleu_of_model(o, checkpoint, data_dir, pieces=True)
-        guided.pop("hypotheses"), guided.pop("matches")
-    return bleu, free, guided, bands
+def tune_and_translate_family(o: "DemoOptions", family: str, checkpoint: Path, data_dir: Path) -> dict:
+    """Every translation of the held-out chapters one family needs (:mod:`.demo_translate`): the
+    datastore and tuning on the validation chapters first (kNN-MT, pieces), then every mode."""
+    from reluformer_mt.experiments.demo_translate import tune_family, translate_modes
+
+    tuned = tune_family(o, family, checkpoint, data_dir) if needs_tuning(o) else None
+    modes = translate_modes(o, family, checkpoint, data_dir, split_family(family)[1] is not None, tuned)
+    return {"tuned": tuned, "modes": modes}
 
 
-def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir: Path) -> Dict[str, tuple]:
-    """:func:`translate_family` of every family, ``training_jobs(o)`` at a time (one thread each)."""
+def needs_tuning(o: "DemoOptions") -> bool:
+    return o.knn or o.pieces_weight is None
+
+
+def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir: Path) -> Dict[str, dict]:
+    """:func:`tune_and_translate_family` of every family, ``training_jobs(o)`` at a time (one thread each)."""
     if training_jobs(o) == 1:
-        return {family: translate_family(o, checkpoint, data_dir) for family, checkpoint in checkpoints.items()}
-    return in_workers(o, {family: (translate_family, o, checkpoint, data_dir)
+        return {family: tune_and_translate_family(o, family, checkpoint, data_dir)
+                for family, checkpoint in checkpoints.items()}
+    return in_workers(o, {family: (tune_and_translate_family, o, family, checkpoint, data_dir)
                           for family, checkpoint in checkpoints.items()}, level=logging.WARNING)
 
 
-def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: str = "constrained",
-                  memory: Optional[str] = None, pieces: bool = False) -> dict:
+def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, **translator_options) -> dict:
     """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU.
 
-    ``separators``: "constrained" (the translator's default) or "free", which shows how often the
-    model keeps the verse separators by itself (the report gives both). ``memory``: for a model
-    trained with a translation memory, None = its training memory, "none" = without matches.
-    ``pieces``: beam search guided by the training memory's translation pieces (any model)."""
+    ``translator_options``: further :class:`DocumentTranslator` keywords, e.g. ``separators="free"``
+    (how often the model keeps the verse separators by itself), ``memory="none"`` (a memory model
+    without its matches), translation pieces or kNN-MT (:mod:`.demo_translate`)."""
     sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
-    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, separators=separators,
-                                    memory=memory, piece_weight=o.pieces_weight if pieces else 0.0,
-                                    piece_k=o.pieces_k)
+    translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, **translator_options)
     start = time.time()
     results = translator.translate(list(sources.values()), progress=True)
     seconds = time.time() - start
@@ -363,30 +378,11 @@ def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, separators: 
             "segments": stats["segments"], "fallbacks": fallbacks, "separators": translator.separators,
             "fallback_rate": fallbacks / max(1, stats["segments"]),
             "translate_seconds": round(seconds, 1), "hypotheses": dict(zip(sources, hyp_docs)),
+            "knn_steps_changed": stats["knn: beam steps whose best token the neighbours changed"],
+            "knn_steps": stats["knn: beam steps"],
             "matches": None if translator.memory is None else [
                 {"fuzzy": r.match[1], "entry": r.match[0], "copy": translator.memory.target(r.match[0])}
                 for doc in results for r in doc]}
-
-
-def memory_bands(o: DemoOptions, checkpoint: Path, data_dir: Path, hypotheses: Dict[str, List[str]],
-                 matches: List[dict]) -> tuple:
-    """s-BLEU by fuzzy band of a memory model with and without its matches, and of copying the
-    match; also the copy baseline's overall s-/d-BLEU."""
-    from reluformer_mt.evaluation.memory_bands import band_scores
-
-    references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
-    refs = [s for d in references.values() for s in d]
-    without = bleu_of_model(o, checkpoint, data_dir, memory="none")
-    copies = [m["copy"] for m in matches]
-    systems = {"with memory": [s for d in hypotheses.values() for s in d],
-               "without memory": [s for d in without["hypotheses"].values() for s in d], "copy of the match": copies}
-    rows = band_scores(refs, [m["fuzzy"] for m in matches], systems)
-    copy_docs, k = [], 0
-    for doc in references.values():
-        copy_docs.append(copies[k:k + len(doc)])
-        k += len(doc)
-    copy = {"s_bleu": corpus_sbleu(copies, refs).score, "d_bleu": corpus_dbleu(copy_docs, list(references.values())).score}
-    return {"bands": rows, "without_memory": {k: without[k] for k in ("s_bleu", "d_bleu", "fallbacks", "segments")}}, copy
 
 
 def baselines(o: DemoOptions, data_dir: Path) -> dict:
@@ -511,7 +507,7 @@ def updates_label(r: dict) -> str:
     return f"{r['sentence_updates']}+{r['updates']}" if r.get("sentence_updates") else str(r["updates"])
 
 
-def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float) -> dict:
+def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float, base: Optional[dict] = None) -> dict:
     """The table's numbers per family, small enough to commit (``REFERENCE_SUMMARY``)."""
     families = {}
     for family, r in results.items():
@@ -522,9 +518,20 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float) -> d
             "d_bleu": round(r["d_bleu"], 2),
             "aer_best_head": round(best_head, 3), "aer_head_average": round(head_avg, 3),
             "fallbacks": f"{r['fallbacks']}/{r['segments']}",
-            **({"s_bleu_pieces": round(r["pieces"]["s_bleu"], 2)} if "pieces" in r else {})}
+            "cross_sparsity": round(r["cross_sparsity"], 3) if "cross_sparsity" in r else None,
+            "cpu_seconds_per_update": r.get("cpu_seconds_per_update"),
+            "best_mode": r.get("best_mode", "constrained"),
+            "modes": {mode: {"s_bleu": round(m["s_bleu"], 2), "d_bleu": round(m["d_bleu"], 2),
+                             "fallbacks": f"{m['fallbacks']}/{m['segments']}", "file": m.get("hypothesis_file")}
+                      for mode, m in r.get("modes", {}).items()},
+            **({"knn": {"full": r["tuned"]["chosen"]["full"]["options"],
+                        "per_input": r["tuned"]["chosen"]["per_input"]["options"],
+                        "pieces": {k: r["tuned"]["chosen"]["pieces"][k] for k in ("piece_weight", "piece_floor")}}}
+               if r.get("tuned") else {})}
+    baselines = {name: {k: round(v, 2) for k, v in b.items()} for name, b in (base or {}).items()
+                 if name in ("nearest_verse", "tm_copy", "diagonal")}
     return {"preset": o.preset, "train_args": list(o.train_args), "total_minutes": round(total_seconds / 60, 1),
-            "commit": git_commit(), "families": families}
+            "commit": git_commit(), "families": families, "baselines": baselines}
 
 
 def git_commit() -> str:
@@ -553,7 +560,7 @@ def comparison_rows(results: Dict[str, dict], base: dict, reference: Optional[di
                      r["s_bleu"], r["d_bleu"], best_head, head_avg, r["cross_sparsity"], r["cross_null"],
                      f"{r['fallbacks']}/{r['segments']}"]
                     + ([free["s_bleu"], free["d_bleu"], f"{free['fallbacks']}/{free['segments']}"]
-                       if (free := r.get("free")) else ["", "", ""]))
+                       if (free := r.get("modes", {}).get("free")) else ["", "", ""]))
     nan = float("nan")
     rows.append(["baseline: nearest training verse", "", "", "", "", base["nearest_verse"]["s_bleu"],
                  base["nearest_verse"]["d_bleu"], nan, nan, "", "", "", "", "", ""])
@@ -583,31 +590,63 @@ DEFINITIONS = {
 }
 
 
-PIECES_HEADERS = ["model", "s-BLEU", "with pieces: s-BLEU", "gain", "d-BLEU", "with pieces: d-BLEU"]
+def modes_table(results: Dict[str, dict], base: dict, metric: str = "s_bleu") -> str:
+    """Every family in every decoding mode (``metric``: s_bleu or d_bleu), the mode chosen on the
+    validation chapters marked with *, beside the copy baselines ('' when a mode was not run)."""
+    from reluformer_mt.experiments.demo_translate import LABELS, MODES
 
-
-def pieces_table(results: Dict[str, dict], base: dict) -> str:
-    """Every family with and without translation pieces, beside the copy baselines ('' when not run)."""
-    rows = [[family, r["s_bleu"], r["pieces"]["s_bleu"], r["pieces"]["s_bleu"] - r["s_bleu"], r["d_bleu"],
-             r["pieces"]["d_bleu"]] for family, r in results.items() if "pieces" in r]
-    if not rows:
-        return ""
-    rows.append(["baseline: nearest training verse", base["nearest_verse"]["s_bleu"], "", "",
-                 base["nearest_verse"]["d_bleu"], ""])
-    if "tm_copy" in base:
-        rows.append(["baseline: copy of the memory's match", base["tm_copy"]["s_bleu"], "", "", base["tm_copy"]["d_bleu"], ""])
-    return format_table(PIECES_HEADERS, rows)
-
-
-def memory_band_table(results: Dict[str, dict]) -> str:
-    """The by-band table of every memory family ('' when there is none)."""
-    from reluformer_mt.evaluation.memory_bands import BAND_HEADERS, band_table_rows
-
+    modes = [m for m in MODES if any(m in r.get("modes", {}) for r in results.values())]
     rows = []
     for family, r in results.items():
-        if "memory_bands" in r:
-            rows += band_table_rows(family, r["memory_bands"]["bands"], BAND_HEADERS[2:])
-    return format_table(BAND_HEADERS, rows) if rows else ""
+        cells = []
+        for m in modes:
+            value = r.get("modes", {}).get(m, {}).get(metric)
+            cells.append("" if value is None else f"{value:.2f}" + ("*" if m == r.get("best_mode") else ""))
+        rows.append([family] + cells)
+    names = {"nearest_verse": "baseline: nearest training verse", "tm_copy": "baseline: copy of the memory's match"}
+    for key, name in names.items():
+        if key in base:
+            rows.append([name, f"{base[key][metric]:.2f}"] + [""] * (len(modes) - 1))
+    return format_table(["model"] + [LABELS[m] for m in modes], rows)
+
+
+def band_table(results: Dict[str, dict]) -> str:
+    """s-BLEU of every mode by the best memory match's fuzzy band, beside copying the match."""
+    from reluformer_mt.experiments.demo_translate import LABELS
+
+    rows, systems = [], None
+    for family, r in results.items():
+        bands = r.get("bands")
+        if not bands:
+            continue
+        systems = systems or bands["systems"]
+        for b in bands["bands"]:
+            rows.append([f"{family}: {b['band']}", b["sentences"]]
+                        + [float("nan") if b.get(s) is None else b[s] for s in systems])
+    if not rows:
+        return ""
+    return format_table(["model: band (fuzzy %)", "verses"] + [LABELS.get(s, s) for s in systems], rows)
+
+
+def knn_table(results: Dict[str, dict]) -> str:
+    """The values the tuner chose on the validation chapters, and the validation s-BLEU of each
+    read-out (softmax vs ReLU), per family."""
+    rows = []
+    for family, r in results.items():
+        t = r.get("tuned")
+        if not t:
+            continue
+        for mode in ("full", "per_input"):
+            c = t["chosen"][mode]
+            o = c["options"]
+            spread = f"radius {o['radius']:.3g}" if o["readout"] == "relu" else f"T {o['temperature']:.3g}"
+            rows.append([f"{family} ({'full datastore' if mode == 'full' else 'per-input'})", o["readout"], o["k"],
+                         o["lam"], spread, c["by_readout"]["softmax"], c["by_readout"]["relu"],
+                         c["s_bleu_with_pieces"]])
+    if not rows:
+        return ""
+    return format_table(["model (datastore)", "read-out", "k", "lambda", "T / radius", "valid: softmax read-out",
+                         "valid: relu read-out", "valid: + pieces"], rows)
 
 
 # Published points of comparison (other corpora and model sizes: for orientation, not for a match).
@@ -617,6 +656,45 @@ PAPER_POINTS = [
     "ReLUFormer paper (Shen et al. 2023, Europarl7 En-De documents): equal to softmax at 128-256-token "
     "segments, better from 512 on (+1.15 BLEU at 1024)",
 ]
+
+
+def collect_translations(o: DemoOptions, results: Dict[str, dict], translated: Dict[str, dict], base: dict,
+                         data_dir: Path) -> Dict[str, Dict[str, dict]]:
+    """Each family's modes into ``results`` (the table's s-BLEU/d-BLEU are the constrained
+    decoding's), the bands of every mode, the copy-of-the-match baseline; prints a line per mode.
+    Returns the hypotheses as ``{mode: {family: {chapter: verses}}}``."""
+    from reluformer_mt.experiments.demo_translate import bands_of_modes, best_validation_mode, hypothesis_file
+
+    references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
+    refs = [v for doc in references.values() for v in doc]
+    hypotheses: Dict[str, Dict[str, dict]] = {}
+    for family, t in translated.items():
+        modes = t["modes"]
+        for mode, b in modes.items():
+            hypotheses.setdefault(mode, {})[family] = b.pop("hypotheses")
+            b["hypothesis_file"] = hypothesis_file(family, mode)
+            print(f"  {family} ({mode}): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
+                  f"({b['chapters']} chapters, {b['verses']} verses, {b['fallbacks']}/{b['segments']} segments "
+                  f"retranslated, {b['translate_seconds']} s)", flush=True)
+        bands = bands_of_modes(refs, {m: {**b, "hypotheses": hypotheses[m][family]} for m, b in modes.items()})
+        matches = next((b["matches"] for b in modes.values() if b.get("matches")), None)
+        if matches is not None and "tm_copy" not in base:
+            copies = [m["copy"] or "" for m in matches]
+            copy_docs, k = [], 0
+            for doc in references.values():
+                copy_docs.append(copies[k:k + len(doc)])
+                k += len(doc)
+            base["tm_copy"] = {"s_bleu": corpus_sbleu(copies, refs).score,
+                               "d_bleu": corpus_dbleu(copy_docs, list(references.values())).score}
+        for b in modes.values():
+            b.pop("matches", None)
+        constrained = modes["constrained"]
+        results[family].update({k: v for k, v in constrained.items()})
+        results[family]["modes"] = modes
+        results[family]["bands"] = bands
+        results[family]["tuned"] = t["tuned"]
+        results[family]["best_mode"] = best_validation_mode(t["tuned"], modes)
+    return hypotheses
 
 
 def run_demo(o: DemoOptions) -> dict:
@@ -649,34 +727,23 @@ def run_demo(o: DemoOptions) -> dict:
         checkpoints[family] = trained["checkpoint"]
         curves[family] = trained["learning_curve"]
         document_valid = [p for p in curves[family]["valid"] if p["phase"] == "document"]
-        results[family] = {"train_seconds": trained["train_seconds"],
+        results[family] = {"train_seconds": trained["train_seconds"], "train_cpu_seconds": trained.get("train_cpu_seconds"),
+                           "cpu_seconds_per_update": trained.get("cpu_seconds_per_update"),
                            "valid_loss": document_valid[-1]["loss"] if document_valid else float("nan"),
                            "learning_curve": curves[family]}
 
-    with stages.stage("evaluate: translate held-out chapters (s-BLEU, d-BLEU), AER vs gold, attention statistics"):
+    what = ("kNN-MT datastores, tuning on the validation chapters, " if needs_tuning(o) else "") + "every decoding mode"
+    with stages.stage(f"translate the held-out chapters ({what})"):
         base = baselines(o, dirs["doc"])
-        hypotheses, free_hypotheses = {}, {}
         translated = translate_families(o, checkpoints, dirs["doc"])
+        hypotheses = collect_translations(o, results, translated, base, dirs["doc"])
+
+    with stages.stage("evaluate: AER vs gold, attention statistics, the report's plots"):
         for family, checkpoint in checkpoints.items():
             info = checkpoint_info(checkpoint)
             results[family]["params"], results[family]["updates"] = info.parameters, info.updates
             # the document phase counts its own updates (fresh optimizer); the sentence phase's come first
             results[family]["sentence_updates"] = o.sentence_updates if not o.budget_minutes else 0
-            bleu, free, guided, bands = translated[family]
-            hypotheses[family] = bleu.pop("hypotheses")
-            if bands is not None:  # a memory family: what the memory adds, by fuzzy band
-                results[family]["memory_bands"], base["tm_copy"] = bands
-            (report_dir / f"test_{family}.hyp.json").write_text(json.dumps(hypotheses[family], ensure_ascii=False, indent=0))
-            results[family].update(bleu)
-            free_hypotheses[family] = free.pop("hypotheses")
-            results[family]["free"] = free
-            if guided is not None:
-                results[family]["pieces"] = guided
-            modes = [("constrained", bleu), ("free", free)] + ([("translation pieces", guided)] if guided else [])
-            for mode, b in modes:
-                print(f"  {family} ({mode}): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
-                      f"({b['chapters']} chapters, {b['verses']} verses, {b['fallbacks']}/{b['segments']} segments "
-                      f"retranslated, {b['translate_seconds']} s)", flush=True)
         evaluation = alignment_and_stats(o, checkpoints, dirs["doc"], report_dir)
         for family in o.families:
             results[family]["aer"] = evaluation["aer"]["models"][family]["aer_per_layer"]
@@ -688,10 +755,11 @@ def run_demo(o: DemoOptions) -> dict:
                                     title=f"{o.preset} preset, {', '.join(o.families)}")
         plot_verse_alignment(o, checkpoints, {f: results[f]["aer"] for f in o.families}, dirs["doc"],
                              report_dir / "attention_heatmaps.png")
-        chapter = next(iter(hypotheses[o.families[0]]))
+        chapter = next(iter(hypotheses["constrained"][o.families[0]]))
         side_by_side(chapter, read_split_documents(dirs["doc"], "test", "grc")[chapter],
                      read_split_documents(dirs["doc"], "test", "en")[chapter],
-                     {f: hypotheses[f][chapter] for f in o.families}, report_dir / f"chapter_{chapter}.side_by_side.md")
+                     {f: hypotheses["constrained"][f][chapter] for f in o.families},
+                     report_dir / f"chapter_{chapter}.side_by_side.md")
 
     with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
         translated = translate_one_chapter(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
@@ -701,14 +769,15 @@ def run_demo(o: DemoOptions) -> dict:
     total = time.time() - started
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
-    guided = pieces_table(results, base)
-    if guided:
-        table += (f"\n\ntranslation pieces: beam search guided by the n-grams of the top {o.pieces_k} memory matches "
-                  f"(weight {o.pieces_weight:g}; Zhang et al. 2018), constrained decoding:\n" + guided)
-    bands = memory_band_table(results)
-    if bands:
-        table += "\n\ntranslation memory, s-BLEU by the best match's fuzzy-match band (constrained decoding):\n" + bands
-    write_json(report_dir / "summary.json", summary(results, o, total))
+    table += ("\n\ns-BLEU of every decoding mode of the test chapters (* = the mode chosen on the validation "
+              "chapters):\n" + modes_table(results, base, "s_bleu"))
+    table += "\n\nd-BLEU of every decoding mode:\n" + modes_table(results, base, "d_bleu")
+    for title, part in (("kNN-MT and translation pieces: the values tuned on the validation chapters "
+                         "(reluformer-memory tune):", knn_table(results)),
+                        ("s-BLEU by the best memory match's fuzzy-match band:", band_table(results))):
+        if part:
+            table += f"\n\n{title}\n{part}"
+    write_json(report_dir / "summary.json", summary(results, o, total, base))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
     options["document_phase_lr"] = document_phase_lr(o)  # the value used, also when document_lr is unset
     report = {"options": options, "versions": versions(), "stage_seconds": stages.times,
@@ -720,7 +789,7 @@ def run_demo(o: DemoOptions) -> dict:
     # the readable report: table.md (Markdown and fixed width), plain hypothesis files, index.html
     write_table_files(report_dir, TABLE_HEADERS, comparison_rows(results, base, reference), PAPER_POINTS,
                       title=f"reluformer-demo, {o.preset} preset")
-    page = write_report_page(report_dir, dirs["doc"], checkpoints, {"constrained": hypotheses, "free": free_hypotheses},
+    page = write_report_page(report_dir, dirs["doc"], checkpoints, hypotheses,
                              {f: results[f]["aer"] for f in o.families}, device=o.device)
     print(f"\nHTML report (opens from the file system): {page}")
     print("\n" + table)

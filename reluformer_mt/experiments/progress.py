@@ -20,7 +20,11 @@ PREPARE_SECONDS = 13.0
 MEMORY_NEIGHBOURS_SECONDS = 15.0
 TRAIN_PHASE_SECONDS = 10.0  # start-up and final validation of one fairseq-train phase
 SECONDS_PER_UPDATE = 0.122  # fitted to the training stage of the measured run (bbeff71: 17.9 min for four families)
-EVALUATE_SECONDS_PER_FAMILY = 33.0  # four translations each (constrained, free, pieces, without matches), two families at a time
+# the held-out chapters in every decoding mode (constrained, free, verse by verse, pieces, kNN-MT x3),
+# and with kNN-MT or tuned pieces first a datastore and ``reluformer-memory tune`` on the validation chapters
+DECODE_SECONDS_PER_FAMILY = 40.0
+TUNE_SECONDS_PER_FAMILY = 120.0
+EVALUATE_SECONDS = 60.0  # AER and attention statistics of every family, plots, the report page
 TRANSLATE_SECONDS = 10.0
 SKIPPED_SHARE = 0.2  # a stage far faster than expected was skipped (already done): no evidence of speed
 
@@ -39,8 +43,10 @@ def demo_plan(o) -> List[Tuple[str, float]]:
         trains = [("train", train * (1.9 if "+" in f else 1.0)) for f in o.families]
     # the translation memory's neighbours of both prepared folders (measured 25 s on 2 cores)
     prepare = PREPARE_SECONDS + (MEMORY_NEIGHBOURS_SECONDS if memory else 0.0)
+    tuning = getattr(o, "knn", False) or getattr(o, "pieces_weight", 0) is None
+    decode = (DECODE_SECONDS_PER_FAMILY + (TUNE_SECONDS_PER_FAMILY if tuning else 0.0)) * len(o.families) / jobs
     return ([("prepare", prepare)] + trains
-            + [("evaluate", EVALUATE_SECONDS_PER_FAMILY * len(o.families)), ("translate", TRANSLATE_SECONDS)])
+            + [("decode", decode), ("evaluate", EVALUATE_SECONDS), ("translate", TRANSLATE_SECONDS)])
 
 
 def minutes(seconds: float) -> str:

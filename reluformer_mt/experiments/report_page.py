@@ -2,7 +2,8 @@
 
 ``write_report_page`` is the demo's last step. Into ``OUT/report/`` it writes
 
-- ``test_{model}.{constrained,free}.txt``: the hypotheses, one held-out verse a line, chapters in
+- ``test_{model}.{mode}.txt``: the hypotheses of every decoding mode (constrained, free, sentence,
+  pieces, knn, ...: ``demo_translate.MODES``), one held-out verse a line, chapters in
   order (``test.chapters.txt`` holds the chapter of each line, ``test.ref.en.txt`` and
   ``test.src.grc.txt`` the reference and source lines), so that ``reluformer-eval bleu --hyp
   test_softmax.constrained.txt --hyp-doc-ids test.chapters.txt --ref test.ref.en.txt`` rescores
@@ -129,13 +130,14 @@ def compute_metrics(hypotheses: Mapping[str, Mapping[str, Docs]], nearest: Docs,
 def sentence_view(sources: Docs, references: Docs, nearest: Docs, hypotheses: Mapping[str, Mapping[str, Docs]],
                   chapters: Sequence[str]) -> dict:
     """The held-out chapters verse by verse, as the per-sentence view shows them."""
-    models = list(next(iter(hypotheses.values())))
+    models = list(hypotheses["constrained"] if "constrained" in hypotheses else next(iter(hypotheses.values())))
     out = {"models": models, "modes": list(hypotheses), "chapters": []}
     for c in chapters:
         verses = []
         for k, (src, ref) in enumerate(zip(sources[c], references[c])):
             verses.append({"src": src, "ref": ref, "nearest": nearest[c][k],
-                           "hyp": {m: {mode: hypotheses[mode][m][c][k] for mode in hypotheses} for m in models}})
+                           "hyp": {m: {mode: hypotheses[mode][m][c][k] for mode in hypotheses if m in hypotheses[mode]}
+                                   for m in models}})
         out["chapters"].append({"id": c, "verses": verses})
     return out
 
@@ -236,7 +238,8 @@ def write_report_page(report_dir: Path, data_dir: Path, checkpoints: Mapping[str
                       hypotheses: Mapping[str, Mapping[str, Docs]], aer: Mapping[str, dict], device: str = "cpu",
                       max_alignment_verses: int = MAX_ALIGNMENT_VERSES) -> Path:
     """The files above and ``index.html``. ``hypotheses[mode][model][chapter]``: the translated
-    verses, mode "constrained" and (optionally) "free"; the chapters are those translated."""
+    verses of every decoding mode (:mod:`reluformer_mt.experiments.demo_translate`; "constrained"
+    first, a mode may lack some models); the chapters are those translated."""
     report_dir, data_dir = Path(report_dir), Path(data_dir)
     sources, references = read_test_documents(data_dir, "grc"), read_test_documents(data_dir, "en")
     chapters = list(next(iter(next(iter(hypotheses.values())).values())))

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import List
 
 from reluformer_mt.evaluation.reports import format_table, write_json
-from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, memory_bands, prepare_corpus,
-                                            train_argv)
+from reluformer_mt.evaluation.bleu import corpus_sbleu
+from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, limit_chapters, prepare_corpus,
+                                            read_split_documents, train_argv)
+from reluformer_mt.experiments.demo_translate import bands_of_modes
 from reluformer_mt.fairseq_runner import run_fairseq
 
 HEADERS = ["read-out", "k", "train min", "s-BLEU", "without memory", "copy of the match", "gain",
@@ -37,13 +39,15 @@ def run_one(o: DemoOptions, family: str, k: int, updates: int, data_dir: Path, e
         run_fairseq("train", argv)
         (save / "train_seconds.txt").write_text(f"{time.time() - start:.1f}\n")
     seconds = float((save / "train_seconds.txt").read_text())
-    bleu = bleu_of_model(o, save / "checkpoint_last.pt", data_dir)
-    hypotheses, matches = bleu.pop("hypotheses"), bleu.pop("matches")
-    bands, copy = memory_bands(o, save / "checkpoint_last.pt", data_dir, hypotheses, matches)
+    modes = {"with memory": bleu_of_model(o, save / "checkpoint_last.pt", data_dir),
+             "without memory": bleu_of_model(o, save / "checkpoint_last.pt", data_dir, memory="none")}
+    refs = [v for doc in limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters).values() for v in doc]
+    bands = bands_of_modes(refs, modes)
+    copies = [m["copy"] or "" for m in modes["with memory"]["matches"]]
     close = next(b for b in bands["bands"] if b["band"] == ">=50")
-    return {"family": family, "k": k, "train_seconds": seconds, "s_bleu": bleu["s_bleu"],
-            "without_memory": bands["without_memory"]["s_bleu"], "copy": copy["s_bleu"], "bands": bands["bands"],
-            "close": close}
+    return {"family": family, "k": k, "train_seconds": seconds, "s_bleu": modes["with memory"]["s_bleu"],
+            "without_memory": modes["without memory"]["s_bleu"], "copy": corpus_sbleu(copies, refs).score,
+            "bands": bands["bands"], "close": close}
 
 
 def main(argv=None) -> int:

@@ -212,16 +212,19 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     from fairseq.data import data_utils
     from tqdm import tqdm
 
-    from reluformer_mt.checkpoints import load_model
+    from reluformer_mt.checkpoints import load_model, pick_device
 
+    device = pick_device(device)
     if max_tokens < 1:
         raise DatastoreError(f"--max-tokens: expected a positive number of tokens per batch, got {max_tokens}")
     choose_index(index, 0)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DatastoreError(f"--out {out}: exists and is not a directory")
-    if (out / META_NAME).is_file() and not force:
-        raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
+    if (out / META_NAME).is_file():
+        if not force:
+            raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
+        (out / META_NAME).unlink()  # a rebuild killed half-way must not look finished
     loaded = load_model(checkpoint, data, device=device)
     model, task = loaded.model, loaded.task
     fingerprint = model_fingerprint(model)

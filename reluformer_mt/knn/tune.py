@@ -206,12 +206,15 @@ def validation_bleu(translator_factory, sources, references) -> Tuple[float, flo
 
 
 def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
-         memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, progress=print) -> dict:
+         memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
+         progress=print) -> dict:
     """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory)
-    and translation pieces on ``split``; returns the report (grid, decodes, chosen values)."""
-    from reluformer_mt.checkpoints import load_model
+    and translation pieces on ``split``; returns the report (grid, decodes, chosen values).
+    ``documents``: decode only the split's first N documents in stage 2 (0: all)."""
+    from reluformer_mt.checkpoints import load_model, pick_device
     from reluformer_mt.inference.translator import DocumentTranslator
 
+    device = pick_device(device)
     if split == "test":
         raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
     started = time.time()
@@ -247,6 +250,9 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         report["seconds"] = round(time.time() - started, 1)
         return report
     sources, references, _ = split_documents(data_dir, split)
+    if documents:
+        sources, references = sources[:documents], references[:documents]
+    report["decoded_documents"] = len(sources)
     common = dict(data=data, device=device, beam=beam)
     decodes = []
 

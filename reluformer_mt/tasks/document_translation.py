@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -62,6 +62,15 @@ class DocumentTranslationConfig(TranslationConfig):
                           "loaded splits (needs --tm-fusion attention; 0 = the prepared matches throughout)"})
     tm_refresh_rerank: str = field(
         default="fuzzy", metadata={"help": "re-keying: 'fuzzy' = rerank the top 128 by fuzzy match, 'none' = pure MIPS"})
+    # kNN-MT for fairseq-generate / fairseq-interactive (reluformer-translate has --knn; docs/KNN_MT.md)
+    knn_datastore: Optional[str] = field(
+        default=None, metadata={"help": "kNN-MT at generation: a datastore built by 'reluformer-memory datastore build' "
+                                        "for the checkpoint; its tuned values unless --knn-* are given"})
+    knn_k: Optional[int] = field(default=None, metadata={"help": "kNN-MT: neighbours per step (default: tuned, else 16)"})
+    knn_lambda: Optional[float] = field(default=None, metadata={"help": "kNN-MT: largest share of the neighbours"})
+    knn_temperature: Optional[float] = field(default=None, metadata={"help": "kNN-MT: T of the softmax read-out"})
+    knn_radius: Optional[float] = field(default=None, metadata={"help": "kNN-MT: radius of the relu read-out"})
+    knn_readout: Optional[str] = field(default=None, metadata={"help": "kNN-MT: softmax, relu, sparsemax or entmax15"})
 
 
 def check_key_options(cfg) -> None:
@@ -248,6 +257,29 @@ class DocumentTranslationTask(TranslationTask):
         if self.cfg.tm_fusion == "none":
             return dataset
         return MemoryPairDataset.wrap(dataset, matches, self.cfg.tm_fusion)
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        """fairseq's generator; with ``--knn-datastore`` its beam search mixes in the datastore's
+        neighbours (:mod:`reluformer_mt.knn`), so fairseq-generate and fairseq-interactive get kNN-MT."""
+        generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
+                                            extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
+        if getattr(self.cfg, "knn_datastore", None) and hasattr(generator, "search"):
+            from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
+            from reluformer_mt.knn.datastore import Datastore, model_fingerprint
+            from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder
+
+            store = Datastore.load(self.cfg.knn_datastore, fingerprint=model_fingerprint(models[0]))
+            values = {k: v for k, v in store.meta.get("tuned", {}).get("full", {}).items()
+                      if k in KnnOptions.__dataclass_fields__}
+            given = {"k": self.cfg.knn_k, "lam": self.cfg.knn_lambda, "temperature": self.cfg.knn_temperature,
+                     "radius": self.cfg.knn_radius, "readout": self.cfg.knn_readout}
+            values.update({k: v for k, v in given.items() if v is not None})
+            search = SeparatorConstrainedBeamSearch(self.target_dictionary, None)
+            search.knn = KnnMixer(StateRecorder(models[0].decoder), KnnOptions(**values))
+            search.knn.store = FullDatastore(store)
+            generator.search = search
+            logger.info(f"kNN-MT: {search.knn.options.describe()} over {store.describe()}")
+        return generator
 
     def _check_separators(self, split, dataset, infos):
         sep = self.src_dict.index(self.cfg.separator)

@@ -1,0 +1,146 @@
+"""The demo's translations of the held-out chapters: every decoding mode of one family.
+
+Each mode translates the test chapters with the document translator and is scored (s-BLEU over
+verses, d-BLEU over chapters); the report writes its hypotheses as plain text, one verse a line,
+to ``report/test_FAMILY.MODE.txt`` (:func:`hypothesis_file`), so every number of the tables can be
+recomputed with sacreBLEU from the files (``report.json`` names the file behind each number).
+
+- ``constrained``: the document translator's default (separator-constrained beam search);
+- ``free``: plain beam search (how often the model keeps the verse separators by itself);
+- ``sentence``: the same checkpoint verse by verse, without document context;
+- ``without-memory``: a memory-attention family with its matches withheld;
+- ``pieces``: beam search guided by translation pieces (weight and fuzzy floor tuned);
+- ``knn``: kNN-MT over the family's full datastore of the training chapters (tuned);
+- ``knn-memory``: kNN-MT over per-input datastores of each verse's memory matches (SK-MT; tuned);
+- ``knn+pieces``: the full datastore and the pieces together.
+
+The search values come from ``reluformer-memory tune`` on the validation chapters
+(:func:`tune_family`), never from the test chapters; the demo's "best" row of a family is the
+mode with the best *validation* s-BLEU.
+"""
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+MODES = ("constrained", "free", "sentence", "without-memory", "pieces", "knn", "knn-memory", "knn+pieces")
+LABELS = {"constrained": "document translator", "free": "free separators", "sentence": "verse by verse",
+          "without-memory": "without its matches", "pieces": "+ translation pieces", "knn": "+ kNN-MT",
+          "knn-memory": "+ kNN-MT (per-input)", "knn+pieces": "+ kNN-MT + pieces"}
+
+
+def hypothesis_file(family: str, mode: str) -> str:
+    """The report's file of a family's mode (written by ``report_page.write_plain_files``)."""
+    return f"test_{family}.{mode}.txt"
+
+
+def datastore_dir(out: Path, family: str) -> Path:
+    return out / "knn" / family
+
+
+def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
+    """The family's full datastore (built once per checkpoint) and the tuner's choices on the
+    validation chapters (``report/tune_FAMILY.json``, rerun when missing)."""
+    from reluformer_mt.knn.datastore import Datastore, DatastoreError, build_datastore, model_fingerprint
+    from reluformer_mt.knn.tune import tune
+
+    store_dir = datastore_dir(o.out, family)
+    report_path = o.out / "report" / f"tune_{family.replace('+', '_')}.json"
+    started = time.time()
+    try:
+        from reluformer_mt.checkpoints import load_model
+
+        Datastore.load(store_dir, fingerprint=model_fingerprint(load_model(checkpoint, data_dir).model))
+        built = None
+    except DatastoreError:
+        built = build_datastore(checkpoint, store_dir, data=data_dir, device=o.device, progress=False, force=True).meta
+        report_path.unlink(missing_ok=True)  # a new datastore: tune again
+    if report_path.is_file() and not o.force:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    else:
+        report = tune(checkpoint, data=data_dir, datastore=store_dir, split="valid", device=o.device, beam=o.beam,
+                      memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=o.eval_chapters,
+                      progress=lambda line: print(f"  {family}: {line}"))
+        report.pop("grid")  # hundreds of rows: the JSON keeps them, the demo's report does not need them
+        report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    meta = Datastore.load(store_dir).meta
+    return {"chosen": report["chosen"], "decodes": report["decodes"], "report": str(report_path),
+            "datastore": {"entries": meta["size"], "mib": round(meta["bytes"] / 2 ** 20, 1),
+                          "build_seconds": meta["build_seconds"] if built else meta["build_seconds"],
+                          "index": meta["index"]["kind"]},
+            "seconds": round(time.time() - started, 1)}
+
+
+def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Optional[dict]:
+    """DocumentTranslator keywords of a mode, None when the mode does not apply."""
+    from reluformer_mt.knn.search import KnnOptions
+
+    pieces = None
+    if o.pieces_weight is not None:  # given on the command line: used as given
+        pieces = {"piece_weight": o.pieces_weight, "piece_floor": o.pieces_floor} if o.pieces_weight else None
+    elif tuned is not None:
+        pieces = {k: tuned["chosen"]["pieces"][k] for k in ("piece_weight", "piece_floor")}
+    if mode == "free":
+        return {"separators": "free"}
+    if mode == "sentence":
+        return {"segment_tokens": 0}
+    if mode == "pieces":
+        return None if pieces is None else {**pieces, "piece_k": o.pieces_k}
+    if mode.startswith("knn"):
+        if tuned is None:
+            return None
+        if mode == "knn-memory":
+            return {"knn_memory": True, "knn_memory_k": o.knn_memory_k,
+                    "knn_options": KnnOptions(**tuned["chosen"]["per_input"]["options"])}
+        kw = {"knn": str(store_dir), "knn_options": KnnOptions(**tuned["chosen"]["full"]["options"])}
+        if mode == "knn+pieces":
+            return None if pieces is None else {**kw, **pieces, "piece_k": o.pieces_k}
+        return kw
+    return {}
+
+
+def translate_modes(o, family: str, checkpoint: Path, data_dir: Path, reads_memory: bool,
+                    tuned: Optional[dict]) -> Dict[str, dict]:
+    """Every applicable mode of one family: mode -> the scores of
+    :func:`reluformer_mt.experiments.demo.bleu_of_model` with ``hypotheses`` and ``matches``."""
+    from reluformer_mt.experiments.demo import bleu_of_model
+
+    results = {}
+    for mode in MODES:
+        if mode == "without-memory":
+            kw = {"memory": "none"} if reads_memory else None
+        else:
+            kw = mode_options(o, mode, tuned, datastore_dir(o.out, family))
+        if kw is None:
+            continue
+        results[mode] = bleu_of_model(o, checkpoint, data_dir, **kw)
+    return results
+
+
+def bands_of_modes(references: List[str], results: Dict[str, dict]) -> Optional[dict]:
+    """s-BLEU of every mode by the best memory match's fuzzy band, beside copying the match (None
+    when no mode consulted the memory)."""
+    from reluformer_mt.evaluation.memory_bands import band_scores
+
+    matches = next((r["matches"] for r in results.values() if r.get("matches")), None)
+    if matches is None:
+        return None
+    systems = {mode: [v for doc in r["hypotheses"].values() for v in doc] for mode, r in results.items()}
+    systems["copy of the match"] = [m["copy"] or "" for m in matches]
+    return {"bands": band_scores(references, [m["fuzzy"] for m in matches], systems), "systems": list(systems)}
+
+
+def best_validation_mode(tuned: Optional[dict], results: Dict[str, dict]) -> str:
+    """The mode with the best validation s-BLEU among those translated (the tuner's decodes)."""
+    if tuned is None:
+        return "constrained"
+    chosen = tuned["chosen"]
+    valid = {"constrained": next((d["s_bleu"] for d in tuned["decodes"] if d["name"] == "plain"), None),
+             "pieces": chosen["pieces"]["s_bleu"], "knn": chosen["full"]["s_bleu"],
+             "knn-memory": chosen["per_input"]["s_bleu"], "knn+pieces": chosen["full"]["s_bleu_with_pieces"]}
+    candidates = {m: s for m, s in valid.items() if m in results and s is not None}
+    return max(candidates, key=candidates.get) if candidates else "constrained"
+
+
+__all__ = ["LABELS", "MODES", "bands_of_modes", "best_validation_mode", "hypothesis_file", "translate_modes",
+           "tune_family"]
