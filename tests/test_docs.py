@@ -71,3 +71,24 @@ def test_readme_keeps_a_marked_place_for_the_demo_table():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     table = readme.split("<!-- demo-table:begin", 1)[1].split("<!-- demo-table:end -->", 1)[0]
     assert table.count("\n|") >= 5
+
+
+def test_readme_demo_table_is_generated_from_the_committed_summary():
+    """One source for the demo's numbers: the README's block is readme_table's rendering of
+    docs/benchmarks/demo_summary.json (the run's summary.json), digit for digit."""
+    import json
+
+    from reluformer_mt.experiments.readme_table import SUMMARY_COPY, block, readme_block
+
+    summary = json.loads(SUMMARY_COPY.read_text(encoding="utf-8"))
+    assert readme_block() == block(summary)
+    # a changed number in the README fails the test
+    changed = dict(summary, families={k: dict(v, s_bleu=v["s_bleu"] + 1) for k, v in summary["families"].items()})
+    assert block(changed) != readme_block()
+
+
+def test_docs_do_not_copy_the_demo_table():
+    """The demo table lives in the README only; other docs link to it."""
+    for page in ("REFERENCE_RUN.md", "TRANSLATION_MEMORY.md", "USAGE.md", "DESIGN.md"):
+        text = (REPO / "docs" / page).read_text(encoding="utf-8")
+        assert "| baseline: copy the nearest training verse |" not in text, page

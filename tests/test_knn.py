@@ -209,3 +209,38 @@ def test_fairseq_generate_with_a_datastore(knn_setup):
         printed = run_fairseq("generate", common + extra, capture=True)
         outputs[name] = sorted(line for line in printed.splitlines() if line.startswith("H-"))
     assert outputs["plain"] and outputs["off"] == outputs["plain"] and outputs["on"] != outputs["plain"]
+
+
+def test_translation_retrieves_the_matches_preparation_found(knn_setup):
+    """One retrieval (issue 31): the memory lookup of the translator gives each test sentence the
+    neighbours that preparation stored for it (same keys, same 128 reranked candidates)."""
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.memory.neighbours import load_neighbours
+    from reluformer_mt.memory.tm import read_prepared
+
+    test = read_prepared(knn_setup["data"], "test")
+    translator = DocumentTranslator(knn_setup["checkpoints"]["attention"], beam=1)
+    ids, _ = translator.memory.lookup(test.sources, 4)
+    prepared, _ = load_neighbours(knn_setup["data"], "test", 4)
+    same = (ids[:, :2] == prepared[:, :2]).all(axis=1).mean()
+    assert same >= 0.99, same
+
+
+def test_an_entry_that_ended_its_sentence_votes_for_the_separator_while_sentences_remain():
+    """Per-input entries are single sentences ending in </s>: inside a segment with sentences still
+    to write, that vote goes to the separator (else to an EOS the constraint forbids)."""
+    from reluformer_mt.knn.search import KnnMixer, KnnOptions
+
+    class Store:
+        def neighbours(self, states, sources, k):
+            return torch.zeros(states.size(0), 1), torch.full((states.size(0), 1), 2)  # one exact match voting EOS (2)
+
+    class Recorder:
+        def last_states(self, rows):
+            return torch.zeros(rows, 4)
+
+    mixer = KnnMixer(Recorder(), KnnOptions(k=1, lam=1.0))
+    mixer.store = Store()
+    lprobs = torch.log_softmax(torch.zeros(2, 6), dim=1)
+    mixed = mixer.mix(lprobs, torch.tensor([0, 0]), eos=2, eos_as=torch.tensor([5, 2]))
+    assert mixed[0].argmax() == 5 and mixed[1].argmax() == 2

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", help="a directory prepared with the checkpoint's dictionaries (default: the one it was trained on)")
     b.add_argument("--split", default="train", help="the split whose target tokens become entries")
     b.add_argument("--index", choices=("auto", "exact", "hnsw", "ivf"), default="auto",
-                   help="faiss index: auto = exact up to 1M entries, HNSW above")
+                   help="faiss index: auto = exact up to 20k entries, IVF above (docs/KNN_MT.md)")
     b.add_argument("--max-tokens", type=int, default=8000, help="tokens per force-decoding batch")
     b.add_argument("--device", default="auto", help="torch device: auto (CUDA when available), cpu, cuda")
     b.add_argument("--force", action="store_true", help="rebuild a datastore that is already there")

@@ -132,6 +132,8 @@ class DemoOptions:
     # the validation chapters, and the test chapters translated with it (full and per-input datastores)
     knn: bool = True
     knn_memory_k: int = 8
+    # validation chapters the tuner decodes (its teacher-forced grid reads all of them; 0: all)
+    tune_chapters: int = 7
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
 

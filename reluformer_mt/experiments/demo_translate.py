@@ -59,7 +59,7 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     else:
         report = tune(checkpoint, data=data_dir, datastore=store_dir, split="valid", device=o.device, beam=o.beam,
-                      memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=o.eval_chapters,
+                      memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=min(c for c in (o.eval_chapters, o.tune_chapters) if c) if (o.eval_chapters or o.tune_chapters) else 0,
                       progress=lambda line: print(f"  {family}: {line}"))
         report.pop("grid")  # hundreds of rows: the JSON keeps them, the demo's report does not need them
         report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

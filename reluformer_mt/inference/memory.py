@@ -18,6 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES
 from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
 from reluformer_mt.memory.tm_data import encode_entries, match_tokens
 
@@ -54,7 +55,14 @@ class MemoryLookup:
                 self.tokens = encode_entries(pieces, task.tgt_dict)
         rerank = learned_key_rerank(task, data_dir) if model is not None and sp_src is not None else None
         if rerank is None:
-            self.retriever = Retriever(self.entries)
+            # one retrieval: the candidates that preparation reranked for the training neighbours
+            # (prepared.json's memory.candidates; 128 by default), so a sentence gets at translation
+            # the matches it would have got at preparation
+            from reluformer_mt.data.prepared import Prepared
+
+            prepared = Prepared.load_if_present(data_dir)
+            info = (prepared.memory if prepared is not None else None) or {}
+            self.retriever = Retriever(self.entries, candidates=int(info.get("candidates", PREPARATION_CANDIDATES)))
         else:
             from reluformer_mt.memory.learned_keys import LearnedRetriever
 

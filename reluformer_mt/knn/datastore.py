@@ -8,7 +8,8 @@ its nearest keys (:mod:`reluformer_mt.knn.search`).
 On disk (``DIR/``): ``datastore.json`` (format version, the checkpoint's fingerprint, where the
 entries come from, the index, tuned search values), ``keys.npy`` (float16, entries x dim),
 ``values.npy`` (int32), ``pairs.npy`` (a 64-bit hash of every (source, target) sentence the
-entries come from, for the leakage checks) and ``index.faiss``. A build writes shards of
+entries come from, for the leakage checks) and, for an approximate index, ``index.faiss`` (an
+exact index is rebuilt from the keys when the datastore is opened). A build writes shards of
 ``SHARD_BATCHES`` batches to ``DIR/shards/`` first, so a killed build resumes where it stopped.
 
 A document model's datastore is built from the data directory's segments: its keys are states of
@@ -32,7 +33,12 @@ FORMAT = "reluformer-knn-datastore"
 VERSION = 1
 META_NAME = "datastore.json"
 SHARD_BATCHES = 50
-EXACT_LIMIT = 1_000_000  # entries up to which ``--index auto`` searches exactly
+# ``--index auto``: exact search up to this many entries, IVF above. Measured on the bible's 312k
+# entries of dim 64 (docs/KNN_MT.md): exact search answers ~60-150 queries/s on one core, far too
+# slow for a beam of 128 rows per step; IVF (nprobe 16) thousands at recall@16 ~0.96 and builds in
+# ~5 s; HNSW (``--index hnsw``) answers faster still but takes a minute to build
+EXACT_LIMIT = 20_000
+IVF_NPROBE = 16
 INDEX_KINDS = ("auto", "exact", "hnsw", "ivf")
 
 
@@ -140,24 +146,34 @@ class Datastore:
             from reluformer_mt.memory.mips import MipsIndex
 
             kind = self.meta["index"]["kind"]
-            mips = MipsIndex(kind, ef_search=self.meta["index"].get("ef_search", 128),
-                             nprobe=self.meta["index"].get("nprobe", 16))
             path = self.directory / "index.faiss"
-            if path.is_file():
-                mips.index, mips.size = faiss.read_index(str(path)), self.size
+            if kind == "hnsw":
+                index = faiss.read_index(str(path))
+                index.hnsw.efSearch = self.meta["index"].get("ef_search", 128)
+                self._index = index
             else:
-                mips.build(augmented(np.asarray(self.keys)))
-            self._index = mips
+                mips = MipsIndex(kind, nprobe=self.meta["index"].get("nprobe", IVF_NPROBE))
+                if path.is_file():
+                    mips.index, mips.size = faiss.read_index(str(path)), self.size
+                    if kind == "ivf":
+                        mips.index.nprobe = mips.nprobe
+                else:
+                    mips.build(augmented(np.asarray(self.keys)))
+                self._index = mips
         return self._index
 
     def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """(squared L2 distances, values) of the ``k`` nearest keys of each query (rows, k); a
         missing neighbour has distance inf and value -1."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        q = np.hstack([queries, np.ones((len(queries), 1), np.float32)])
-        scores, ids = self.index().search(q, k)
-        norms = (queries.astype(np.float64) ** 2).sum(1, keepdims=True)
-        distances = np.maximum(norms - 2.0 * scores, 0.0).astype(np.float32)
+        index = self.index()
+        if self.meta["index"]["kind"] == "hnsw":  # an L2 graph: distances as they are
+            distances, ids = index.search(queries, k)
+        else:
+            q = np.ascontiguousarray(np.hstack([queries, np.ones((len(queries), 1), np.float32)]))
+            scores, ids = index.search(q, k)
+            norms = (queries.astype(np.float64) ** 2).sum(1, keepdims=True)
+            distances = np.maximum(norms - 2.0 * scores, 0.0).astype(np.float32)
         found = ids >= 0
         return np.where(found, distances, np.inf), np.where(found, self.values[np.maximum(ids, 0)], -1)
 
@@ -183,7 +199,7 @@ def choose_index(kind: str, size: int) -> str:
     if kind not in INDEX_KINDS:
         raise DatastoreError(f"--index: got {kind!r}, expected one of {', '.join(INDEX_KINDS)}")
     if kind == "auto":
-        return "exact" if size <= EXACT_LIMIT else "hnsw"
+        return "exact" if size <= EXACT_LIMIT else "ivf"
     return kind
 
 
@@ -192,6 +208,30 @@ def length_order(dataset) -> np.ndarray:
     fairseq's ``ordered_indices`` breaks ties at random)."""
     sizes = np.asarray(dataset.src_sizes) + (np.asarray(dataset.tgt_sizes) if dataset.tgt_sizes is not None else 0)
     return np.argsort(sizes, kind="stable")
+
+
+def build_index(kind: str, keys: np.ndarray, path: Path) -> dict:
+    """Write the faiss index of ``kind`` for ``keys`` to ``path`` (none for exact search, which is
+    the keys themselves); returns its description for ``datastore.json``. Exact and IVF search the
+    augmented inner-product keys with the memory layers' MIPS index; HNSW is an L2 graph over the
+    keys themselves (an HNSW graph over the augmented keys does not find L2 neighbours: the inner
+    product of the augmentation is no metric)."""
+    import faiss
+
+    from reluformer_mt.memory.mips import MipsIndex
+
+    path.unlink(missing_ok=True)
+    if kind == "exact":
+        return {"kind": "exact"}
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(keys.shape[1], 32)
+        index.hnsw.efConstruction = 64
+        index.add(np.ascontiguousarray(keys, dtype=np.float32))
+        faiss.write_index(index, str(path))
+        return {"kind": "hnsw", "m": 32, "ef_construction": 64, "ef_search": 128}
+    mips = MipsIndex("ivf", nprobe=IVF_NPROBE).build(augmented(keys))
+    faiss.write_index(mips.index, str(path))
+    return {"kind": "ivf", "nlist": int(mips.index.nlist), "nprobe": IVF_NPROBE}
 
 
 @torch.no_grad()
@@ -278,14 +318,10 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     np.save(out / "values.npy", values)
     np.save(out / "pairs.npy", pair_hashes(sources, targets))
     kind = choose_index(index, len(values))
-    from reluformer_mt.memory.mips import MipsIndex
-    import faiss
-
-    mips = MipsIndex(kind).build(augmented(keys))
-    faiss.write_index(mips.index, str(out / "index.faiss"))
+    index_meta = build_index(kind, keys, out / "index.faiss")
     meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(checkpoint), "fingerprint": fingerprint,
             "arch": getattr(loaded.cfg.model, "arch", "?"), "size": int(len(values)), "dim": int(keys.shape[1]),
-            "source": source, "index": {"kind": kind, "ef_search": mips.ef_search, "nprobe": mips.nprobe},
+            "source": source, "index": index_meta,
             "dtype": "float16", "build_seconds": round(time.time() - started, 1), "resumed_shards": resumed,
             "bytes": sum(f.stat().st_size for f in out.glob("*.*") if f.is_file())}
     write_meta(out, meta)

@@ -125,13 +125,18 @@ class KnnMixer:
         self.store = None  # FullDatastore or PerInputDatastores, set before generating
         self.stats: Counter = Counter()
 
-    def mix(self, lprobs: Tensor, sources: Tensor) -> Tensor:
+    def mix(self, lprobs: Tensor, sources: Tensor, eos: Optional[int] = None, eos_as: Optional[Tensor] = None) -> Tensor:
         """``lprobs`` (rows, vocab) mixed with the kNN distribution of each row's state; ``sources``
-        (rows,) index the per-input datastores."""
+        (rows,) index the per-input datastores. ``eos_as`` (rows,): the token a neighbour's ``eos``
+        votes for in each row -- in a document segment, a row with sentences still to write takes an
+        entry that ended its sentence (a single-sentence match, a training segment's last sentence)
+        as a vote for the separator, else the vote would go to an EOS the constraint forbids."""
         if self.store is None or self.options.lam == 0:
             return lprobs
         o = self.options
         distances, values = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, o.k)
+        if eos_as is not None:
+            values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
         weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
         probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
         mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)

@@ -37,7 +37,11 @@ def band_counts(scores: np.ndarray) -> Dict[str, int]:
     return counts
 
 
-def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = 128, progress: bool = True) -> dict:
+PREPARATION_CANDIDATES = 128  # MIPS candidates reranked by fuzzy match, at preparation and at translation
+
+
+def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = PREPARATION_CANDIDATES,
+                     progress: bool = True) -> dict:
     """Retrieve the top-``k`` training entries of every sentence of every split; write the
     arrays and record the description (with recall@k on a sample and fuzzy bands) in
     ``prepared.json``. Returns the description."""
