@@ -64,15 +64,37 @@ def test_bad_readout_options_are_one_line_errors():
         KnnOptions(k=0).check()
 
 
-def test_per_input_datastores_search_only_their_own_entries():
+def test_per_input_datastores_search_only_the_sentence_being_written():
+    """A row searches its own source's entries of the sentence it is writing; each neighbour
+    carries its match's fuzzy score."""
     from reluformer_mt.knn.search import PerInputDatastores
 
-    keys = [torch.tensor([[0.0, 0.0], [1.0, 1.0]]), torch.tensor([[5.0, 5.0]])]
-    values = [torch.tensor([7, 8]), torch.tensor([9])]
-    store = PerInputDatastores(keys, values)
-    d, v = store.neighbours(torch.tensor([[0.9, 1.0], [0.9, 1.0]]), torch.tensor([0, 1]), k=2)
-    assert v[0].tolist() == [8, 7] and d[0, 0].item() == pytest.approx(0.01)
-    assert v[1].tolist() == [9, -1] and math.isinf(d[1, 1].item())  # source 1 has one entry
+    units = [[(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), torch.tensor([7, 8]), torch.tensor([0.9, 0.9])),
+              (torch.tensor([[1.0, 1.0]]), torch.tensor([6]), torch.tensor([0.4]))],
+             [(torch.tensor([[5.0, 5.0]]), torch.tensor([9]), torch.tensor([0.5]))]]
+    store = PerInputDatastores(units)
+    state = torch.tensor([[0.9, 1.0]] * 3)
+    d, v, trust = store.neighbours(state, torch.tensor([0, 0, 1]), k=2, sentences=torch.tensor([0, 1, 0]))
+    assert v[0].tolist() == [8, 7] and d[0, 0].item() == pytest.approx(0.01) and trust[0].tolist() == pytest.approx([0.9, 0.9])
+    assert v[1].tolist() == [6, -1] and trust[1, 0].item() == pytest.approx(0.4)  # sentence 2's only match
+    assert v[2].tolist() == [9, -1] and math.isinf(d[2, 1].item())  # source 1 has one entry
+
+
+def test_the_mass_of_per_input_neighbours_follows_their_matches_fuzzy_scores():
+    from reluformer_mt.knn.search import KnnMixer, KnnOptions, PerInputDatastores
+
+    class Recorder:
+        def last_states(self, rows):
+            return torch.zeros(rows, 2)
+
+    lprobs = torch.log_softmax(torch.zeros(1, 10), dim=1)
+    shares = []
+    for fuzzy in (0.9, 0.3):
+        mixer = KnnMixer(Recorder(), KnnOptions(k=1, lam=1.0))
+        mixer.store = PerInputDatastores([[(torch.zeros(1, 2), torch.tensor([4]), torch.tensor([fuzzy]))]])
+        mixed = mixer.mix(lprobs.clone(), torch.tensor([0]))
+        shares.append(float(mixed[0, 4].exp()) - 0.1 * (1 - fuzzy))
+    assert shares == pytest.approx([0.9, 0.3], abs=1e-5)  # lambda x the voting match's fuzzy score
 
 
 # ------------------------------------------------------------------ on real tiny models
@@ -232,8 +254,8 @@ def test_an_entry_that_ended_its_sentence_votes_for_the_separator_while_sentence
     from reluformer_mt.knn.search import KnnMixer, KnnOptions
 
     class Store:
-        def neighbours(self, states, sources, k):
-            return torch.zeros(states.size(0), 1), torch.full((states.size(0), 1), 2)  # one exact match voting EOS (2)
+        def neighbours(self, states, sources, k, sentences=None):
+            return torch.zeros(states.size(0), 1), torch.full((states.size(0), 1), 2), None  # an exact match voting EOS
 
     class Recorder:
         def last_states(self, rows):

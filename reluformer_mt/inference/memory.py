@@ -37,6 +37,26 @@ def learned_key_rerank(task, data_dir) -> Optional[str]:
     return None
 
 
+_RETRIEVERS: dict = {}  # the last few TF-IDF retrievers of this process, by the memory's content
+
+
+def cached_retriever(entries, candidates: int) -> Retriever:
+    """A :class:`Retriever` of ``entries``, reused when the same memory is opened again in this
+    process (the demo and the tuner open a translator per decoding mode; fitting the keys of the
+    bible's 7,187 verses each time cost seconds). Keyed by the entries' content, not their path."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for text in (*entries.sources, "\0", *entries.targets):
+        digest.update(text.encode("utf-8") + b"\n")
+    key = (digest.hexdigest(), candidates)
+    if key not in _RETRIEVERS:
+        if len(_RETRIEVERS) >= 4:
+            _RETRIEVERS.pop(next(iter(_RETRIEVERS)))
+        _RETRIEVERS[key] = Retriever(entries, candidates=candidates)
+    return _RETRIEVERS[key]
+
+
 class MemoryLookup:
     def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt, model=None, sp_src=None):
         self.k = int(task.cfg.tm_k)
@@ -62,7 +82,7 @@ class MemoryLookup:
 
             prepared = Prepared.load_if_present(data_dir)
             info = (prepared.memory if prepared is not None else None) or {}
-            self.retriever = Retriever(self.entries, candidates=int(info.get("candidates", PREPARATION_CANDIDATES)))
+            self.retriever = cached_retriever(self.entries, int(info.get("candidates", PREPARATION_CANDIDATES)))
         else:
             from reluformer_mt.memory.learned_keys import LearnedRetriever
 

@@ -72,12 +72,13 @@ class SeparatorConstrainedBeamSearch(BeamSearch):
         rows = lprobs.view(bsz * beam_size, vocab_size)
         # rows are sentence-major (sentence b's beams are rows b*beam .. b*beam+beam-1), as tokens are
         if self.knn is not None:
-            eos_as = None
+            eos_as = sentences = None
             if self.required is not None and self.separator is not None:
                 required = self.required.to(original_batch_idxs.device)[original_batch_idxs].repeat_interleave(beam_size)
-                missing = (prev_output_tokens == self.separator).sum(dim=1) < required
-                eos_as = torch.where(missing, torch.full_like(required, self.separator), torch.full_like(required, self.eos))
-            rows.copy_(self.knn.mix(rows, original_batch_idxs.repeat_interleave(beam_size), self.eos, eos_as))
+                sentences = (prev_output_tokens == self.separator).sum(dim=1)  # the sentence each row is writing
+                eos_as = torch.where(sentences < required, torch.full_like(required, self.separator),
+                                     torch.full_like(required, self.eos))
+            rows.copy_(self.knn.mix(rows, original_batch_idxs.repeat_interleave(beam_size), self.eos, eos_as, sentences))
         if self.pieces is not None and self.piece_weight:
             sources = original_batch_idxs.repeat_interleave(beam_size)
             self.pieces.add_bonus(rows, prev_output_tokens, sources, self.piece_weight)

@@ -432,11 +432,12 @@ class DocumentTranslator:
         return results
 
     def _per_input_datastores(self, entries_of_sources):
-        """SK-MT's per-input datastores: each source's memory matches force-decoded (cached per
-        entry and the memory it was decoded with)."""
+        """SK-MT's per-input datastores: each sentence's memory matches force-decoded (cached per
+        entry and the memory it was decoded with), one unit per sentence of a source."""
         from reluformer_mt.knn.search import PerInputDatastores, per_input_states
 
-        wanted = {key for entries in entries_of_sources for key in entries if key not in self._entry_states}
+        wanted = {key for sentences in entries_of_sources for entries in sentences for key, _ in entries
+                  if key not in self._entry_states}
         if wanted:
             wanted = sorted(wanted)
             eos = torch.tensor([self.src_dict.eos()])
@@ -445,11 +446,17 @@ class DocumentTranslator:
             for key, state in zip(wanted, per_input_states(self.model, self.task, pairs, memories,
                                                            max_tokens=self.max_tokens, device=self.device)):
                 self._entry_states[key] = state
-        keys = [torch.cat([self._entry_states[e][0] for e in entries]) if entries else torch.zeros(0, 1)
-                for entries in entries_of_sources]
-        values = [torch.cat([self._entry_states[e][1] for e in entries]) if entries else torch.zeros(0, dtype=torch.long)
-                  for entries in entries_of_sources]
-        store = PerInputDatastores(keys, values)
+        units = []
+        for sentences in entries_of_sources:
+            units.append([])
+            for entries in sentences:
+                keys = [self._entry_states[key][0] for key, _ in entries]
+                values = [self._entry_states[key][1] for key, _ in entries]
+                trust = [torch.full((len(v),), fuzzy) for v, (_, fuzzy) in zip(values, entries)]
+                units[-1].append((torch.cat(keys) if keys else torch.zeros(0, 1),
+                                  torch.cat(values) if values else torch.zeros(0, dtype=torch.long),
+                                  torch.cat(trust) if trust else torch.zeros(0)))
+        store = PerInputDatastores(units)
         self.stats["knn: per-input datastore entries"] += store.entries
         return store
 
@@ -462,15 +469,16 @@ class DocumentTranslator:
         return cache[entry]
 
     def _segment_knn_entries(self, seg: "_Segment"):
-        """The per-input datastore's entries of a segment: the top ``knn_memory_k`` matches of each
-        of its sentences, each with the memory a memory-reading model decodes it with (the
-        sentence's own matches, as at translation)."""
+        """The per-input datastore of a segment, per sentence: its top ``knn_memory_k`` matches, each
+        as ((entry, the memory a memory-reading model decodes it with: the sentence's own matches,
+        as at translation), fuzzy score)."""
         out = []
         for i in seg.sentences:
-            ids, _ = self._matches[(seg.doc, i)]
+            ids, scores = self._matches[(seg.doc, i)]
             memory = tuple(int(e) for e in ids[:self.memory.k]) if self.reads_memory else ()
-            out += [(int(e), memory) for e in ids[:self.knn_memory_k] if e >= 0]
-        return list(dict.fromkeys(out))
+            out.append([((int(e), memory), float(f)) for e, f in zip(ids[:self.knn_memory_k], scores[:self.knn_memory_k])
+                        if e >= 0])
+        return out
 
     # ------------------------------------------------------------ splitting back
 

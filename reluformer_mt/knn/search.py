@@ -86,35 +86,57 @@ class FullDatastore:
     def __init__(self, datastore):
         self.datastore = datastore
 
-    def neighbours(self, states: Tensor, sources: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
+        """(distances, values, trust): trust None (every entry is equally a corpus entry)."""
         distances, values = self.datastore.search(states.detach().float().cpu().numpy(), k)
-        return torch.from_numpy(distances), torch.from_numpy(values.astype(np.int64))
+        return torch.from_numpy(distances), torch.from_numpy(values.astype(np.int64)), None
 
 
 class PerInputDatastores:
-    """One small datastore per source (its memory matches' states), searched exactly in torch."""
+    """Small datastores of memory matches, searched exactly in torch: one per *unit*, a source's
+    sentence (a document segment has several), so that a row writing sentence i of a segment
+    searches only sentence i's matches -- another verse's match is no evidence for this one. Each
+    entry also carries the fuzzy score of the match it comes from (its *trust*): the mixer scales
+    the neighbours' mass by the trust of those that voted, so a 0.9-similar match may decide the
+    token and a 0.3-similar one barely moves it."""
 
-    def __init__(self, keys: Sequence[Tensor], values: Sequence[Tensor]):
-        dim = next((k.size(1) for k in keys if k.numel()), 1)
-        longest = max(1, max((len(v) for v in values), default=1))
-        self.keys = torch.zeros(len(keys), longest, dim)
-        self.values = torch.full((len(keys), longest), -1, dtype=torch.long)
-        for s, (k, v) in enumerate(zip(keys, values)):
-            self.keys[s, :len(v)] = k.float()
-            self.values[s, :len(v)] = v
+    def __init__(self, units: Sequence[Sequence[Tuple[Tensor, Tensor, float]]]):
+        """``units[source][sentence]`` = (keys (n, dim), values (n,), fuzzy score); a source with no
+        sentence gets one empty unit."""
+        flat, self.first_unit, self.n_units = [], [], []
+        for sentences in units:
+            self.first_unit.append(len(flat))
+            self.n_units.append(max(1, len(sentences)))
+            flat += list(sentences) or [(torch.zeros(0, 1), torch.zeros(0, dtype=torch.long), 0.0)]
+        self.first_unit = torch.tensor(self.first_unit, dtype=torch.long)
+        self.n_units = torch.tensor(self.n_units, dtype=torch.long)
+        dim = next((k.size(1) for k, v, _ in flat if len(v)), 1)
+        longest = max(1, max(len(v) for _, v, _ in flat))
+        self.keys = torch.zeros(len(flat), longest, dim)
+        self.values = torch.full((len(flat), longest), -1, dtype=torch.long)
+        self.trust = torch.zeros(len(flat), longest)
+        for u, (k, v, t) in enumerate(flat):
+            self.keys[u, :len(v)] = k.float()
+            self.values[u, :len(v)] = v
+            self.trust[u, :len(v)] = t if isinstance(t, float) else torch.as_tensor(t, dtype=torch.float32)
         self.norms = (self.keys ** 2).sum(-1)
-        self.entries = sum(len(v) for v in values)
+        self.entries = sum(len(v) for _, v, _ in flat)
 
-    def neighbours(self, states: Tensor, sources: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
+        """(distances, values, trust) of each row's nearest entries in the unit of its source and
+        sentence (``sentences``: the row's sentence index in its segment; None = the first)."""
         states = states.detach().float().cpu()
         sources = sources.cpu()
-        keys, values = self.keys[sources], self.values[sources]  # (rows, n, dim), (rows, n)
+        sentence = torch.zeros_like(sources) if sentences is None else sentences.cpu()
+        units = self.first_unit[sources] + torch.minimum(sentence, self.n_units[sources] - 1)
+        keys, values = self.keys[units], self.values[units]  # (rows, n, dim), (rows, n)
         distances = ((states ** 2).sum(-1, keepdim=True) - 2 * torch.einsum("rd,rnd->rn", states, keys)
-                     + self.norms[sources]).clamp_min(0)
+                     + self.norms[units]).clamp_min(0)
         distances = distances.masked_fill(values < 0, float("inf"))
         k = min(k, distances.size(1))
         nearest, at = torch.topk(distances, k, dim=1, largest=False)
-        return nearest, torch.gather(values, 1, at).masked_fill(torch.isinf(nearest), -1)
+        return (nearest, torch.gather(values, 1, at).masked_fill(torch.isinf(nearest), -1),
+                torch.gather(self.trust[units], 1, at))
 
 
 class KnnMixer:
@@ -125,7 +147,8 @@ class KnnMixer:
         self.store = None  # FullDatastore or PerInputDatastores, set before generating
         self.stats: Counter = Counter()
 
-    def mix(self, lprobs: Tensor, sources: Tensor, eos: Optional[int] = None, eos_as: Optional[Tensor] = None) -> Tensor:
+    def mix(self, lprobs: Tensor, sources: Tensor, eos: Optional[int] = None, eos_as: Optional[Tensor] = None,
+            sentences: Optional[Tensor] = None) -> Tensor:
         """``lprobs`` (rows, vocab) mixed with the kNN distribution of each row's state; ``sources``
         (rows,) index the per-input datastores. ``eos_as`` (rows,): the token a neighbour's ``eos``
         votes for in each row -- in a document segment, a row with sentences still to write takes an
@@ -134,10 +157,13 @@ class KnnMixer:
         if self.store is None or self.options.lam == 0:
             return lprobs
         o = self.options
-        distances, values = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, o.k)
+        distances, values, trust = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, o.k,
+                                                         sentences)
         if eos_as is not None:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
         weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
+        if trust is not None:  # per-input entries: the mass the voting matches' fuzzy scores allow
+            mass = mass * (weights * trust).sum(dim=1)
         probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
         mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)
         self.stats["knn: beam steps"] += lprobs.size(0)

@@ -36,12 +36,12 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 logger = logging.getLogger(__name__)
 
 GRID_K = (4, 16, 64, 256)
-GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
 GRID_RADIUS = (0.5, 1.0, 2.0, 4.0, 8.0)         # x the median nearest-entry distance
 GRID_PIECES_WEIGHT = (5.0, 10.0)
 GRID_PIECES_FLOOR = (0.3, 0.6)
-BLEU_LAMBDAS = (0.6, 0.9)  # stage 2 also decodes the best read-out with these, when above the NLL's lambda
+BLEU_LAMBDAS = (0.6, 0.9, 1.0)  # stage 2 also decodes the best read-out with these, when above the NLL's lambda
 TUNE_READOUTS = ("softmax", "relu")
 
 
@@ -110,7 +110,8 @@ class ForcedSplit:
         task.load_dataset(split)
         dataset = task.dataset(split)
         recorder = StateRecorder(model.decoder)
-        states, refs, lps, examples = [], [], [], []
+        separator = task.tgt_dict.index(getattr(task.cfg, "separator", "<sep>"))
+        states, refs, lps, examples, sentences = [], [], [], [], []
         try:
             with torch.no_grad():
                 for batch in data_utils.batch_by_size(length_order(dataset), dataset.num_tokens, max_tokens=max_tokens):
@@ -127,17 +128,20 @@ class ForcedSplit:
                     refs.append(target[real].cpu())
                     lps.append(lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[real].float().cpu())
                     examples.append(sample["id"].unsqueeze(1).expand_as(target)[real].cpu())
+                    # the sentence of its segment each token belongs to (separators before it)
+                    before = torch.cumsum((target == separator).long(), dim=1) - (target == separator).long()
+                    sentences.append(before[real].cpu())
         finally:
             recorder.close()
         self.states, self.refs = torch.cat(states), torch.cat(refs)
-        self.lp_ref, self.examples = torch.cat(lps), torch.cat(examples)
+        self.lp_ref, self.examples, self.sentences = torch.cat(lps), torch.cat(examples), torch.cat(sentences)
         self.infos = task.segment_infos[split]
 
     def __len__(self) -> int:
         return len(self.refs)
 
 
-def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, readouts=TUNE_READOUTS,
+def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, trust=None, readouts=TUNE_READOUTS,
                 ks=GRID_K, lambdas=GRID_LAMBDA) -> Tuple[List[dict], float]:
     """Validation NLL of every grid point (rows of dicts) and the distance scale used."""
     finite = distances[:, 0][torch.isfinite(distances[:, 0])]
@@ -154,6 +158,8 @@ def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tens
             for spread in spreads:
                 value = spread * scale
                 w, mass = neighbour_weights(distances[:, :k], readout, temperature=value, radius=value)
+                if trust is not None:  # as the mixer does for per-input entries
+                    mass = mass * (w * trust[:, :k]).sum(1)
                 p_knn = (w * hits[:, :k]).sum(1).double()
                 for lam in lambdas:
                     share = lam * mass.double()
@@ -173,26 +179,37 @@ def best_options(rows: Sequence[dict], readout: str) -> Optional[KnnOptions]:
                       readout=readout)
 
 
-def per_input_neighbours(forced: ForcedSplit, model, task, memory_ids: np.ndarray, lookup, k: int,
-                         reads_memory: bool, tm_k: int, max_tokens: int, device: str):
-    """Nearest entries of every validation token among its segment's matches (per-input datastores)."""
+def per_input_neighbours(forced: ForcedSplit, model, task, memory_ids: np.ndarray, memory_scores: np.ndarray, lookup,
+                         k: int, reads_memory: bool, tm_k: int, max_tokens: int, device: str):
+    """Nearest entries (with their matches' fuzzy scores) of every validation token among its own
+    sentence's matches: the per-input datastores as the translator builds them."""
     from reluformer_mt.memory.neighbours import sentence_rows
 
     rows = sentence_rows([info.n_sentences for info in forced.infos])
+
+    def entries_of(sentence: int):
+        memory = tuple(int(x) for x in memory_ids[sentence][:tm_k]) if reads_memory else ()
+        return [((int(e), memory), float(f)) for e, f in zip(memory_ids[sentence][:k], memory_scores[sentence][:k])
+                if e >= 0]
+
     eos = torch.tensor([task.src_dict.eos()])
-    wanted = sorted({(int(e), tuple(int(x) for x in memory_ids[s][:tm_k]) if reads_memory else ())
-                     for r in rows for s in r for e in memory_ids[s][:k] if e >= 0})
+    wanted = sorted({key for r in rows for s in r for key, _ in entries_of(s)})
     pairs = [(torch.cat([lookup.entry_source(e), eos]), lookup.tokens[e]) for e, _ in wanted]
     memories = [lookup.tokens_of([np.asarray(m)]) for _, m in wanted] if reads_memory else None
     states = dict(zip(wanted, per_input_states(model, task, pairs, memories, max_tokens=max_tokens, device=device)))
-    keys, values = [], []
+    units = []
     for r in rows:
-        entries = list(dict.fromkeys((int(e), tuple(int(x) for x in memory_ids[s][:tm_k]) if reads_memory else ())
-                                     for s in r for e in memory_ids[s][:k] if e >= 0))
-        keys.append(torch.cat([states[e][0] for e in entries]) if entries else torch.zeros(0, forced.states.size(1)))
-        values.append(torch.cat([states[e][1] for e in entries]) if entries else torch.zeros(0, dtype=torch.long))
-    store = PerInputDatastores(keys, values)
-    return store.neighbours(forced.states, forced.examples, max(GRID_K))
+        units.append([])
+        for s in r:
+            entries = entries_of(s)
+            keys = [states[key][0] for key, _ in entries]
+            values = [states[key][1] for key, _ in entries]
+            trust = [torch.full((len(v),), f) for v, (_, f) in zip(values, entries)]
+            units[-1].append((torch.cat(keys) if keys else torch.zeros(0, forced.states.size(1)),
+                              torch.cat(values) if values else torch.zeros(0, dtype=torch.long),
+                              torch.cat(trust) if trust else torch.zeros(0)))
+    store = PerInputDatastores(units)
+    return store.neighbours(forced.states, forced.examples, max(GRID_K), forced.sentences)
 
 
 # ------------------------------------------------------------------ stage 2: decoding
@@ -240,11 +257,11 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k)
     lookup = probe.memory
     sentence_sources = read_split_sentences(data_dir, split)
-    memory_ids, _ = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
+    memory_ids, memory_scores = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
     lookup.entry_source = probe._entry_source
-    d, v = per_input_neighbours(forced, model, task, memory_ids, lookup, memory_k, probe.reads_memory, lookup.k,
-                                max_tokens, device)
-    grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v)
+    d, v, trust = per_input_neighbours(forced, model, task, memory_ids, memory_scores, lookup, memory_k,
+                                       probe.reads_memory, lookup.k, max_tokens, device)
+    grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v, trust)
     progress(f"tune: {sum(len(g) for g in grids.values()):,} settings scored by validation NLL ({time.time() - started:.0f} s)")
     report["grid"] = grids
     chosen = {mode: {r: best_options(rows, r).as_dict() for r in TUNE_READOUTS} for mode, rows in grids.items()}
