@@ -125,6 +125,10 @@ class MemoryReader(nn.Module):
         gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
         return x + self.dropout(gate * out)
 
+    def cached(self, incremental_state) -> bool:
+        """Whether this reader holds the memory's keys and values in ``incremental_state``."""
+        return "prev_key" in self.attn._get_input_buffer(incremental_state)
+
 
 def _copy_parts(steps: int, copy: dict):
     """(copy weights renormalised over the copyable slots (B, T', M), copyable (B, M), reads (B, T', 1)):
@@ -168,6 +172,8 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
     log_copy = torch.where(has_copy, F.logsigmoid(gate_logit) + torch.log(mass.clamp_min(1e-30)),
                            torch.full_like(mass, float("-inf")))
     corrected = torch.logaddexp(lprobs.gather(2, index), log_copy)
+    if not (torch.is_grad_enabled() and corrected.requires_grad):  # decoding: no gradient to count once
+        return lprobs.scatter_(2, index, corrected)
     # a token held by several slots is written once per slot with equal values; only its first
     # slot passes the gradient back, so the vocabulary entry's gradient is counted once
     slots = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
@@ -182,20 +188,38 @@ def memory_attention_config(base_config, fn: str):
 
 
 def reorder_memory(encoder_out: dict, new_order: torch.Tensor) -> dict:
-    """Beam search reorders the encoder output: the memory states follow their sentences."""
+    """Beam search reorders the encoder output at every step; the memory follows its sentences
+    without being copied: ``tm_rows`` maps each row (sentence x beam) to its row of the memory as
+    encoded, and a reorder composes it with the new order. Copying the states (k x 45 slots a
+    sentence, about three times the source) at every step cost more than reading them, and the
+    readers need them only once: they cache their keys and values at the first step."""
     if encoder_out.get("tm_out"):
-        encoder_out["tm_out"] = [encoder_out["tm_out"][0].index_select(1, new_order)]
-        encoder_out["tm_padding_mask"] = [encoder_out["tm_padding_mask"][0].index_select(0, new_order)]
-        encoder_out["tm_tokens"] = [encoder_out["tm_tokens"][0].index_select(0, new_order)]
+        rows = encoder_out.get("tm_rows")
+        encoder_out["tm_rows"] = [rows[0].index_select(0, new_order) if rows else new_order.clone()]
     return encoder_out
 
 
+def _rows(encoder_out: dict):
+    rows = encoder_out.get("tm_rows")
+    return rows[0] if rows else None
+
+
 def memory_of(encoder_out: Optional[dict]):
-    """(states, padding) of the memory in an encoder output, or None."""
+    """(states (M, B, C), padding (B, M)) of the memory in an encoder output, in the order of its
+    rows, or None."""
     if encoder_out is None or not encoder_out.get("tm_out"):
         return None
-    return encoder_out["tm_out"][0], encoder_out["tm_padding_mask"][0]
+    states, padding, rows = encoder_out["tm_out"][0], encoder_out["tm_padding_mask"][0], _rows(encoder_out)
+    if rows is None:
+        return states, padding
+    return states.index_select(1, rows), padding.index_select(0, rows)
+
+
+def memory_tokens_of(encoder_out: dict) -> torch.Tensor:
+    """(B, M) memory tokens in the order of the encoder output's rows."""
+    tokens, rows = encoder_out["tm_tokens"][0], _rows(encoder_out)
+    return tokens if rows is None else tokens.index_select(0, rows)
 
 
 __all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
-           "memory_of", "reorder_memory"]
+           "memory_of", "memory_tokens_of", "reorder_memory"]
