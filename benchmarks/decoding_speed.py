@@ -11,8 +11,8 @@ sentences, whole segments):
 - ``reluformer-translate``: :class:`~reluformer_mt.inference.DocumentTranslator` on the split's
   documents as text (SentencePiece, segments, the separator-constrained beam, fallbacks, splitting
   back), the whole ``translate`` call timed;
-- ``fairseq-generate``: the binarised test split with ``--task document_translation``; the time it
-  reports itself ("Translated N sentences ... in Xs": its generation steps);
+- ``fairseq-generate``: the same segments of the binarised test split (a linked copy of the
+  directory holding them) with ``--task document_translation``; the time it reports itself ("Translated N sentences ... in Xs": its generation steps);
 - ``fairseq-interactive``: the split's segments as SentencePiece lines (``--buffer-size`` =
   ``--batch-size``); the "translation time" it reports;
 - ``reluformer-translate (copy)``: a second translator of the same checkpoint, the noise check
@@ -84,6 +84,37 @@ def test_documents(data_dir: Path, sentences: int):
     return list(documents.values()), segments, used
 
 
+def subset_directory(data_dir: Path, segments: int, out: Path) -> Path:
+    """A copy of ``data_dir`` (links) whose binarised test split holds its first ``segments``
+    segments, so fairseq-generate translates exactly the segments the other systems do."""
+    from fairseq.data import Dictionary, data_utils, indexed_dataset
+
+    from reluformer_mt.data.prepared import Prepared
+
+    prepared = Prepared.load(data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in data_dir.iterdir():
+        if not item.name.startswith("test."):
+            (out / item.name).symlink_to(item.resolve())
+    pair = f"{prepared.src_lang}-{prepared.tgt_lang}"
+    for lang in (prepared.src_lang, prepared.tgt_lang):
+        prefix = f"test.{pair}.{lang}"
+        dictionary = Dictionary.load(str(data_dir / f"dict.{lang}.txt"))
+        dataset = data_utils.load_indexed_dataset(str(data_dir / prefix), dictionary)
+        builder = indexed_dataset.make_builder(str(out / f"{prefix}.bin"), impl="mmap", vocab_size=len(dictionary))
+        for i in range(segments):
+            builder.add_item(dataset[i])
+        builder.finalize(str(out / f"{prefix}.idx"))
+    for item in data_dir.glob("test.*"):
+        if item.suffix == ".tsv":  # the segment (and sentence) metadata: the segments' lines only
+            lines = item.read_text(encoding="utf-8").splitlines(keepends=True)
+            (out / item.name).write_text("".join(lines[:segments]) if item.name == "test.segments.tsv" else "".join(lines),
+                                         encoding="utf-8")
+        elif not item.name.startswith(f"test.{pair}."):
+            (out / item.name).symlink_to(item.resolve())
+    return out
+
+
 def reported_seconds(pattern: str, output: str, tool: str) -> float:
     found = re.findall(pattern, output)
     if not found:
@@ -112,8 +143,7 @@ def main(argv=None) -> dict:
     p.add_argument("--data", required=True, type=Path, help="the prepared directory the checkpoint was trained on")
     p.add_argument("--checkpoint", required=True, type=Path, help="a document-level checkpoint of that directory")
     p.add_argument("--sentences", type=int, default=0,
-                   help="translate the test split's first N sentences (whole segments; 0: all). fairseq-generate "
-                        "always translates the whole split: its time is scaled by the share of segments timed")
+                   help="translate the test split's first N sentences (whole segments; 0: all)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32, help="sentences (segments) per batch, every system")
     p.add_argument("--max-len-a", type=float, default=1.2)
@@ -149,10 +179,8 @@ def main(argv=None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="decoding_speed_"))
     # the generate split: the same segments (a binarised prefix of the test split), as --gen-subset
     (tmp / "input.txt").write_text("\n".join(segments) + "\n", encoding="utf-8")
-    generate = common + ["--gen-subset", "test", "--max-sentences", args.batch_size, "--quiet",
-                         "--skip-invalid-size-inputs-valid-test"]
-    # fairseq-generate translates the whole split: its time is scaled to the segments timed here
-    total_segments = len((args.data / "test.segments.tsv").read_text().splitlines())
+    subset = subset_directory(args.data, len(segments), tmp / "data")
+    generate = [subset] + common[1:] + ["--gen-subset", "test", "--quiet"]
     interactive = common + ["--input", tmp / "input.txt", "--buffer-size", args.batch_size]
 
     def translate(name):
@@ -175,9 +203,6 @@ def main(argv=None) -> dict:
             shift = rep % len(names)
             for name in names[shift:] + names[:shift]:
                 seconds[name].append(systems[name]())
-    # fairseq-generate reports the whole split's time: per timed segment, the split's share
-    share = len(segments) / total_segments
-    seconds["fairseq-generate"] = [s * share for s in seconds["fairseq-generate"]]
     rates = {name: [n_sentences / s for s in v] for name, v in seconds.items()}
     stats = translators["reluformer-translate"].stats
     rows = []

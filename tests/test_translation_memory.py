@@ -307,3 +307,24 @@ def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data
     assert len(set(lengths)) > 1, lengths  # sentences finished at different steps: the batch shrank
     assert [[r.text for r in d] for d in cached] == [[r.text for r in d] for d in uncached]
     assert [r.score for d in cached for r in d] == pytest.approx([r.score for d in uncached for r in d], abs=1e-5)
+
+    # and against the model without any incremental state or reordering: each hypothesis of a batch
+    # (sentences finishing at different steps, beams reordered) rescored alone by a full forward
+    # pass with its own memory gives the scores beam search reported
+    translator.generator.model.has_incremental = True
+    translator.generate = original
+    sentences = test.sources[10:16]
+    sources = [translator.src_dict.encode_line(" ".join(translator.sp_src.encode(s, out_type=str)), add_if_not_exist=False,
+                                               append_eos=True).long() for s in sentences]
+    ids, _ = translator.memory.lookup(sentences)
+    matches = [translator.memory.tokens_of([row]) for row in ids]
+    hyps = translator.generate(sources, matches=matches)
+    model, eos = translator.model, translator.tgt_dict.eos()
+    with torch.no_grad():
+        for src, match, hyp in zip(sources, matches, hyps):
+            target = torch.cat([hyp["tokens"], torch.tensor([eos])])
+            prev = torch.cat([torch.tensor([eos]), hyp["tokens"]])
+            out = model(src[None], torch.tensor([len(src)]), prev[None], memory_tokens=match[None])
+            lprobs = model.get_normalized_probs(out, log_probs=True)[0]
+            rescored = lprobs.gather(1, target[:, None])[:, 0]
+            assert torch.allclose(rescored, hyp["positional_scores"], atol=1e-4), (rescored, hyp["positional_scores"])
