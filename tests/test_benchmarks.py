@@ -127,7 +127,7 @@ def test_decoding_speed_rows_ratios_and_summary(doc_checkpoint, prepared_doc_dat
     threads = torch.get_num_threads()
     try:
         report = speed.main(["--data", str(prepared_doc_data["doc"]), "--checkpoint", str(doc_checkpoint),
-                             "--sentences", "12", "--repeats", "2", "--beam", "2", "--max-len-a", "0", "--max-len-b", "6",
+                             "--sentences", "12", "--repeats", "2", "--beam", "2", "--max-len-a", "0", "--max-len-b", "6", "--clock", "cpu",
                              "--json", str(tmp_path / "speed.json")])
     finally:
         torch.set_num_threads(threads)
@@ -140,7 +140,7 @@ def test_decoding_speed_rows_ratios_and_summary(doc_checkpoint, prepared_doc_dat
             assert len(row["translate_vs_this"]["per_rep"]) == 2
     printed = capsys.readouterr().out.rstrip().splitlines()
     assert printed[-1] == report["summary"] and printed[-1].startswith("SUMMARY ")
-    for part in ("vs fairseq-generate", "vs fairseq-interactive", "noise check: copy", "2 interleaved repetitions"):
+    for part in ("vs fairseq-generate", "vs fairseq-interactive", "noise check: copy", "2 interleaved repetitions, cpu clock"):
         assert part in printed[-1], part
     assert json.loads((tmp_path / "speed.json").read_text())["summary"] == report["summary"]
 
