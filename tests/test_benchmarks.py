@@ -106,3 +106,51 @@ def test_training_speed_rows_and_order(monkeypatch, capsys):
     assert len(summary) == 1 and "noise check: softmax copy" in summary[0] and "8 rows" in summary[0]
     with pytest.raises(SystemExit):
         speed.main(["--configs", "nonesuch"])
+
+
+def load_decoding_speed():
+    import importlib.util
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("benchmarks_decoding_speed", REPO / "benchmarks" / "decoding_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decoding_speed_rows_ratios_and_summary(doc_checkpoint, prepared_doc_data, tmp_path, capsys):
+    """benchmarks/decoding_speed.py (issue 32): reluformer-translate against fairseq-generate and
+    fairseq-interactive on the same checkpoint, the translator's copy as the noise check, every
+    ratio paired over the interleaved repetitions, one SUMMARY line (the last)."""
+    speed = load_decoding_speed()
+    threads = torch.get_num_threads()
+    try:
+        report = speed.main(["--data", str(prepared_doc_data["doc"]), "--checkpoint", str(doc_checkpoint),
+                             "--sentences", "12", "--repeats", "2", "--beam", "2", "--max-len-a", "0", "--max-len-b", "6", "--clock", "cpu",
+                             "--json", str(tmp_path / "speed.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert [r["system"] for r in report["rows"]] == ["reluformer-translate", "fairseq-generate", "fairseq-interactive",
+                                                     "reluformer-translate (copy)"]
+    assert 0 < report["sentences"] <= 12
+    for row in report["rows"]:
+        assert len(row["seconds"]) == 2 and row["sentences_per_s"] > 0
+        if row["system"] != "reluformer-translate":
+            assert len(row["translate_vs_this"]["per_rep"]) == 2
+    printed = capsys.readouterr().out.rstrip().splitlines()
+    assert printed[-1] == report["summary"] and printed[-1].startswith("SUMMARY ")
+    for part in ("vs fairseq-generate", "vs fairseq-interactive", "noise check: copy", "2 interleaved repetitions, cpu clock"):
+        assert part in printed[-1], part
+    assert json.loads((tmp_path / "speed.json").read_text())["summary"] == report["summary"]
+
+
+def test_decoding_speed_bad_input(tmp_path, capsys):
+    speed = load_decoding_speed()
+    with pytest.raises(SystemExit):
+        speed.main(["--data", str(tmp_path), "--checkpoint", str(tmp_path / "none.pt")])
+    assert "none.pt: no such file" in capsys.readouterr().err
+    (tmp_path / "c.pt").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        speed.main(["--data", str(tmp_path), "--checkpoint", str(tmp_path / "c.pt")])
+    assert "not a prepared directory" in capsys.readouterr().err

@@ -293,3 +293,60 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", memory=str(memory_data))
     with pytest.raises(TranslationError, match="--pieces-weight: expected a finite number >= 0, got -1"):
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", piece_weight=-1)
+
+
+@pytest.mark.parametrize("reader_fn", ["softmax", "relu"])
+def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data, tmp_path):
+    """Issue 32: beam search over a memory-attention model gives the same hypotheses and scores
+    when the memory's keys and values are cached across steps and beams (and the memory is
+    reordered as an index) as when every step recomputes the whole decoder from the memory's
+    states, gathered in the beams' order (fairseq's decoding without incremental state). Two
+    decoder layers (two readers), the copy distribution on; softmax readers run fairseq's
+    attention, ReLU readers our own."""
+    from reluformer_mt.inference import DocumentTranslator
+
+    save = tmp_path / "ckpt"
+    args = [a if a != "4" else "30" for a in TRAIN_TM]  # 30 updates: hypotheses of several lengths
+    args[args.index("--decoder-layers") + 1] = "2"
+    run_fairseq("train", [memory_data, "--user-dir", USER_DIR, "--task", "document_translation", *args,
+                          "--tm-fusion", "attention", "--tm-k", "2", "--tm-attn-fn", reader_fn, "--save-dir", save])
+    test = read_prepared(memory_data, "test")
+    documents = [test.sources[:6], test.sources[6:9], test.sources[9:10]]
+    translator = DocumentTranslator(save / "checkpoint_last.pt", beam=3, max_len_a=0.5, max_len_b=4)
+    assert [layer.tm_reader.attn.fn for layer in translator.model.decoder.layers] == [reader_fn] * 2
+    cached = translator.translate(documents, scores=True)
+    lengths = []
+    original = translator.generate
+
+    def generate_recording(*a, **k):
+        hyps = original(*a, **k)
+        lengths.extend(len(h["tokens"]) for h in hyps)
+        return hyps
+
+    translator.generate = generate_recording
+    translator.generator.model.has_incremental = False  # every step runs the whole decoder
+    uncached = translator.translate(documents, scores=True)
+    assert len(set(lengths)) > 1, lengths  # sentences finished at different steps: the batch shrank
+    assert [[r.text for r in d] for d in cached] == [[r.text for r in d] for d in uncached]
+    assert [r.score for d in cached for r in d] == pytest.approx([r.score for d in uncached for r in d], abs=1e-5)
+
+    # and against the model without any incremental state or reordering: each hypothesis of a batch
+    # (sentences finishing at different steps, beams reordered) rescored alone by a full forward
+    # pass with its own memory gives the scores beam search reported
+    translator.generator.model.has_incremental = True
+    translator.generate = original
+    sentences = test.sources[10:16]
+    sources = [translator.src_dict.encode_line(" ".join(translator.sp_src.encode(s, out_type=str)), add_if_not_exist=False,
+                                               append_eos=True).long() for s in sentences]
+    ids, _ = translator.memory.lookup(sentences)
+    matches = [translator.memory.tokens_of([row]) for row in ids]
+    hyps = translator.generate(sources, matches=matches)
+    model, eos = translator.model, translator.tgt_dict.eos()
+    with torch.no_grad():
+        for src, match, hyp in zip(sources, matches, hyps):
+            target = torch.cat([hyp["tokens"], torch.tensor([eos])])
+            prev = torch.cat([torch.tensor([eos]), hyp["tokens"]])
+            out = model(src[None], torch.tensor([len(src)]), prev[None], memory_tokens=match[None])
+            lprobs = model.get_normalized_probs(out, log_probs=True)[0]
+            rescored = lprobs.gather(1, target[:, None])[:, 0]
+            assert torch.allclose(rescored, hyp["positional_scores"], atol=1e-4), (rescored, hyp["positional_scores"])

@@ -116,14 +116,49 @@ class MemoryReader(nn.Module):
 
     def forward(self, x, memory, memory_padding, query_padding=None, incremental_state=None):
         h = self.layer_norm(x)
+        if memory is None and self._decodes_directly(h, incremental_state):
+            out = self._cached_softmax_step(h, incremental_state)
+        else:
+            out = self._attend(h, memory, memory_padding, query_padding, incremental_state)
+        gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
+        return x + self.dropout(gate * out)
+
+    def _decodes_directly(self, h, incremental_state) -> bool:
+        """One decoding step of a softmax reader whose keys and values are cached: read them directly."""
+        return (incremental_state is not None and not self.training and h.size(0) == 1 and self.attn.fn == "softmax"
+                and self.attn.uses_fairseq_forward and self.attn._recorder is None and self.cached(incremental_state))
+
+    def _cached_softmax_step(self, h, incremental_state):
+        """fairseq's attention step over the cached keys/values (kv_bsz, H, M, D), one copy per
+        sentence shared by its beams, as two batched matmuls with the beams as query rows (fairseq's
+        general forward with its einsum over shared beams: the readers' products were 60 % of the
+        decoder's bmm time in a profile of a 2-layer memory model). Same formula: softmax in
+        float32, head-averaged weights."""
+        attn = self.attn
+        saved = attn._get_input_buffer(incremental_state)
+        k, v, padding = saved["prev_key"], saved["prev_value"], saved.get("prev_key_padding_mask")
+        bsz, kv_bsz, heads = h.size(1), k.size(0), attn.num_heads
+        q = (attn.q_proj(h[0]) * attn.scaling).view(kv_bsz, bsz // kv_bsz, heads, attn.head_dim).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-1, -2))  # (kv_bsz, H, beams, M)
+        if padding is not None:
+            scores = scores.masked_fill(padding[:, None, None, :].to(torch.bool), float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).type_as(scores)
+        out = torch.matmul(weights, v).transpose(1, 2).reshape(1, bsz, attn.embed_dim)  # (1, B, C)
+        self.weights = weights.float().transpose(1, 2).reshape(bsz, heads, 1, -1).mean(1) if self.keep_weights else None
+        return attn.out_proj(out)
+
+    def _attend(self, h, memory, memory_padding, query_padding, incremental_state):
         with self.attn.padded_queries(query_padding):
             # with an incremental state (beam search) the memory's projected keys and values are
             # computed at the first step and reused (fairseq's static_kv cache), not once per step
             out, weights = self.attn(h, memory, memory, key_padding_mask=memory_padding, static_kv=True,
                                      incremental_state=incremental_state, need_weights=self.keep_weights)
         self.weights = weights  # (B, T, M) head average, or None
-        gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
-        return x + self.dropout(gate * out)
+        return out
+
+    def cached(self, incremental_state) -> bool:
+        """Whether this reader holds the memory's keys and values in ``incremental_state``."""
+        return "prev_key" in self.attn._get_input_buffer(incremental_state)
 
 
 def _copy_parts(steps: int, copy: dict):
@@ -168,6 +203,8 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
     log_copy = torch.where(has_copy, F.logsigmoid(gate_logit) + torch.log(mass.clamp_min(1e-30)),
                            torch.full_like(mass, float("-inf")))
     corrected = torch.logaddexp(lprobs.gather(2, index), log_copy)
+    if not (torch.is_grad_enabled() and corrected.requires_grad):  # decoding: no gradient to count once
+        return lprobs.scatter_(2, index, corrected)
     # a token held by several slots is written once per slot with equal values; only its first
     # slot passes the gradient back, so the vocabulary entry's gradient is counted once
     slots = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
@@ -182,20 +219,38 @@ def memory_attention_config(base_config, fn: str):
 
 
 def reorder_memory(encoder_out: dict, new_order: torch.Tensor) -> dict:
-    """Beam search reorders the encoder output: the memory states follow their sentences."""
+    """Beam search reorders the encoder output at every step; the memory follows its sentences
+    without being copied: ``tm_rows`` maps each row (sentence x beam) to its row of the memory as
+    encoded, and a reorder composes it with the new order. Copying the states (k x 45 slots a
+    sentence, about three times the source) at every step cost more than reading them, and the
+    readers need them only once: they cache their keys and values at the first step."""
     if encoder_out.get("tm_out"):
-        encoder_out["tm_out"] = [encoder_out["tm_out"][0].index_select(1, new_order)]
-        encoder_out["tm_padding_mask"] = [encoder_out["tm_padding_mask"][0].index_select(0, new_order)]
-        encoder_out["tm_tokens"] = [encoder_out["tm_tokens"][0].index_select(0, new_order)]
+        rows = encoder_out.get("tm_rows")
+        encoder_out["tm_rows"] = [rows[0].index_select(0, new_order) if rows else new_order.clone()]
     return encoder_out
 
 
+def _rows(encoder_out: dict):
+    rows = encoder_out.get("tm_rows")
+    return rows[0] if rows else None
+
+
 def memory_of(encoder_out: Optional[dict]):
-    """(states, padding) of the memory in an encoder output, or None."""
+    """(states (M, B, C), padding (B, M)) of the memory in an encoder output, in the order of its
+    rows, or None."""
     if encoder_out is None or not encoder_out.get("tm_out"):
         return None
-    return encoder_out["tm_out"][0], encoder_out["tm_padding_mask"][0]
+    states, padding, rows = encoder_out["tm_out"][0], encoder_out["tm_padding_mask"][0], _rows(encoder_out)
+    if rows is None:
+        return states, padding
+    return states.index_select(1, rows), padding.index_select(0, rows)
+
+
+def memory_tokens_of(encoder_out: dict) -> torch.Tensor:
+    """(B, M) memory tokens in the order of the encoder output's rows."""
+    tokens, rows = encoder_out["tm_tokens"][0], _rows(encoder_out)
+    return tokens if rows is None else tokens.index_select(0, rows)
 
 
 __all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
-           "memory_of", "reorder_memory"]
+           "memory_of", "memory_tokens_of", "reorder_memory"]

@@ -27,7 +27,8 @@ from reluformer_mt.cpu_memory import keep_freed_memory
 from reluformer_mt.attention.config import (SUBLAYERS, add_attention_args, config_from_args as attention_config,
                                             fill_attention_defaults, validate_attention_args)
 from reluformer_mt.memory.tm_attention import (MemoryEncoder, MemoryReader, add_tm_args, copy_probabilities, fill_tm_defaults,
-                                               memory_attention_config, memory_of, reorder_memory)
+                                               memory_attention_config, memory_of, memory_tokens_of,
+                                               reorder_memory)
 from reluformer_mt.memory.learned_keys import add_key_args, attach_key_head, fill_key_defaults
 from reluformer_mt.memory import (add_memory_args, attach_memory_layers, build_ffn_fc2, configure_ffn,
                                   fill_memory_defaults, validate_memory_args)
@@ -141,8 +142,9 @@ class ReluformerEncoder(TransformerEncoderBase):
     def reorder_encoder_out(self, encoder_out, new_order):
         reordered = super().reorder_encoder_out(encoder_out, new_order)
         if encoder_out.get("tm_out"):
-            for key in ("tm_out", "tm_padding_mask", "tm_tokens"):
-                reordered[key] = encoder_out[key]
+            for key in ("tm_out", "tm_padding_mask", "tm_tokens", "tm_rows"):
+                if key in encoder_out:
+                    reordered[key] = encoder_out[key]
         return reorder_memory(reordered, new_order)
 
 
@@ -151,8 +153,13 @@ class ReluformerDecoder(TransformerDecoderBase):
         return _wrap_layer(ReluformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
-        memory = memory_of(encoder_out)
         readers = [layer for layer in self.layers if "tm_reader" in layer._modules]
+        memory = None
+        if readers and encoder_out is not None and encoder_out.get("tm_out"):
+            # decoding step by step, the readers hold the memory's keys and values from the first
+            # step on: the states are not gathered again ((None, None): read from the cache)
+            cached = incremental_state is not None and all(layer.tm_reader.cached(incremental_state) for layer in readers)
+            memory = (None, None) if cached else memory_of(encoder_out)
         for layer in readers:
             layer.tm_memory = memory
         try:
@@ -163,7 +170,7 @@ class ReluformerDecoder(TransformerDecoderBase):
         copy_gate = self._modules.get("tm_copy_gate")
         if memory is not None and copy_gate is not None:
             reader = readers[-1].tm_reader
-            extra["tm_copy"] = {"weights": reader.weights, "tokens": encoder_out["tm_tokens"][0],
+            extra["tm_copy"] = {"weights": reader.weights, "tokens": memory_tokens_of(encoder_out),
                                 "gate_logit": copy_gate(x), "ignore": (self.padding_idx, self.dictionary.bos())}
             reader.weights = None
         return x, extra
