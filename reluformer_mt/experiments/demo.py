@@ -528,7 +528,7 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float, base
                       for mode, m in r.get("modes", {}).items()},
             **({"knn": {"full": r["tuned"]["chosen"]["full"]["options"],
                         "per_input": r["tuned"]["chosen"]["per_input"]["options"],
-                        "pieces": {k: r["tuned"]["chosen"]["pieces"][k] for k in ("piece_weight", "piece_floor")}}}
+                        "pieces": {k: v for k, v in r["tuned"]["chosen"]["pieces"].items() if k != "s_bleu"}}}
                if r.get("tuned") else {})}
     baselines = {name: {k: round(v, 2) for k, v in b.items()} for name, b in (base or {}).items()
                  if name in ("nearest_verse", "tm_copy", "diagonal")}

@@ -79,7 +79,7 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
     if o.pieces_weight is not None:  # given on the command line: used as given
         pieces = {"piece_weight": o.pieces_weight, "piece_floor": o.pieces_floor} if o.pieces_weight else None
     elif tuned is not None:
-        pieces = {k: tuned["chosen"]["pieces"][k] for k in ("piece_weight", "piece_floor")}
+        pieces = {k: v for k, v in tuned["chosen"]["pieces"].items() if k in ("piece_weight", "piece_floor", "segment_tokens")}
     if mode == "free":
         return {"separators": "free"}
     if mode == "sentence":

@@ -40,8 +40,8 @@ GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
 GRID_RADIUS = (0.5, 1.0, 2.0, 4.0, 8.0)         # x the median nearest-entry distance
 GRID_PIECES_WEIGHT = (5.0, 10.0)
-GRID_PIECES_FLOOR = (0.3, 0.6)
-BLEU_LAMBDAS = (0.6, 0.9, 1.0)  # stage 2 also decodes the best read-out with these, when above the NLL's lambda
+GRID_PIECES_FLOOR = (0.0, 0.3)
+BLEU_LAMBDAS = (0.9, 1.0)  # stage 2 also decodes the best read-out with these, when above the NLL's lambda
 TUNE_READOUTS = ("softmax", "relu")
 
 
@@ -289,8 +289,15 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         for floor in GRID_PIECES_FLOOR:
             run(f"pieces w={weight:g} floor={floor:g}", piece_weight=weight, piece_k=pieces_k, piece_floor=floor)
     pieces = max((d for d in decodes if d["name"].startswith("pieces")), key=lambda d: d["s_bleu"])
-    best = {"pieces": {"piece_weight": pieces["piece_weight"], "piece_floor": pieces["piece_floor"],
-                       "s_bleu": pieces["s_bleu"]}}
+    chosen_pieces = {"piece_weight": pieces["piece_weight"], "piece_floor": pieces["piece_floor"]}
+    # with document context or verse by verse: guided beam search may do better on single sentences
+    # (a segment's hypothesis that follows a match can drift past its sentence); the better one is kept
+    if any(info.n_sentences > 1 for info in forced.infos):
+        single = run(f"pieces w={pieces['piece_weight']:g} floor={pieces['piece_floor']:g} sentence by sentence",
+                     piece_k=pieces_k, segment_tokens=0, **chosen_pieces)
+        if single > pieces["s_bleu"]:
+            chosen_pieces["segment_tokens"], pieces = 0, decodes[-1]
+    best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"]}}
     for mode in grids:
         kw = {"knn": datastore} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
         scores = {}
@@ -307,8 +314,7 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                 s = run(f"knn {mode} {readout} lambda {lam:g}", knn_options=candidate, **kw)
                 if s > s_best:
                     s_best, options = s, candidate
-        with_pieces = run(f"knn {mode} {readout} + pieces", knn_options=options, piece_weight=best["pieces"]["piece_weight"],
-                          piece_k=pieces_k, piece_floor=best["pieces"]["piece_floor"], **kw)
+        with_pieces = run(f"knn {mode} {readout} + pieces", knn_options=options, piece_k=pieces_k, **chosen_pieces, **kw)
         best[mode] = {"options": options.as_dict(), "s_bleu": s_best,
                       "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
                       "by_readout": {r: s for r, (s, _) in scores.items()}}
