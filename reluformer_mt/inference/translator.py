@@ -195,7 +195,8 @@ class DocumentTranslator:
                                    "on the CPU translate in full precision")
         opened = open_checkpoint(self.checkpoint, data)
         # an ensemble: every checkpoint opened (and checked) before any model is built
-        others = [open_checkpoint(c, data or opened.data.path) for c in self.checkpoints[1:]]
+        # (each with its own resources unless --data: a member over other dictionaries is refused by name, not built wrong)
+        others = [open_checkpoint(c, data) for c in self.checkpoints[1:]]
         self.resources = res = find_resources(opened, spm_model, segment_tokens)
         loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                              check_separator=True, quiet=quiet)
@@ -267,14 +268,20 @@ class DocumentTranslator:
             if opened.cfg.task.get("tm_fusion", "none") != "none":
                 raise TranslationError(f"--checkpoint {opened.path}: reads a translation memory (--tm-fusion "
                                        f"{opened.cfg.task.tm_fusion}); ensembles take models without one")
+        from fairseq.data import Dictionary
+
+        def dictionaries(o: OpenedCheckpoint):  # the files as written, before a task adds its symbols
+            return [Dictionary.load(str(Path(o.data.path) / f"dict.{lang}.txt")) for lang in (o.data.src_lang, o.data.tgt_lang)]
+
+        mine = dictionaries(first)
         for opened in others:
+            for side, ours, theirs in zip(("source", "target"), mine, dictionaries(opened)):
+                if ours.symbols != theirs.symbols:  # checked before the member is built
+                    raise TranslationError(f"--checkpoint {opened.path}: its {side} dictionary ({len(theirs):,} entries, "
+                                           f"{opened.data.path}) differs from {self.checkpoint}'s ({len(ours):,}); "
+                                           "an ensemble needs one vocabulary")
             loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                                  check_separator=True, quiet=quiet)
-            for side, mine, theirs in (("source", self.src_dict, loaded.src_dict), ("target", self.tgt_dict, loaded.tgt_dict)):
-                if mine.symbols != theirs.symbols:
-                    raise TranslationError(f"--checkpoint {opened.path}: its {side} dictionary ({len(theirs):,} entries, "
-                                           f"{loaded.data_dir}) differs from {self.checkpoint}'s ({len(mine):,}); "
-                                           "an ensemble needs one vocabulary")
             models.append(loaded.model)
         return models
 
