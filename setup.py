@@ -48,6 +48,7 @@ setup(
             "reluformer-study=reluformer_mt.cli.study:main",
             "reluformer-sweep=reluformer_mt.cli.sweep:main",
             "reluformer-memory=reluformer_mt.cli.memory:main",
+            "reluformer-average=reluformer_mt.cli.average:main",
         ],
     },
 )

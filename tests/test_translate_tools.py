@@ -188,3 +188,43 @@ def test_old_pieces_names_still_work_with_a_warning(doc_checkpoint):
     assert t.piece_k == 3
     with pytest.raises(TypeError, match="unexpected keyword argument 'beams'"):
         DocumentTranslator(doc_checkpoint, beams=3)
+
+
+def test_reluformer_average_the_last_checkpoints(doc_checkpoint, tmp_path):
+    """Three checkpoints of one model (the trained one and two with other weights, named as
+    --save-interval-updates names them): --last 2 averages the two newest, element by element,
+    and the result translates."""
+    run = tmp_path / "run"
+    run.mkdir()
+    base = torch.load(doc_checkpoint, map_location="cpu", weights_only=False)
+    weights = []
+    for k, (epoch, update) in enumerate([(1, 5), (1, 10), (2, 15)]):
+        state = torch.load(doc_checkpoint, map_location="cpu", weights_only=False)
+        torch.manual_seed(k)
+        for value in state["model"].values():
+            if value.is_floating_point():
+                value.add_(0.1 * torch.randn_like(value))
+        state["optimizer_history"][-1]["num_updates"] = update
+        torch.save(state, run / f"checkpoint_{epoch}_{update}.pt")
+        weights.append(state["model"])
+    (run / "checkpoint_last.pt").write_bytes((run / "checkpoint_2_15.pt").read_bytes())  # a copy: not counted
+    proc = run_subprocess(["reluformer-average", "--dir", run, "--last", "2", "--output", tmp_path / "avg.pt"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 checkpoints" in proc.stderr and "checkpoint_1_10.pt" in proc.stderr and "checkpoint_1_5.pt" not in proc.stderr
+    averaged = torch.load(tmp_path / "avg.pt", map_location="cpu", weights_only=False)
+    for key, value in averaged["model"].items():
+        if value.is_floating_point():
+            expected = ((weights[1][key].double() + weights[2][key].double()) / 2).to(value.dtype)
+            assert torch.equal(value, expected), key
+    assert averaged["optimizer_history"][-1]["num_updates"] == 15 and "last_optimizer_state" not in averaged
+    assert set(averaged["model"]) == set(base["model"])
+    (tmp_path / "in.txt").write_text("Hello there.\n", encoding="utf-8")
+    rc, _ = translate_main(["-c", tmp_path / "avg.pt", "--data", base["cfg"]["task"]["data"],
+                            "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt", *FAST])
+    assert rc == 0 and (tmp_path / "out.txt").read_text(encoding="utf-8").strip()
+    # too few checkpoints, and an output that is an input: one line each
+    proc = run_subprocess(["reluformer-average", "--dir", run, "--last", "4", "--output", tmp_path / "avg4.pt"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--last 4 asks for 4 checkpoints but it holds 3" in proc.stderr
+    proc = run_subprocess(["reluformer-average", "--inputs", run / "checkpoint_1_5.pt", "--output", run / "checkpoint_1_5.pt"])
+    assert proc.returncode == 2 and "is one of the inputs" in proc.stderr
