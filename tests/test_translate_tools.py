@@ -228,3 +228,28 @@ def test_reluformer_average_the_last_checkpoints(doc_checkpoint, tmp_path):
     assert "--last 4 asks for 4 checkpoints but it holds 3" in proc.stderr
     proc = run_subprocess(["reluformer-average", "--inputs", run / "checkpoint_1_5.pt", "--output", run / "checkpoint_1_5.pt"])
     assert proc.returncode == 2 and "is one of the inputs" in proc.stderr
+
+
+def test_every_device_option_defaults_to_auto():
+    """One --device default everywhere (issue 33): translate, the model-loading eval
+    subcommands, memory rekey, demo and study."""
+    import argparse
+
+    from reluformer_mt.cli import demo, eval as eval_cli, memory, study, translate
+
+    def devices(parser, where):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from devices(sub, f"{where} {name}")
+            elif action.dest == "device":
+                yield where, action.default
+
+    found = []
+    for module, prog in ((translate, "reluformer-translate"), (eval_cli, "reluformer-eval"), (memory, "reluformer-memory"),
+                         (demo, "reluformer-demo"), (study, "reluformer-study")):
+        found += list(devices(module.build_parser(), prog))
+    assert {where for where, _ in found} >= {"reluformer-translate", "reluformer-eval align", "reluformer-eval attn-stats",
+                                             "reluformer-eval contrastive", "reluformer-eval cxmi", "reluformer-eval memory",
+                                             "reluformer-memory rekey", "reluformer-demo", "reluformer-study"}
+    assert all(default == "auto" for _, default in found), found

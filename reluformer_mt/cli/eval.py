@@ -20,7 +20,8 @@ import io
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_spm_model_option,
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
+                                     add_spm_model_option, resolve_device,
                                      check_output_file, non_negative_int, percent, percent_list, positive_int,
                                      quiet_logging, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
@@ -195,7 +196,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="data directory with the dictionaries (default: the one the checkpoint was trained on)")
     add_spm_model_option(p, "the data directory's prepared.json's, else one token per word")
     p.add_argument("--max-tokens", type=positive_int, default=4000, help="force-decoding batch size in tokens")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    add_device_option(p)
 
 
 def add_text_args(p: argparse.ArgumentParser) -> None:
@@ -339,7 +340,7 @@ def _add_scoring_args(p: argparse.ArgumentParser) -> None:
     add_spm_model_option(p, "the data directory's prepared.json's")
     p.add_argument("--max-tokens", type=positive_int, default=4000, help="force-decoding batch size in tokens")
     p.add_argument("--batch-size", type=positive_int, default=64, help="at most this many sequences a batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
 
 
@@ -417,13 +418,14 @@ def add_memory_stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=4000)
     p.add_argument("--max-batches", type=positive_int, help="stop after this many batches")
     p.add_argument("--max-rows", type=positive_int, default=2000, help="rows per layer used for the anisotropy")
+    add_device_option(p)
 
 
 def run_memory_stats(args) -> dict:
     from reluformer_mt.evaluation.memory_stats import memory_stats_report
 
     return memory_stats_report(args.checkpoint, args.data, args.split, args.top_percent, max_tokens=args.max_tokens,
-                               max_batches=args.max_batches, max_rows=args.max_rows)
+                               max_batches=args.max_batches, max_rows=args.max_rows, device=args.device)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -504,6 +506,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
                                   creates_folders=option != "write_pred")
+        if getattr(args, "device", None):  # auto resolved once, before any model loads
+            args.device = resolve_device(args.device)
         command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
         tee = Tee(sys.stdout) if getattr(args, "html", None) else None
         with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():

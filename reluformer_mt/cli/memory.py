@@ -10,7 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser
+from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
+                                     OneLineParser, add_device_option, resolve_device)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fuzzy: the top --candidates by inner product reranked by fuzzy match; none: pure MIPS (EMAT)")
     r.add_argument("--candidates", type=int, default=128, help="inner-product candidates that the fuzzy rerank sees")
     r.add_argument("--max-tokens", type=int, default=8000, help="tokens per encoding batch")
-    r.add_argument("--device", default="cpu", help="torch device of the encoding")
+    add_device_option(r, help="torch device of the encoding: " + DEVICE_HELP)
     r.add_argument("--json", help="also write the comparison to this file")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     return p
@@ -41,7 +42,7 @@ def run_rekey(args) -> dict:
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
-    loaded = load_model(args.checkpoint, data, device=args.device)
+    loaded = load_model(args.checkpoint, data, device=resolve_device(args.device))
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_device, check_input_folder, check_output_folder, non_negative_float,
-                                     non_negative_int, positive_int)
+                                     add_device_option, check_input_folder, check_output_folder, non_negative_float,
+                                     non_negative_int, positive_int, resolve_device)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-minutes", type=non_negative_float, default=20, help="wall-clock minutes of training per run")
     p.add_argument("--max-update", type=non_negative_int, default=0, help="also stop after this many updates (0 = no limit)")
     p.add_argument("--threads", type=positive_int, default=1, help="threads of each training process")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
+    add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
+                              "or cuda", choices=["auto", "cpu", "cuda"])
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
     p.add_argument("--no-report", action="store_true",
@@ -37,7 +38,7 @@ def check_args(args) -> None:
         raise ValueError("--budget-minutes or --max-update must be > 0")
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
-    check_device(args.device)
+    args.device = resolve_device(args.device)  # the runs below see cpu or cuda
 
 
 def main(argv=None) -> int:
