@@ -1,4 +1,4 @@
-"""docs/PYTHON_API.md's examples run as written (issue 33): every ```python block, in order,
+"""docs/PYTHON_API.md's (and the README's) examples run as written (issue 33): every ```python block, in order,
 in one fresh Python process that never calls register() before the translator, with the tests'
 tiny document checkpoint at the page's path and small real files under the page's names."""
 import re
@@ -45,3 +45,10 @@ def test_every_python_block_of_the_page_runs_as_written(doc_checkpoint, tmp_path
     assert [len(d) for d in texts] == [2, 2] and all(isinstance(t, str) and t for d in texts for t in d)
     assert texts[0][0] in first  # print(sentence) prints the text itself
     assert "s-BLEU = " in out and "d-BLEU (documents) = " in out
+    # the README's example too (the quickstart's last step)
+    readme = code_blocks((REPO / "README.md").read_text(encoding="utf-8"))
+    assert len(readme) == 1 and "DocumentTranslator" in readme[0]
+    run = subprocess.run([sys.executable, "-c", readme[0]], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = eval(run.stdout.strip().splitlines()[-1])
+    assert len(printed) == 1 and len(printed[0]) == 2 and all(isinstance(t, str) for t in printed[0])
