@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "or cuda", choices=["auto", "cpu", "cuda"])
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar during training (there is none when standard error is not a terminal)")
     p.add_argument("--no-report", action="store_true",
                    help="train and score only (for several processes sharing --out); a later call writes the report")
     return p
@@ -56,7 +58,8 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
-                  args.bible_root, args.skip_alignment, report=not args.no_report)
+                  args.bible_root, args.skip_alignment, report=not args.no_report,
+                  progress=False if args.no_progress else None)
     except ValueError as error:  # bad input: the convention of reluformer_mt.cli.checks
         print(f"reluformer-study: error: {error}", file=sys.stderr)
         return EXIT_USAGE
