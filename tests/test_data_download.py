@@ -62,3 +62,28 @@ def test_evaluation_data_copied_checked_and_usable(tmp_path, capsys):
     (local / "anaphora.prev.fr").write_bytes(b"changed\n")
     assert download.main(["discevalmt", "--dest", str(tmp_path / "bad"), "--local", str(tmp_path / "local")]) == 2
     assert "anaphora.prev.fr: sha256" in capsys.readouterr().err
+
+
+def test_fetch_downloads_over_http_with_the_pin(tmp_path):
+    """The network path (pooch) against a local HTTP server serving the real shared files: a
+    pinned file arrives, a wrong pin keeps nothing and names the file, a dead server names the URL."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(SHARED))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        name, pin = "anaphora.current.en", download.DISCEVALMT["anaphora.current.en"][1]
+        download.fetch(f"{base}/bawden_enfr/{name}", tmp_path / "ok" / name, pin)
+        assert (tmp_path / "ok" / name).read_bytes() == (SHARED / "bawden_enfr" / name).read_bytes()
+        with pytest.raises(ValueError, match=r"bad/anaphora.current.en: .*the file is damaged or the source changed"):
+            download.fetch(f"{base}/bawden_enfr/{name}", tmp_path / "bad" / name, "0" * 64)
+        assert not (tmp_path / "bad" / name).exists()
+        with pytest.raises(OSError, match=r"/missing.txt: download failed .*--local DIR"):
+            download.fetch(f"{base}/missing.txt", tmp_path / "gone" / "missing.txt", pin)
+    finally:
+        server.shutdown()

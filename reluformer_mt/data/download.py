@@ -13,7 +13,6 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 SELECTIVE_ATTN = "https://raw.githubusercontent.com/sameenmaruf/selective-attn/1cb44c5ddd2cdf4f32ea74768a3389b52fc4db27/data"
@@ -125,21 +124,22 @@ def check(path, expected: str, source: str) -> None:
         raise ValueError(f"{path}: sha256 {got} but expected {expected} (from {source}); the file is damaged or the source changed")
 
 
-def fetch(url: str, dest: Path, expected: str) -> None:
+def fetch(url: str, dest: Path, expected: str, progress: bool = False) -> None:
+    """Download ``url`` to ``dest`` with pooch (retries, a temporary file, the sha256 check; a
+    file that fails the check is not kept); a failure is one line naming the URL."""
+    import pooch
+
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                shutil.copyfileobj(r, tmp)
-        except OSError as e:
-            Path(tmp.name).unlink(missing_ok=True)
-            raise OSError(f"{url}: download failed ({e}); pass --local DIR to copy from a local folder instead") from None
+    dest.unlink(missing_ok=True)  # a damaged earlier copy: pooch would otherwise refuse it, not replace it
     try:
-        check(tmp.name, expected, url)
-    except ValueError:
-        Path(tmp.name).unlink(missing_ok=True)
-        raise
-    Path(tmp.name).replace(dest)
+        pooch.retrieve(url, known_hash=f"sha256:{expected}", fname=dest.name, path=dest.parent, progressbar=progress)
+    except ValueError as e:  # pooch's hash mismatch
+        dest.unlink(missing_ok=True)
+        raise ValueError(f"{dest}: {str(e).splitlines()[0]} (from {url}); the file is damaged or the source changed") from None
+    except Exception as e:  # requests' connection and HTTP errors
+        dest.unlink(missing_ok=True)
+        raise OSError(f"{url}: download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                      "pass --local DIR to copy from a local folder instead") from None
 
 
 def copy_local(src: Path, dest: Path, expected) -> None:
