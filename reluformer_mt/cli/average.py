@@ -24,6 +24,10 @@ def build_parser():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    import logging
+
+    # fairseq's speech task logs an install hint at import (as register() quiets it for the other commands)
+    logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
     from reluformer_mt.averaging import average_checkpoints, last_checkpoints
     from reluformer_mt.checkpoints import CheckpointError
 
