@@ -32,6 +32,7 @@ setup(
         "bible-alignments==0.4.2",
         "eflomal>=2.0",  # statistical aligner: the AER reference beside the diagonal
         "tqdm",
+        "pooch>=1.6",  # download + sha256 check of the corpora (data/download.py)
         "numpy",
         "ninja",  # builds the fused C++ attention kernel on first use
         # the Triton kernel (--attn-impl triton, CUDA; tested on the CPU in interpreter mode).
@@ -48,6 +49,7 @@ setup(
             "reluformer-study=reluformer_mt.cli.study:main",
             "reluformer-sweep=reluformer_mt.cli.sweep:main",
             "reluformer-memory=reluformer_mt.cli.memory:main",
+            "reluformer-average=reluformer_mt.cli.average:main",
         ],
     },
 )

@@ -41,8 +41,8 @@ def decode_rates(checkpoint, data, store, repeats, chapters, beam):
     sources = list(limit_chapters(read_split_documents(Path(data), "test", "grc"), chapters).values())
     verses = sum(map(len, sources))
     options = KnnOptions(k=16, lam=0.5, temperature=10.0)
-    variants = {"plain": {}, "plain again": {}, "knn (full datastore)": {"knn": store, "knn_options": options},
-                "knn (per-input)": {"knn_memory": True, "knn_options": options}}
+    variants = {"plain": {}, "plain again": {}, "knn (full datastore)": {"knn": store, **options.translator_options()},
+                "knn (per-input)": {"knn_memory": True, **options.translator_options()}}
     translators = {name: DocumentTranslator(checkpoint, data=data, beam=beam, **kw) for name, kw in variants.items()}
     seconds = {name: [] for name in variants}
     names = list(variants)

@@ -130,7 +130,7 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
     if twin and pieces:
         # decoding guided by the memory's n-grams (the demo's default k and weight)
         systems["twin with translation pieces"] = DocumentTranslator(twin, data=data_dir, beam=4, quiet=True,
-                                                                     piece_weight=10.0, piece_k=8)
+                                                                     pieces_weight=10.0, pieces_k=8)
     times = {name: [] for name in systems}
     for _ in range(repeats):  # interleaved, so load changes hit every system alike
         for name, translator in systems.items():

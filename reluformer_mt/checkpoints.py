@@ -149,9 +149,6 @@ def _check_known(path: Path, cfg) -> None:
     from fairseq.tasks import TASK_REGISTRY
 
     arch = _get(cfg.model, "arch") or _get(cfg.model, "_name")
-    if "reluformer" not in MODEL_REGISTRY:  # the loader only loads: registering is the entry point's job
-        raise CheckpointError(f"{path}: the reluformer_mt plugin is not registered in this process; call "
-                              f"reluformer_mt.register() first (its console scripts and --user-dir do)")
     if arch not in ARCH_MODEL_REGISTRY and arch not in MODEL_REGISTRY:
         ours = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if a.startswith("reluformer"))
         raise CheckpointError(f"{path}: architecture {arch!r} is not known to fairseq or reluformer_mt "
@@ -313,6 +310,11 @@ class OpenedCheckpoint:
 def open_checkpoint(path, data=None) -> OpenedCheckpoint:
     """Read ``path`` (the one weights_only policy), check that fairseq knows its architecture and
     task, and find its data directory (``data``, else beside it, else where it was trained)."""
+    from reluformer_mt.plugin import register
+
+    # every library entry (translator, evaluations) loads through here: a Python user who never
+    # called register() gets a working model, not an error (issue 33); registering twice is a no-op
+    register()
     path = Path(path)
     state = read_state(path)
     if state.get("cfg") is None:

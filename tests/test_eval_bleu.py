@@ -66,10 +66,16 @@ def test_sbleu_and_dbleu_equal_sacrebleu_cli(real):
     assert round(d.score, 6) == pytest.approx(cli_d, abs=1e-6)
     assert s.signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     # the same from files: <d> hypothesis vs the CRLF <d> reference, and plain + doc ids
-    for kw in ({"hyp": f["hyp.d"]}, {"hyp": f["hyp.sent"], "hyp_doc_ids": f["ids"]}, {"hyp": f["hyp.sent"]}):
+    for kw in ({"hyp": f["hyp.d"]}, {"hyp": f["hyp.sent"], "hyp_doc_ids": f["ids"]}):
         rep = bleu_from_files(ref=ref_path, **kw)
         assert round(rep["scores"]["sentence"].score, 6) == pytest.approx(cli_s, abs=1e-6)
         assert round(rep["scores"]["document"].score, 6) == pytest.approx(cli_d, abs=1e-6)
+    # a plain hypothesis against a <d> reference: the reference's documents are not the hypothesis's
+    # to guess (issue 33: an error, no longer a note); sentences alone need no documents
+    with pytest.raises(ValueError, match=r"hyp.sent has no document boundaries but the other side has: .*--levels s"):
+        bleu_from_files(f["hyp.sent"], ref_path)
+    rep = bleu_from_files(f["hyp.sent"], ref_path, levels=("sentence",))
+    assert round(rep["scores"]["sentence"].score, 6) == pytest.approx(cli_s, abs=1e-6) and "document" not in rep["scores"]
 
 
 def to_pieces(text: str) -> str:
@@ -106,7 +112,7 @@ def test_fairseq_generate_with_segments(real, post_processed):
     docs = sentences_from_segments({i: s.hypothesis for i, s in samples.items()}, segs)
     assert list(docs) == list(hyp_docs) and [len(v) for v in docs.values()] == [len(v) for v in hyp_docs.values()]
     rep = bleu_from_files(gen, ref_path, segments=seg_path, levels=("sentence", "document", "segment"))
-    flat = bleu_from_files(tmp / "hyp.sent", ref_path)
+    flat = bleu_from_files(tmp / "hyp.d", ref_path)
     assert rep["scores"]["sentence"].score == pytest.approx(flat["scores"]["sentence"].score, abs=1e-9)
     assert rep["scores"]["document"].score == pytest.approx(flat["scores"]["document"].score, abs=1e-9)
     assert rep["scores"]["segment"].n_items == len(segs)
@@ -222,10 +228,10 @@ def test_bleu_reads_standard_input_and_pipes_like_sacrebleu(tmp_path):
     expected = sacrebleu_cli(ref, [hyp])[0]
     text = hyp.read_text(encoding="utf-8")
     for hyp_arg in ("-", "/dev/stdin"):
-        run = _cli(["--hyp", hyp_arg, "--ref", ref, "-b"], stdin=text)
+        run = _cli(["--hyp", hyp_arg, "--ref", ref, "-b", "-w", "2"], stdin=text)
         assert run.returncode == 0, run.stderr
         assert run.stdout.split() == [f"{expected:.2f}"], run.stdout
-    run = _cli(["--hyp", hyp, "--ref", "-", "--score-only"], stdin=ref.read_text(encoding="utf-8"))
+    run = _cli(["--hyp", hyp, "--ref", "-", "--score-only", "-w", "2"], stdin=ref.read_text(encoding="utf-8"))
     assert run.returncode == 0 and run.stdout.split() == [f"{expected:.2f}"], run.stderr
     # a stream's errors name the stream, not a temporary copy
     run = _cli(["--hyp", "-", "--hyp-format", "docmt", "--ref", ref], stdin="one line\n")
@@ -249,7 +255,7 @@ def test_bleu_from_files_reads_a_fifo_once(tmp_path):
 
 def test_both_sides_on_standard_input_is_an_error(tmp_path):
     run = _cli(["--hyp", "-", "--ref", "-"], stdin="a\n")
-    assert run.returncode == 2 and "--hyp and --ref are both '-'" in run.stderr
+    assert run.returncode == 2 and "only one input can be standard input ('-')" in run.stderr
 
 
 def test_no_document_bleu_is_defined_without_document_boundaries(tmp_path, capsys):
@@ -298,6 +304,7 @@ def test_chrf_plus_plus_and_ter_equal_the_sacrebleu_cli_and_moses_detokenises(tm
     assert detok["scores"]["sentence"].score != pytest.approx(report["scores"]["sentence"].score, abs=1e-3)
     assert "Moses detokeniser" in detok["definition"] and "Moses" not in report["definition"]
 
-    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--levels", "s", "--detokenize", "moses"]) == 0
+    assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--levels", "s", "--detokenize", "moses",
+                 "-m", "bleu", "chrf", "ter", "--chrf-word-order", "2"]) == 0
     out = capsys.readouterr().out
     assert "s-chrF++" in out and "s-TER" in out and "TER signature: TER|" in out and "detokenised with sacremoses" in out

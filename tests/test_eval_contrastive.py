@@ -222,7 +222,8 @@ def test_document_chrf_equals_the_sacrebleu_cli(tmp_path, capsys):
     assert report["chrf"]["sentence"].score == pytest.approx(cli("sent"), abs=1e-5)
     assert report["chrf"]["document"].n_items == len(docs)
     out_json = tmp_path / "bleu.json"
-    rc, out, err = run_cli(["bleu", "--hyp", tmp_path / "hyp.d", "--ref", tmp_path / "ref.d", "--json", out_json], capsys)
+    rc, out, err = run_cli(["bleu", "--hyp", tmp_path / "hyp.d", "--ref", tmp_path / "ref.d", "-m", "bleu", "chrf",
+                            "--json", out_json], capsys)
     assert rc == 0, err
     assert "d-chrF" in out and "chrF signature: chrF2|" in out
     assert json.loads(out_json.read_text())["chrf"]["document"]["name"] == "d-chrF"

@@ -165,9 +165,9 @@ def test_knn_changes_translations_and_lambda_zero_does_not(knn_setup):
     ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
     kwargs = dict(beam=2, max_len_a=0, max_len_b=10)
     plain = [[r.text for r in d] for d in DocumentTranslator(ckpt, **kwargs).translate(documents)]
-    off = DocumentTranslator(ckpt, knn=store, knn_options=KnnOptions(lam=0.0), **kwargs)
+    off = DocumentTranslator(ckpt, knn=store, **KnnOptions(lam=0.0).translator_options(), **kwargs)
     assert [[r.text for r in d] for d in off.translate(documents)] == plain
-    on = DocumentTranslator(ckpt, knn=store, knn_options=KnnOptions(k=8, lam=0.9, temperature=1.0), **kwargs)
+    on = DocumentTranslator(ckpt, knn=store, **KnnOptions(k=8, lam=0.9, temperature=1.0).translator_options(), **kwargs)
     guided = [[r.text for r in d] for d in on.translate(documents)]
     assert guided != plain
     assert on.stats["knn: beam steps"] > 0 and on.stats["knn: beam steps whose best token the neighbours changed"] > 0
@@ -187,11 +187,11 @@ def test_per_input_datastores_for_a_memory_model(knn_setup):
     ckpt = knn_setup["checkpoints"]["attention"]
     kwargs = dict(beam=2, max_len_a=0, max_len_b=10)
     plain = [[r.text for r in d] for d in DocumentTranslator(ckpt, **kwargs).translate(documents)]
-    far = DocumentTranslator(ckpt, knn_memory=True, knn_options=KnnOptions(readout="relu", radius=1e-9, lam=1.0), **kwargs)
+    far = DocumentTranslator(ckpt, knn_memory=True, **KnnOptions(readout="relu", radius=1e-9, lam=1.0).translator_options(), **kwargs)
     assert [[r.text for r in d] for d in far.translate(documents)] == plain
     assert far.stats["knn: beam steps with kNN mass"] == 0 and far.stats["knn: per-input datastore entries"] > 0
     near = DocumentTranslator(ckpt, knn_memory=True, knn_memory_k=4,
-                              knn_options=KnnOptions(readout="relu", radius=1e6, lam=1.0, k=4), **kwargs)
+                              **KnnOptions(readout="relu", radius=1e6, lam=1.0, k=4).translator_options(), **kwargs)
     assert [[r.text for r in d] for d in near.translate(documents)] != plain
     assert near.stats["knn: beam steps with kNN mass"] > 0
 

@@ -277,8 +277,8 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
                               "--tm-fusion", fusion, "--tm-k", "1", "--save-dir", save])
         kwargs = dict(beam=2, max_len_a=0, max_len_b=12)
         plain = DocumentTranslator(save / "checkpoint_last.pt", **kwargs).translate(documents)
-        off = DocumentTranslator(save / "checkpoint_last.pt", piece_weight=0.0, **kwargs).translate(documents)
-        guided_tr = DocumentTranslator(save / "checkpoint_last.pt", piece_weight=20.0, piece_k=2, **kwargs)
+        off = DocumentTranslator(save / "checkpoint_last.pt", pieces_weight=0.0, **kwargs).translate(documents)
+        guided_tr = DocumentTranslator(save / "checkpoint_last.pt", pieces_weight=20.0, pieces_k=2, **kwargs)
         guided = guided_tr.translate(documents)
         assert [r.text for d in off for r in d] == [r.text for d in plain for r in d]
         assert [r.text for d in guided for r in d] != [r.text for d in plain for r in d]
@@ -292,7 +292,7 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
     with pytest.raises(TranslationError, match="cannot read one; --pieces-weight"):
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", memory=str(memory_data))
     with pytest.raises(TranslationError, match="--pieces-weight: expected a finite number >= 0, got -1"):
-        DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", piece_weight=-1)
+        DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_weight=-1)
 
 
 @pytest.mark.parametrize("reader_fn", ["softmax", "relu"])

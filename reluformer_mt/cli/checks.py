@@ -200,6 +200,26 @@ def check_input_folder(path, option: str) -> None:
         raise ValueError(f"{option} {path}: no such folder")
 
 
+DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda or cuda:N"
+
+
+def add_device_option(parser, help: str = DEVICE_HELP, choices=None) -> None:
+    """The one --device of every command: default auto, as reluformer-translate's (issue 33)."""
+    parser.add_argument("--device", default="auto", choices=choices, help=help)
+
+
+def resolve_device(device: str, option: str = "--device") -> str:
+    """``auto`` -> ``cuda`` when a CUDA device is visible, else ``cpu``; others checked as given."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"{option}: expected auto, cpu, cuda or cuda:N, got {device!r}")
+    check_device(device, option)
+    return device
+
+
 def check_device(device: str, option: str = "--device") -> None:
     """``cuda`` on a machine without CUDA fails before preparing and training, not after."""
     if device.startswith("cuda"):

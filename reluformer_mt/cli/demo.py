@@ -10,10 +10,10 @@ import logging
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_device,
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
                                      check_input_folder, check_output_folder, import_quietly, non_negative_float,
                                      non_negative_int, positive_float, positive_int, probability, segment_tokens,
-                                     shell_words)
+                                     resolve_device, shell_words)
 
 # the stages import fairseq, whose imports would print log lines before --help's usage
 _demo = import_quietly("reluformer_mt.experiments.demo")
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=non_negative_int, default=1)
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
+    add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
+                              "or cuda", choices=["auto", "cpu", "cuda"])
     p.add_argument("--train-args", type=shell_words, default="",
                    help="further fairseq-train options for every family, quoted, e.g. "
                         "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")
@@ -111,7 +112,7 @@ def check_args(args) -> None:
     """Checks that need more than one option or the machine, before any work (ValueError)."""
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
-    check_device(args.device)
+    args.device = resolve_device(args.device)  # the runs below see cpu or cuda
     if args.size is None:  # the preset's dimensions: the width must split into the heads
         preset = PRESETS[args.preset]
         embed_dim = args.embed_dim or preset["embed_dim"]

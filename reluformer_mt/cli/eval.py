@@ -1,7 +1,8 @@
 """``reluformer-eval``: evaluation subcommands (definitions: docs/METHODS.md section 4).
 
-    reluformer-eval bleu --hyp gen.out --segments data-bin/test.segments.tsv --ref test.de ...
-    cat hyp.txt | reluformer-eval bleu --hyp - --ref ref.txt -b      # the score alone, as sacrebleu -b
+    cat hyp.txt | reluformer-eval bleu ref.txt -b                  # the score alone, as sacrebleu ref.txt -b
+    reluformer-eval bleu ref.txt -i base.txt new.txt -m bleu chrf --paired-bs   # sacreBLEU's paired bootstrap
+    reluformer-eval bleu test.de -i gen.out --segments data-bin/test.segments.tsv ...
     reluformer-eval aer  --gold enfr.gold --gold-base 1 --pred pred.txt --lengths enfr.src-tgt
     reluformer-eval align --checkpoint ckpt.pt --src test.words.grc --tgt test.words.en --output pred.align \
         --gold test.gold.align --gold-base 0 --plot aer.png
@@ -12,15 +13,18 @@
 Every subcommand prints a readable table and, with ``--json PATH``, writes a JSON report. A new
 subcommand is a triple (help, add_arguments, run) registered in ``SUBCOMMANDS``; ``run(args)`` returns
 the report dict (so it is callable from Python) and prints its table. Exit codes: 0, 2 for a usage
-or input error (``reluformer_mt.cli.checks``).
+or input error (``reluformer_mt.cli.checks``; sacreBLEU exits 1 for an input error: this package
+keeps one convention for all its commands, see docs/USAGE.md).
 """
 import argparse
 import contextlib
 import io
+import os
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_spm_model_option,
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
+                                     add_spm_model_option, resolve_device,
                                      check_output_file, non_negative_int, percent, percent_list, positive_int,
                                      quiet_logging, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
@@ -41,23 +45,43 @@ def bleu_tokenizers() -> List[str]:
 
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a docmt file (<d> starts each "
-                                                "document), or one sentence a line; '-' = standard input (a pipe is read once)")
+    # the sacrebleu command's shape: references positional, the hypothesis on standard input or -i
+    p.add_argument("refs", nargs="*", metavar="REF",
+                   help="reference file(s): a docmt file (<d> starts each document) or one sentence a line (raw, "
+                        "untokenised); several: sacreBLEU's multi-reference scores (parallel files)")
+    p.add_argument("-i", "--input", "--hyp", dest="hyp", nargs="+", metavar="HYP",
+                   help="hypotheses: fairseq-generate output, a docmt file or one sentence a line; '-' = standard "
+                        "input (a pipe is read once); several files: several systems (default: standard input)")
+    p.add_argument("--ref", help="a reference file, as the positional REF (the option of earlier versions); '-' = "
+                                 "standard input")
+    p.add_argument("-m", "--metrics", nargs="+", default=["bleu"], choices=["bleu", "chrf", "chrf++", "ter"],
+                   help="metrics, as sacreBLEU's -m; chrf++ (not a sacreBLEU name) = chrf with --chrf-word-order 2, "
+                        "so chrF and chrF++ can be asked together; TER is slow on long items: never over whole documents")
+    p.add_argument("--chrf-word-order", type=int, default=0, choices=[0, 2],
+                   help="chrF's word n-grams: 2 = chrF++ (as sacreBLEU's --chrf-word-order)")
+    p.add_argument("-w", "--width", type=int, default=1, metavar="N", help="decimals of the printed scores (sacreBLEU's -w)")
+    p.add_argument("-b", "--score-only", action="store_true",
+                   help="print only the score(s) on standard output, one number a line: each metric in the order of "
+                        "-m, each level in the order of --levels (several systems: a line per system); notes go to "
+                        "standard error (sacrebleu -b)")
+    p.add_argument("--paired-bs", action="store_true",
+                   help="paired bootstrap resampling (sacreBLEU's own implementation) of every system against the "
+                        "first (the baseline), at each level scored; needs two or more -i files")
+    p.add_argument("--paired-bs-n", type=positive_int, default=1000, metavar="N", help="bootstrap resamples")
     p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, "plain"],
                    help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; else plain")
-    p.add_argument("--hyp-doc-ids", help="doc id per line of a plain --hyp")
-    p.add_argument("--ref", help="reference: a docmt file (<d> starts each document) or one sentence a line (raw, "
-                                 "untokenised); '-' = standard input")
+    p.add_argument("--hyp-doc-ids", help="doc id per line of a plain hypothesis")
     p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, "plain"])
-    p.add_argument("--ref-doc-ids", help="doc id per line of a plain --ref")
+    p.add_argument("--ref-doc-ids", help="doc id per line of a plain reference (each reference, with several)")
     p.add_argument("--ref-from-generate", action="store_true",
-                   help="use the T- lines of --hyp as reference (binarised targets: may hold <unk>)")
+                   help="use the T- lines of the hypothesis as reference (binarised targets: may hold <unk>)")
     p.add_argument("--segments", help="{split}.segments.tsv of the generated split (sample id order)")
     p.add_argument("--separator", default=bleu_lib.SEPARATOR, help="sentence separator token inside segments")
     p.add_argument("--pieces", default="auto", choices=["auto", "yes", "no"],
                    help="generate output holds SentencePiece pieces (yes), text from --post-process sentencepiece "
                         "(no), or detect by '▁' (auto)")
-    p.add_argument("--levels", default="s,d", help="comma list of s (s-BLEU), d (d-BLEU over documents), seg (d-BLEU over segments)")
+    p.add_argument("--levels", default="s,d", help="comma list of s (s-BLEU), d (d-BLEU over documents: needs document "
+                                                   "boundaries on both sides), seg (d-BLEU over segments)")
     p.add_argument("--match-docs-by", default="id", choices=["id", "order"],
                    help="pair hypothesis and reference documents by id or by position (<d> files number documents 0, 1, ...)")
     p.add_argument("--allow-mismatch", action="store_true",
@@ -68,27 +92,34 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
                         "references such as the bible's 'vineyard .', so the scores compare with other work)")
     p.add_argument("--detokenize-lang", default="en", help="language of the Moses detokeniser's rules")
     p.add_argument("--lowercase", action="store_true")
-    p.add_argument("-b", "--score-only", action="store_true",
-                   help="print only the BLEU score(s), one number a line in the order of --levels (sacrebleu -b)")
 
 
-def print_bleu_report(report: dict) -> None:
+def _metric_keys(args) -> List[str]:
+    """The report keys of the asked metrics, in -m's order ('chrf' is chrF++ with --chrf-word-order 2)."""
+    keys = [{"bleu": "scores", "chrf": "chrf++" if args.chrf_word_order else "chrf", "chrf++": "chrf++", "ter": "ter"}[m]
+            for m in args.metrics]
+    return list(dict.fromkeys(keys))
+
+
+def print_bleu_report(report: dict, width: int = 2) -> None:
     """The definition, the BLEU and chrF tables with signatures, mismatches and notes."""
     print(report["definition"])
-    rows = [(r.name, r.score, r.n_items, r.verbose) for r in report["scores"].values()]
-    print(format_table(["metric", "BLEU", "items", "details"], rows))
-    for r in report["scores"].values():
-        print(f"{r.name} signature: BLEU|{r.signature}")
+    if report["scores"]:
+        rows = [(r.name, r.score, r.n_items, r.verbose) for r in report["scores"].values()]
+        print(format_table(["metric", "BLEU", "items", "details"], rows, digits=width))
+        for r in report["scores"].values():
+            print(f"{r.name} signature: BLEU|{r.signature}")
     if report.get("chrf"):
-        print(format_table(["metric", "chrF", "items"], [(r.name, r.score, r.n_items) for r in report["chrf"].values()]))
+        print(format_table(["metric", "chrF", "items"], [(r.name, r.score, r.n_items) for r in report["chrf"].values()],
+                           digits=width))
         print(f"chrF signature: chrF2|{next(iter(report['chrf'].values())).signature}")
     if report.get("chrf++"):
         print(format_table(["metric", "chrF++", "items"],
-                           [(r.name, r.score, r.n_items) for r in report["chrf++"].values()]))
+                           [(r.name, r.score, r.n_items) for r in report["chrf++"].values()], digits=width))
         print(f"chrF++ signature: chrF2++|{next(iter(report['chrf++'].values())).signature}")
     if report.get("ter"):
         print(format_table(["metric", "TER (lower is better)", "items"],
-                           [(r.name, r.score, r.n_items) for r in report["ter"].values()]))
+                           [(r.name, r.score, r.n_items) for r in report["ter"].values()], digits=width))
         print(f"TER signature: TER|{next(iter(report['ter'].values())).signature}")
     if report["mismatches"]:
         print(f"\n{len(report['mismatches'])} documents differ in sentence count:")
@@ -98,25 +129,97 @@ def print_bleu_report(report: dict) -> None:
         print(f"note: {note}")
 
 
+def paired_bootstrap(reports: Sequence[dict], names: Sequence[str], args) -> dict:
+    """sacreBLEU's paired bootstrap resampling (``sacrebleu.significance.PairedTest``) of each
+    system against the first, per level; returns {level: rows} and prints the table."""
+    from sacrebleu.metrics import BLEU, CHRF, TER
+    from sacrebleu.significance import PairedTest
+
+    out = {}
+    for level in reports[0]["items"]:
+        if any(level not in r["items"] for r in reports):
+            continue
+        refs = reports[0]["items"][level][1]
+        for name, report in zip(names[1:], reports[1:]):
+            if report["items"][level][1] != refs:
+                raise ValueError(f"--paired-bs: {name} pairs with the references differently from {names[0]} "
+                                 f"({level}s in another order?); the systems must cover the same documents in the same order")
+        metrics = {}
+        for m in _metric_keys(args):  # fresh metric objects: PairedTest caches the references in them
+            metrics[m] = (BLEU(tokenize=args.tokenize, lowercase=args.lowercase) if m == "scores" else
+                          CHRF(lowercase=args.lowercase, word_order=2 if m == "chrf++" else 0) if m.startswith("chrf")
+                          else TER())
+        test = PairedTest([(n, r["items"][level][0]) for n, r in zip(names, reports)], metrics, refs,
+                          test_type="bs", n_samples=args.paired_bs_n)
+        signatures, results = test()
+        header = ["system"] + [f"{metric} (mean ± 95% CI, p)" for metric in results if metric != "System"]
+        rows = []
+        for k, system in enumerate(results["System"]):
+            row = [system + (" (baseline)" if k == 0 else "")]
+            for metric, values in results.items():
+                if metric == "System":
+                    continue
+                v = values[k]
+                p = "" if v.p_value is None else f", p = {v.p_value:.4f}"
+                row.append(f"{v.score:.{args.width}f} ({v.mean:.{args.width}f} ± {v.ci:.{args.width}f}{p})")
+            rows.append(row)
+        print(f"paired bootstrap resampling ({args.paired_bs_n} resamples, sacreBLEU) over {level}s:")
+        print(format_table(header, rows))
+        for metric, sig in signatures.items():
+            print(f"{metric} signature: {sig}")
+        out[level] = {"signatures": {m: str(sig) for m, sig in signatures.items()},
+                      "systems": [{"system": system, **{m: {"score": results[m][k].score, "mean": results[m][k].mean,
+                                                          "ci": results[m][k].ci, "p_value": results[m][k].p_value}
+                                                      for m in results if m != "System"}}
+                                  for k, system in enumerate(results["System"])]}
+    return out
+
+
 def run_bleu(args) -> dict:
     levels = []
     for lv in args.levels.split(","):
         if lv.strip() not in LEVELS:
             raise ValueError(f"--levels: unknown level {lv!r}, expected a comma list of s, d, seg")
         levels.append(LEVELS[lv.strip()])
-    report = bleu_lib.bleu_from_files(
-        args.hyp, args.ref, hyp_format=args.hyp_format, ref_format=args.ref_format, hyp_doc_ids=args.hyp_doc_ids,
-        ref_doc_ids=args.ref_doc_ids, segments=args.segments, separator=args.separator, pieces=args.pieces,
-        ref_from_generate=args.ref_from_generate, levels=levels, match=args.match_docs_by,
-        allow_mismatch=args.allow_mismatch, tokenize=args.tokenize, lowercase=args.lowercase,
-        detokenize=args.detokenize, detokenize_lang=args.detokenize_lang)
-    if args.score_only:  # scores in the order asked; a level that could not be scored prints nothing
-        for level in levels:
-            if level in report["scores"]:
-                print(f"{report['scores'][level].score:.2f}")
-    else:
-        print_bleu_report(report)
-    return report
+    refs = ([args.ref] if args.ref else []) + list(args.refs)
+    hyps = args.hyp or ["-"]
+    if not refs and not args.ref_from_generate:
+        raise ValueError("give the reference file(s): reluformer-eval bleu REF [REF ...] < HYP")
+    if args.paired_bs and len(hyps) < 2:
+        raise ValueError("--paired-bs compares systems: give two or more -i files (the first is the baseline)")
+    for path in [*hyps, *refs, args.hyp_doc_ids, args.ref_doc_ids]:  # every input named before any is read
+        if path and path != "-" and not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: file not found")
+    if sum(1 for x in [*hyps, *refs] if x == "-") > 1:
+        raise ValueError("only one input can be standard input ('-')")
+    keys = _metric_keys(args)
+    names = [bleu_lib.input_label(h) for h in hyps]
+    reports = []
+    for hyp in hyps:
+        reports.append(bleu_lib.bleu_from_files(
+            hyp, refs[0] if refs else None, hyp_format=args.hyp_format, ref_format=args.ref_format,
+            hyp_doc_ids=args.hyp_doc_ids, ref_doc_ids=args.ref_doc_ids, segments=args.segments,
+            separator=args.separator, pieces=args.pieces, ref_from_generate=args.ref_from_generate, levels=levels,
+            match=args.match_docs_by, allow_mismatch=args.allow_mismatch, tokenize=args.tokenize,
+            lowercase=args.lowercase, detokenize=args.detokenize, detokenize_lang=args.detokenize_lang,
+            more_refs=refs[1:], metrics=[k if k != "scores" else "bleu" for k in keys]))
+    for name, report in zip(names, reports):
+        if args.score_only:  # scores in the order asked; a level that could not be scored prints nothing
+            numbers = [f"{report[key][level].score:.{args.width}f}" for key in keys for level in levels
+                       if level in report[key]]
+            print((" " if len(reports) > 1 else "\n").join(numbers))
+            for note in report["notes"]:
+                print(f"reluformer-eval bleu: note: {name}: {note}", file=sys.stderr)
+        else:
+            if len(reports) > 1:
+                print(f"== {name}")
+            print_bleu_report(report, args.width)
+    paired = paired_bootstrap(reports, names, args) if args.paired_bs else None
+    for report in reports:
+        report.pop("items")  # what was scored: for the paired test, not the JSON report
+    if len(reports) == 1 and not paired:
+        return reports[0]
+    return {"systems": dict(zip(names, reports)), **({"paired_bootstrap": paired} if paired else {})}
 
 
 # ---------------------------------------------------------------------------------------------- aer
@@ -195,7 +298,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="data directory with the dictionaries (default: the one the checkpoint was trained on)")
     add_spm_model_option(p, "the data directory's prepared.json's, else one token per word")
     p.add_argument("--max-tokens", type=positive_int, default=4000, help="force-decoding batch size in tokens")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    add_device_option(p)
 
 
 def add_text_args(p: argparse.ArgumentParser) -> None:
@@ -339,7 +442,7 @@ def _add_scoring_args(p: argparse.ArgumentParser) -> None:
     add_spm_model_option(p, "the data directory's prepared.json's")
     p.add_argument("--max-tokens", type=positive_int, default=4000, help="force-decoding batch size in tokens")
     p.add_argument("--batch-size", type=positive_int, default=64, help="at most this many sequences a batch")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
 
 
@@ -417,13 +520,14 @@ def add_memory_stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=4000)
     p.add_argument("--max-batches", type=positive_int, help="stop after this many batches")
     p.add_argument("--max-rows", type=positive_int, default=2000, help="rows per layer used for the anisotropy")
+    add_device_option(p)
 
 
 def run_memory_stats(args) -> dict:
     from reluformer_mt.evaluation.memory_stats import memory_stats_report
 
     return memory_stats_report(args.checkpoint, args.data, args.split, args.top_percent, max_tokens=args.max_tokens,
-                               max_batches=args.max_batches, max_rows=args.max_rows)
+                               max_batches=args.max_batches, max_rows=args.max_rows, device=args.device)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -504,17 +608,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
                                   creates_folders=option != "write_pred")
+        if getattr(args, "device", None):  # auto resolved once, before any model loads
+            args.device = resolve_device(args.device)
         command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
         tee = Tee(sys.stdout) if getattr(args, "html", None) else None
         with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():
             report = run(args)
         if args.json:
             write_json(args.json, report, command=command)
-            print(f"report written to {args.json}")
+            print(f"report written to {args.json}", file=sys.stderr)  # stdout holds the results only (-b)
         if getattr(args, "html", None):
             from reluformer_mt.evaluation.html_report import write_evaluation_page
 
-            print(f"HTML page written to {write_evaluation_page(args.html, command, report, tee.kept.getvalue())}")
+            print(f"HTML page written to {write_evaluation_page(args.html, command, report, tee.kept.getvalue())}",
+                  file=sys.stderr)
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-eval {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -16,8 +16,8 @@ import logging
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_output_file)
+from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
+                                     OneLineParser, add_device_option, check_output_file, resolve_device)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fuzzy: the top --candidates by inner product reranked by fuzzy match; none: pure MIPS (EMAT)")
     r.add_argument("--candidates", type=int, default=128, help="inner-product candidates that the fuzzy rerank sees")
     r.add_argument("--max-tokens", type=int, default=8000, help="tokens per encoding batch")
-    r.add_argument("--device", default="cpu", help="torch device of the encoding")
+    add_device_option(r, help="torch device of the encoding: " + DEVICE_HELP)
     r.add_argument("--json", help="also write the comparison to this file")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     ds = sub.add_parser("datastore", help="kNN-MT datastores (docs/KNN_MT.md)")
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--index", choices=("auto", "exact", "hnsw", "ivf"), default="auto",
                    help="faiss index: auto = exact up to 20k entries, IVF above (docs/KNN_MT.md)")
     b.add_argument("--max-tokens", type=int, default=8000, help="tokens per force-decoding batch")
-    b.add_argument("--device", default="auto", help="torch device: auto (CUDA when available), cpu, cuda")
+    add_device_option(b, help="torch device of the force-decoding: " + DEVICE_HELP)
     b.add_argument("--force", action="store_true", help="rebuild a datastore that is already there")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     i = ds_sub.add_parser("info", help="what a datastore holds")
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--knn-memory-k", type=int, default=8, help="matches per sentence of the per-input datastores")
     t.add_argument("--pieces-k", type=int, default=8, help="matches per sentence of translation pieces")
     t.add_argument("--no-decode", action="store_true", help="only the teacher-forced grid (seconds), no validation decodes")
-    t.add_argument("--device", default="auto", help="torch device: auto (CUDA when available), cpu, cuda")
+    add_device_option(t, help="torch device: " + DEVICE_HELP)
     t.add_argument("--json", help="write the whole report (grid, decodes, chosen values) here")
     return p
 
@@ -76,7 +76,7 @@ def run_datastore(args) -> str:
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     store = build_datastore(args.checkpoint, args.out, data=args.data, split=args.split, max_tokens=args.max_tokens,
-                            index=args.index, device=args.device, progress=not args.quiet, force=args.force)
+                            index=args.index, device=resolve_device(args.device), progress=not args.quiet, force=args.force)
     m = store.meta
     return (store.describe() + f"\n  built in {m['build_seconds']} s; {m['bytes'] / 2**20:.1f} MiB on disk"
             + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else ""))
@@ -89,7 +89,7 @@ def run_tune(args) -> str:
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     if args.json:
         check_output_file(args.json, "--json")
-    report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=args.device,
+    report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=resolve_device(args.device),
                   beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
@@ -107,7 +107,7 @@ def run_rekey(args) -> dict:
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
-    loaded = load_model(args.checkpoint, data, device=args.device)
+    loaded = load_model(args.checkpoint, data, device=resolve_device(args.device))
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)
 

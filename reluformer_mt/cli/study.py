@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_device, check_input_folder, check_output_folder, non_negative_float,
-                                     non_negative_int, positive_int)
+                                     add_device_option, check_input_folder, check_output_folder, non_negative_float,
+                                     non_negative_int, positive_int, resolve_device)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-minutes", type=non_negative_float, default=20, help="wall-clock minutes of training per run")
     p.add_argument("--max-update", type=non_negative_int, default=0, help="also stop after this many updates (0 = no limit)")
     p.add_argument("--threads", type=positive_int, default=1, help="threads of each training process")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where training and evaluation run")
+    add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
+                              "or cuda", choices=["auto", "cpu", "cuda"])
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar during training (there is none when standard error is not a terminal)")
     p.add_argument("--no-report", action="store_true",
                    help="train and score only (for several processes sharing --out); a later call writes the report")
     return p
@@ -37,7 +40,7 @@ def check_args(args) -> None:
         raise ValueError("--budget-minutes or --max-update must be > 0")
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
-    check_device(args.device)
+    args.device = resolve_device(args.device)  # the runs below see cpu or cuda
 
 
 def main(argv=None) -> int:
@@ -55,7 +58,8 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
-                  args.bible_root, args.skip_alignment, report=not args.no_report)
+                  args.bible_root, args.skip_alignment, report=not args.no_report,
+                  progress=False if args.no_progress else None)
     except ValueError as error:  # bad input: the convention of reluformer_mt.cli.checks
         print(f"reluformer-study: error: {error}", file=sys.stderr)
         return EXIT_USAGE

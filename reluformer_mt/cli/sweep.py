@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-batches", type=positive_int, default=10, help="validation batches of the memory diagnostics")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoints (by default deleted once the run is scored)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar during training (there is none when standard error is not a terminal)")
     p.add_argument("extra", nargs="*", help="after --: more fairseq-train options for every run")
     return p
 
@@ -72,7 +74,7 @@ def options_from_args(args) -> SweepOptions:
         test_size=args.test_size, nwords=args.nwords, max_words=args.max_words, arch=args.arch,
         max_update=args.max_update, max_tokens=args.max_tokens, lr=args.lr, warmup=args.warmup, seed=args.seed,
         beam=args.beam, top_percent=args.top_percent, stats_batches=args.stats_batches,
-        keep_checkpoints=args.keep_checkpoints, extra=args.extra)
+        keep_checkpoints=args.keep_checkpoints, extra=args.extra, progress=False if args.no_progress else None)
 
 
 def check_args(args) -> None:

@@ -7,27 +7,49 @@
 The output keeps the input's layout with exactly one translated sentence per input sentence
 (see :mod:`reluformer_mt.inference.inputs` for the formats); a summary (documents, sentences,
 segments, fallbacks, time) goes to standard error.
+
+Streaming: a pipe or terminal input (not a regular file) in the lines or docmt format is
+translated one document at a time, and each document's output is written and flushed as soon as
+it is done, so the command can sit in a pipe as fairseq-interactive does. A regular file is read
+whole and its segments batched across documents.
 """
 import argparse
+import inspect
 import logging
+import os
+import stat
 import sys
 import time
 from pathlib import Path
+from typing import Iterator, List
 
 from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
                                      check_output_file, non_negative_float, non_negative_int, segment_tokens, writing,
                                      write_error)
 
 
+def translator_defaults() -> dict:
+    """The defaults of ``DocumentTranslator``'s keyword parameters: the one declaration the
+    options' defaults come from (parameter ``x_y`` is option ``--x-y``)."""
+    from reluformer_mt.inference.translator import DocumentTranslator
+
+    return {name: p.default for name, p in inspect.signature(DocumentTranslator.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.inference.inputs import FORMATS
+
+    D = translator_defaults()
 
     p = argparse.ArgumentParser(
         prog="reluformer-translate", formatter_class=DefaultsHelpFormatter,
         description="Translate documents with a reluformer checkpoint: documents are cut into segments of the "
                     "trained length, translated with beam search and split back into exactly one sentence per "
                     "input sentence.")
-    p.add_argument("--checkpoint", "-c", required=True, help="fairseq checkpoint (.pt)")
+    p.add_argument("--checkpoint", "-c", required=True, nargs="+", metavar="CHECKPOINT",
+                   help="fairseq checkpoint (.pt); several: an ensemble (fairseq's EnsembleModel averages their "
+                        "probabilities; same dictionaries; the first one's resources)")
     p.add_argument("--input", "-i", default="-", help="input file, '-' = standard input (default)")
     p.add_argument("--output", "-o", default="-", help="output file, '-' = standard output (default)")
     p.add_argument("--format", "-f", choices=FORMATS, default="auto",
@@ -36,26 +58,34 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto (default): docmt if the input starts with <d>, raw only if most lines (at least 3) are "
                         "paragraphs of 3+ sentences and 40+ words, lines otherwise; the summary says which")
     p.add_argument("--doc-ids", help="docids format: file with one document id per input line")
-    p.add_argument("--language", help="language of the sentence splitter for raw input (default: the checkpoint's source language)")
+    p.add_argument("--language", help="language of the sentence splitter (pysbd) for raw input (default: the checkpoint's "
+                                      "source language; an unknown one is an error listing the known ones)")
     res = p.add_argument_group("resources (default: beside the checkpoint, then the data directory it was trained on)")
     res.add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, prepared.json, SentencePiece model)")
     add_spm_model_option(res, "the one prepared.json names")
     res.add_argument("--segment-tokens", type=segment_tokens, help="segment length in source tokens, or 'sentence' "
                                                                    "(default: the trained length from prepared.json)")
     gen = p.add_argument_group("search")
-    gen.add_argument("--beam", type=int, default=4, help="beam size (4: the demo's decoding)")
-    gen.add_argument("--lenpen", type=float, default=1.0, help="length penalty")
-    gen.add_argument("--batch-size", type=int, default=32, help="most segments per batch")
-    gen.add_argument("--max-tokens", type=int, default=4000, help="most source tokens per batch (padded)")
-    gen.add_argument("--max-len-a", type=non_negative_float, default=1.2, help="output length limit a * source + b")
-    gen.add_argument("--max-len-b", type=non_negative_int, default=10, help="see --max-len-a")
-    gen.add_argument("--separators", choices=("constrained", "free"), default="constrained",
+    gen.add_argument("--beam", type=int, default=D["beam"], help="beam size (4: the demo's decoding)")
+    gen.add_argument("--nbest", type=int, default=D["nbest"], metavar="N",
+                     help="write the N best translations of every sentence instead, Moses' n-best format: "
+                          "'SENTENCE ||| translation ||| score' (0-based sentence number over the input, mean token "
+                          "log-probability), best first; N <= --beam")
+    gen.add_argument("--lenpen", type=float, default=D["lenpen"], help="length penalty")
+    gen.add_argument("--batch-size", type=int, default=D["batch_size"], help="most segments per batch")
+    gen.add_argument("--max-tokens", type=int, default=D["max_tokens"], help="most source tokens per batch (padded)")
+    gen.add_argument("--max-len-a", type=non_negative_float, default=D["max_len_a"], help="output length limit a * source + b")
+    gen.add_argument("--max-len-b", type=non_negative_int, default=D["max_len_b"], help="see --max-len-a")
+    gen.add_argument("--separators", choices=("constrained", "free"), default=D["separators"],
                      help="constrained (default): beam search gives each segment's translation exactly the "
                           "source's number of sentence separators (no empty sentence), so it splits back "
                           "without retranslation unless it reaches the length limit; free: plain beam search, "
                           "which shows how often the model keeps the separators by itself (the summary counts "
                           "the fallbacks)")
-    gen.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
+    gen.add_argument("--device", default=D["device"], help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
+    half = gen.add_mutually_exclusive_group()
+    half.add_argument("--fp16", action="store_true", help="half precision (float16) on CUDA; an error on the CPU")
+    half.add_argument("--bf16", action="store_true", help="bfloat16 on CUDA; an error on the CPU")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
     tm = p.add_argument_group("translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; "
@@ -65,30 +95,35 @@ def build_parser() -> argparse.ArgumentParser:
                          "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
                          "(default: the training split of the checkpoint's data directory); 'none' translates without "
                          "matches")
-    tm.add_argument("--pieces-weight", type=float, default=0.0, metavar="W",
+    tm.add_argument("--pieces-weight", type=float, default=D["pieces_weight"], metavar="W",
                     help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
                          "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
                          "docs/TRANSLATION_MEMORY.md); works for checkpoints trained without memory too")
-    tm.add_argument("--pieces-k", type=int, default=8, metavar="K", help="matches per sentence whose n-grams are pieces")
-    tm.add_argument("--pieces-max-n", type=int, default=4, metavar="N", help="longest piece, in SentencePiece tokens")
-    tm.add_argument("--pieces-floor", type=float, default=0.0, metavar="F",
+    tm.add_argument("--pieces-k", type=int, default=D["pieces_k"], metavar="K", help="matches per sentence whose n-grams are pieces")
+    tm.add_argument("--pieces-max-n", type=int, default=D["pieces_max_n"], metavar="N", help="longest piece, in SentencePiece tokens")
+    tm.add_argument("--pieces-floor", type=float, default=D["pieces_floor"], metavar="F",
                     help="only matches with a fuzzy score >= F give pieces (the demo's value is tuned with the weight)")
     knn = p.add_argument_group("kNN-MT (Khandelwal et al. 2021): the decoder state of every step looks up its nearest "
                                "entries in a datastore and mixes their next tokens into the model's distribution; "
                                "any checkpoint (docs/KNN_MT.md)")
-    knn.add_argument("--knn", metavar="DATASTORE", help="a datastore built with 'reluformer-memory datastore build' for "
-                                                        "this checkpoint (its tuned values are the defaults below)")
-    knn.add_argument("--knn-memory", action="store_true",
+    knn.add_argument("--knn", metavar="DATASTORE", default=D["knn"],
+                     help="a datastore built with 'reluformer-memory datastore build' for this checkpoint (its tuned "
+                          "values are the defaults of the options below)")
+    knn.add_argument("--knn-memory", action="store_true", default=D["knn_memory"],
                      help="per-input datastores (SK-MT, Dai et al. 2023): each sentence's best --knn-memory-k matches "
                           "of the translation memory (--memory), force-decoded at translation time")
-    knn.add_argument("--knn-memory-k", type=int, default=8, metavar="M", help="matches per sentence of --knn-memory")
-    knn.add_argument("--knn-k", type=int, metavar="K", help="neighbours per step (default: tuned, else 16)")
-    knn.add_argument("--knn-lambda", type=float, metavar="L", help="largest share of the neighbours (default: tuned, else 0.5)")
-    knn.add_argument("--knn-readout", choices=("softmax", "relu", "sparsemax", "entmax15"),
+    knn.add_argument("--knn-memory-k", type=int, default=D["knn_memory_k"], metavar="M",
+                     help="matches per sentence of --knn-memory")
+    knn.add_argument("--knn-k", type=int, default=D["knn_k"], metavar="K", help="neighbours per step (default: tuned, else 16)")
+    knn.add_argument("--knn-lambda", type=float, default=D["knn_lambda"], metavar="L",
+                     help="largest share of the neighbours (default: tuned, else 0.5)")
+    knn.add_argument("--knn-readout", choices=("softmax", "relu", "sparsemax", "entmax15"), default=D["knn_readout"],
                      help="softmax(-d/T) (kNN-MT), relu: ReLU(1 - d/radius) with no mass when every neighbour is "
                           "beyond the radius, sparsemax/entmax15 over -d/T (default: tuned, else softmax)")
-    knn.add_argument("--knn-temperature", type=float, metavar="T", help="T of softmax/sparsemax/entmax15 (default: tuned, else 10)")
-    knn.add_argument("--knn-radius", type=float, metavar="R", help="radius of the relu read-out (default: tuned, else 10)")
+    knn.add_argument("--knn-temperature", type=float, default=D["knn_temperature"], metavar="T",
+                     help="T of softmax/sparsemax/entmax15 (default: tuned, else 10)")
+    knn.add_argument("--knn-radius", type=float, default=D["knn_radius"], metavar="R",
+                     help="radius of the relu read-out (default: tuned, else 10)")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
     out.add_argument("--scores", help="write each sentence's mean token log-probability here")
     out.add_argument("--memory-matches", metavar="FILE",
@@ -96,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(what a translator checks first)")
     out.add_argument("--alignments", help="write each sentence's attention alignment here: 'i-j' pairs, 0-based "
                                           "source word i, target word j (words = SentencePiece words)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error (there is none when "
+                                                               "standard error is not a terminal)")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary and warnings on standard error")
     return p
 
@@ -130,86 +166,233 @@ def check_paths(args) -> None:
             check_output_file(path, option)
 
 
-KNN_FLAGS = {"k": "knn_k", "lam": "knn_lambda", "readout": "knn_readout", "temperature": "knn_temperature",
-             "radius": "knn_radius"}
+def check_options(args) -> None:
+    """Option checks that need neither the input nor the model (so they fail at once)."""
+    from reluformer_mt.inference.inputs import check_language
+
+    check_paths(args)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: expected a positive number, got {args.threads}")
+    if args.nbest < 1 or args.nbest > args.beam:
+        raise ValueError(f"--nbest {args.nbest}: expected 1 <= N <= --beam ({args.beam})")
+    if args.format == "docids" and not args.doc_ids:
+        raise ValueError("--format docids needs --doc-ids FILE (one document id per input line)")
+    if args.doc_ids and args.format not in ("auto", "docids"):
+        raise ValueError(f"--doc-ids goes with --format docids, not {args.format}")
+    if args.language:
+        check_language(args.language)
+    from reluformer_mt.checkpoints import _checked_path
+
+    for path in args.checkpoint:  # the loader's own message, before any of them loads
+        _checked_path(path)
+    if (args.fp16 or args.bf16) and not _cuda_device(args.device):
+        raise ValueError(f"--{'fp16' if args.fp16 else 'bf16'}: half precision is for CUDA only "
+                         f"(--device {args.device} is the CPU here); translate in full precision on the CPU")
 
 
-def knn_options(args):
-    """KnnOptions of the --knn-* flags given, on top of the datastore's tuned values (with --knn)
-    or the defaults; None when no flag is given and a datastore's tuned values apply as they are."""
-    given = {field: getattr(args, flag) for field, flag in KNN_FLAGS.items() if getattr(args, flag) is not None}
-    if not (args.knn or args.knn_memory):
-        if given:
-            raise ValueError("--knn-k/--knn-lambda/--knn-readout/--knn-temperature/--knn-radius need --knn DATASTORE "
-                             "or --knn-memory")
-        return None
-    if not given and args.knn:
-        return None
-    from reluformer_mt.knn.search import KnnOptions
+def _cuda_device(device: str) -> bool:
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import torch
 
-    base = {}
-    if args.knn:
-        from reluformer_mt.knn.datastore import Datastore
+    return torch.cuda.is_available()
 
-        base = Datastore.load(args.knn).meta.get("tuned", {}).get("full", {})
-    fields = {k: v for k, v in base.items() if k in KNN_FLAGS}
-    return KnnOptions(**{**fields, **given}).check()
+
+def is_stream(path) -> bool:
+    """Standard input or a path that is a pipe or terminal: read as it arrives, not whole."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode if str(path) == "-" else os.stat(path).st_mode
+    except (OSError, ValueError, AttributeError):  # pytest's captured stdin has no file number
+        return False
+    return not stat.S_ISREG(mode)
+
+
+def _stream_lines(path) -> Iterator[str]:
+    """Decoded lines of a stream as they arrive (the rules of ``read_text``: UTF-8, a first BOM
+    dropped, CRLF -> LF, a bad byte named by its line)."""
+    from reluformer_mt.data.documents import BOM
+    from reluformer_mt.data.textfiles import decode_utf8
+    from reluformer_mt.inference.inputs import input_name
+
+    name = input_name(path)
+    stream = sys.stdin.buffer if str(path) == "-" else open(path, "rb")
+    try:
+        for number, raw in enumerate(iter(stream.readline, b""), 1):
+            try:
+                line = decode_utf8(raw, name)
+            except ValueError as e:  # decode_utf8 counts lines within this one line
+                raise ValueError(str(e).replace(f"{name}:1:", f"{name}:{number}:", 1)) from None
+            if number == 1 and line.startswith(BOM):
+                line = line[1:]
+            yield line[:-1] if line.endswith("\n") else line
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+class Input:
+    """The input as chunks of whole documents (``ParsedInput`` each): the whole input at once
+    for a file, raw or docids input; one document at a time for a streamed lines/docmt input.
+    Constructing it reads and checks the whole file, or a stream's first lines (enough to
+    detect its format), so bad input fails before the model loads."""
+
+    def __init__(self, args, language):
+        from reluformer_mt.inference.inputs import detect_format_reason, input_name, parse_input, read_text
+        from reluformer_mt.data.documents import is_doc_marker
+
+        self.name, self.args, self.language = input_name(args.input), args, language
+        self.notes: List[str] = []
+        self.fmt, self.detected = args.format, None
+        if not is_stream(args.input) or args.format in ("raw", "docids") or args.doc_ids:
+            self.lines = None
+            self.whole = parse_input(read_text(args.input), self.name, args.format, args.doc_ids, language)
+            return
+        self.whole, self.lines = None, _stream_lines(args.input)
+        self.head: List[str] = []
+        if args.format == "auto":  # the rule of detect_format: the first non-blank line, or 100 of them
+            for line in self.lines:
+                self.head.append(line)
+                text = [x for x in self.head if x.strip()]
+                if (text and is_doc_marker(text[0])) or len(text) >= 100:
+                    break
+            self.fmt, self.detected = detect_format_reason(self.head, language)
+            if self.fmt == "raw":  # one document unless <d> lines: read it all
+                self.whole = parse_input(self.head + list(self.lines), self.name, "raw", None, language)
+                self.whole.detected = self.detected
+                self.lines = None
+
+    def chunks(self):
+        """(ParsedInput of whole documents, whether it is the first chunk)."""
+        if self.whole is not None:
+            yield self.whole, True
+            self.notes = self.whole.notes
+            return
+        from itertools import chain
+
+        from reluformer_mt.data.documents import is_doc_marker, strip_edges
+        from reluformer_mt.inference.inputs import InputDocument, ParsedInput, parse_input
+
+        first, current, marked, invisible, k = True, [], False, 0, 0
+
+        def docmt(lines):
+            parsed = parse_input(lines, self.name, "docmt")
+            self.notes += [n for n in parsed.notes if not n.endswith("removed at line edges")]  # summed below
+            return parsed
+
+        def lines_doc(lines):  # one document of the lines format (parse_lines' rule, document by document)
+            return ParsedInput("lines", [InputDocument(f"{self.name}.{k}", [strip_edges(x)[0] for x in lines])])
+
+        for line in chain(self.head, self.lines):
+            invisible += strip_edges(line)[1]
+            if self.fmt == "docmt":
+                if is_doc_marker(line) and marked:
+                    yield docmt(current), first
+                    first, current = False, []
+                marked = marked or is_doc_marker(line)
+                current.append(line)
+            elif not strip_edges(line)[0]:  # lines: a blank line ends a document (an empty one after another blank)
+                yield lines_doc(current), first
+                first, current, k = False, [], k + 1
+            else:
+                current.append(line)
+        if self.fmt == "docmt" and (current or first):
+            yield docmt(current), first
+        elif self.fmt == "lines" and not first or current:  # parse_lines: the text after the last blank line
+            yield lines_doc(current), first
+        elif self.fmt == "lines":  # no input at all: no documents
+            yield ParsedInput("lines", []), True
+        if invisible:
+            self.notes.append(f"{invisible:,} invisible characters (BOM, zero-width, no-break space) removed at line edges")
+
+
+def _render_chunk(parsed, texts, first: bool, one_per_line: bool = False) -> List[str]:
+    from reluformer_mt.inference.inputs import render
+
+    lines = render(parsed, texts, one_per_line)
+    # documents of the lines format are separated by one blank line: before every chunk but the first
+    return lines if first or parsed.fmt != "lines" else [""] + lines
 
 
 def run(args) -> str:
     """Translate as ``args`` say; returns the summary."""
-    from reluformer_mt.inference import DocumentTranslator, parse_input, read_text, write_output
-    from reluformer_mt.inference.inputs import input_name, open_output
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.inference.inputs import open_output
 
     start = time.time()
-    check_paths(args)
+    check_options(args)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads: expected a positive number, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
-    lines = read_text(args.input)  # first: bad input fails before the model loads
+    language = args.language
+    if language is None and args.format in ("auto", "raw") and not args.doc_ids:
+        from reluformer_mt.checkpoints import open_checkpoint
+
+        language = open_checkpoint(args.checkpoint[0], args.data).data.src_lang  # cheap: no model is built
+    source = Input(args, language)  # before the model loads: bad input fails first
     translator = DocumentTranslator(
         args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
         segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
-        piece_weight=args.pieces_weight, piece_k=args.pieces_k, piece_max_n=args.pieces_max_n,
-        piece_floor=args.pieces_floor, knn=args.knn, knn_memory=args.knn_memory, knn_memory_k=args.knn_memory_k, knn_options=knn_options(args))
+        pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
+        fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, knn=args.knn, knn_memory=args.knn_memory,
+        knn_memory_k=args.knn_memory_k, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
+        knn_temperature=args.knn_temperature, knn_radius=args.knn_radius)
     if args.memory_matches and translator.memory is None:
-        raise ValueError(f"--memory-matches: {args.checkpoint} was trained without a translation memory (--tm-fusion none); "
+        raise ValueError(f"--memory-matches: {args.checkpoint[0]} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
-    parsed = parse_input(lines, input_name(args.input), args.format, args.doc_ids,
-                         args.language or translator.resources.src_lang)
-    results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
-                                   alignments=bool(args.alignments), progress=False if args.no_progress else None)
+
+    def match_line(r):
+        if r.match is None:
+            return ""
+        entry, score = r.match
+        return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
+
+    sides = [(option, path, fn) for option, path, fn in (
+        ("--scores", args.scores, lambda r: "" if r.score is None else f"{r.score:.4f}"),
+        ("--alignments", args.alignments, lambda r: " ".join(f"{i}-{j}" for i, j in (r.alignment or []))),
+        ("--memory-matches", args.memory_matches, match_line)) if path]
     stream = open_output(args.output)
-    with writing("standard output" if stream is sys.stdout else args.output):
-        try:
-            write_output(parsed, [[r.text for r in doc] for doc in results], stream)
-        finally:
-            if stream is not sys.stdout:
-                stream.close()
-    if args.scores:
-        with _side_file(args.scores, "--scores") as f, writing(args.scores):
-            write_output(parsed, [["" if r.score is None else f"{r.score:.4f}" for r in doc] for doc in results], f, one_per_line=True)
-    if args.alignments:
-        with _side_file(args.alignments, "--alignments") as f, writing(args.alignments):
-            write_output(parsed, [[" ".join(f"{i}-{j}" for i, j in (r.alignment or [])) for r in doc] for doc in results],
-                         f, one_per_line=True)
-    if args.memory_matches:
-        def match_line(r):
-            if r.match is None:
-                return ""
-            entry, score = r.match
-            return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
-        with _side_file(args.memory_matches, "--memory-matches") as f, writing(args.memory_matches):
-            write_output(parsed, [[match_line(r) for r in doc] for doc in results], f, one_per_line=True)
+    files = [(option, path, _side_file(path, option), fn) for option, path, fn in sides]
+    sentence, last = 0, None
+    try:
+        for parsed, first in source.chunks():
+            last = parsed
+            results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
+                                           alignments=bool(args.alignments),
+                                           progress=False if args.no_progress or not first or source.whole is None
+                                           else None)
+            with writing("standard output" if stream is sys.stdout else args.output):
+                if args.nbest > 1:
+                    lines = []
+                    for r in (r for doc in results for r in doc):
+                        for h in [r] + r.alternatives:
+                            # an empty sentence is not translated: its one (empty) output is certain, log 1 = 0
+                            lines.append(f"{sentence} ||| {h.text} ||| {h.score if h.score is not None else 0.0:.4f}")
+                        sentence += 1
+                else:
+                    lines = _render_chunk(parsed, [[r.text for r in doc] for doc in results], first)
+                stream.write("".join(line + "\n" for line in lines))
+                stream.flush()  # each document leaves as soon as it is done (a pipe's reader waits for it)
+            for option, path, f, fn in files:
+                with writing(path):
+                    f.write("".join(line + "\n" for line in _render_chunk(
+                        parsed, [[fn(r) for r in doc] for doc in results], first, one_per_line=True)))
+                    f.flush()
+    finally:
+        if stream is not sys.stdout:
+            stream.close()
+        for _, _, f, _ in files:
+            f.close()
     summary = translator.summary()
-    fmt = parsed.fmt + (f" (detected: {parsed.detected}; --format chooses)" if parsed.detected else "")
-    notes = "".join(f"\n  {note}" for note in parsed.notes)
+    fmt = (last.fmt if last is not None else source.fmt)
+    detected = source.detected or (last.detected if last is not None else None)
+    fmt += f" (detected: {detected}; --format chooses)" if detected else ""
+    notes = "".join(f"\n  {note}" for note in source.notes)
     return f"{summary}\n  input format: {fmt}; total time with loading: {time.time() - start:.1f} s{notes}"
 
 
@@ -220,13 +403,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.quiet:
         logging.getLogger().setLevel(logging.ERROR)
+    from reluformer_mt.checkpoints import CheckpointError
     from reluformer_mt.inference.translator import TranslationError
     from reluformer_mt.plugin import register
 
     register()  # the entry point registers the plugin; the checkpoint loader only loads
     try:
         summary = run(args)
-    except (TranslationError, ValueError, FileNotFoundError) as e:
+    except (TranslationError, ValueError, FileNotFoundError, CheckpointError) as e:
         print(f"reluformer-translate: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:  # a write outside the guarded ones (e.g. a full disk under a cache)

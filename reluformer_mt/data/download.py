@@ -13,7 +13,6 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 SELECTIVE_ATTN = "https://raw.githubusercontent.com/sameenmaruf/selective-attn/1cb44c5ddd2cdf4f32ea74768a3389b52fc4db27/data"
@@ -59,7 +58,56 @@ BIBLE = {
     "data/eng/targets/BSB/nt_BSB.tsv": "d388c73f52361968eb96761098e983699fdd0dd37272b1d701efebd61a5a36df",
     "data/eng/alignments/BSB/SBLGNT-BSB-manual.json": "144c84636e3972774565b66105259e01df2b2236877055920c7996c08fdbc38e",
 }
-DATASETS = ("docmt_ende", "iwslt17_ted_test", "bible")
+# evaluation data (issue 33): the published files, pinned to the commits they were taken from
+DISCEVALMT_URL = "https://raw.githubusercontent.com/rbawden/discourse-mt-test-sets/{commit}/test-sets/{name}"
+DISCEVALMT = {  # Bawden et al. NAACL 2018, CC BY-SA 4.0: name -> (commit, sha256)
+    "anaphora.current.en": ("bbb2c8e52fa29e28f8e31184fc99a5755f492ac5", "3dd595f5f839a6701b08716380657f1976b42a675a3645ae32b58358a3ed2f4a"),
+    "anaphora.current.fr": ("e275342c426100dd5059d070c57b7e3a8a7dd6fc", "5fca0398ac71f0892041375eb5dcb53f95afcb1af61a7de7d1dbfcabfb4d5b32"),
+    "anaphora.prev.en": ("e275342c426100dd5059d070c57b7e3a8a7dd6fc", "4a22329108a49f29e7d49f7e08c095a5a892243c1fae9220fcd9d0d387d26106"),
+    "anaphora.prev.fr": ("bbb2c8e52fa29e28f8e31184fc99a5755f492ac5", "46373eda29e5cb116b4cdc774f555be68fd944a234dae8ab183481551b08e0f2"),
+    "anaphora.json": ("bbb2c8e52fa29e28f8e31184fc99a5755f492ac5", "e4d540462b3181a32e3b34b4f63c52b38dca2944f1a5e8905e9681979e03b769"),
+    "lexical_choice.current.en": ("e275342c426100dd5059d070c57b7e3a8a7dd6fc", "465382938d7fc86df04009a838f4266e2a973264205450b183d917481a443a6f"),
+    "lexical_choice.current.fr": ("1466507df119642b9b2fa39905512253051a5cc6", "f907fa6d93940153725b30714fd81cffef24fcd9effe20fc96c1f7a945e9cf9f"),
+    "lexical_choice.prev.en": ("e275342c426100dd5059d070c57b7e3a8a7dd6fc", "c27e711814e68eed99dfaf60baca002547ba239dbaadf06dbd80feff6f42cd1f"),
+    "lexical_choice.prev.fr": ("1466507df119642b9b2fa39905512253051a5cc6", "054e16a561b00aaf6b5b35dd1734d2c78517842528e29a82a147279f496bde7a"),
+    "lexical-choice.json": ("1466507df119642b9b2fa39905512253051a5cc6", "111dcb231ad9fce78fe83d41278fcc980fe4dab8385f91d96d73d04842b2a7c4"),
+}
+AWESOME_URL = "https://raw.githubusercontent.com/neulab/awesome-align/{commit}/examples/{name}"
+AWESOME_GOLD_COMMIT, AWESOME_TEXT_COMMIT = "bfd8f6f87901b62aecc9ded28736453c92d9ca21", "a0d72b279f34b3788e7de618c301c9706b49ef76"
+GOLD_ALIGN = {  # awesome-align's examples (repository BSD-3): name -> sha256
+    "enfr.gold": "0a11b51cba8a92a7608fb00884cb3cf50fe0fcc4e4aa92d70624fd11451c4ddd",      # Hansards (freely downloadable)
+    "enfr.src-tgt": "19d56c3de3634ab8420d553df4d9dfd849502b18225f1599382e98a6de9cfc72",
+    "roen.gold": "12c3ae50f32817ce27edbd272c90b91ac8156823505d25ecd34266804ed65b10",      # WPT 2005 (freely downloadable)
+    "roen.src-tgt": "e3ae360038e44813c27ebd470e359bf2d2a2a10e4697129060b3cbafbd2742a7",
+    "jaen.gold": "05cace5aad9ee118dca8f73d9a98434c80fa5d6531e83a2b27b16057b583afa6",      # KFTT, CC BY-SA 3.0
+    "jaen.src-tgt": "64471c1189a30979966078c1172e264558d2aefb376553f7fb1a629d585f5a18",
+}
+# the Tsinghua zh-en set names no licence that allows redistribution: copied from --local only
+GOLD_ALIGN_LOCAL_ONLY = {
+    "zhen.gold": "39e4de909481013653a9bf2b3b0520d9b75c728eff4ff769bd8d11f9cc703a5d",
+    "zhen.src-tgt": "2a35fb66ad1631587cd00fbd11255dd9a8f4c11413b90aaa10f20d7f1a1cd9a9",
+}
+BICICI_URL = "https://raw.githubusercontent.com/bicici/SMTData/7e73489d40b806ec19b499887fc31cf0ca2dc23e/German-English_WordAlignment.zip"
+BICICI_ZIP = "8e5a80cf26e7f48e675960c097069c29db5ed50d59fef1cd264571a2ee596d7d"
+BICICI = {  # Biçici 2011, 100 Europarl sentences ("usable for training and testing aligners", its README)
+    "de-en.ref.wa": "c96727255e6605765e5cecb67d28b60f7a7be36ddf9e9902415dee835f3fd1ed",
+    "de-en.wa": "73ed0d5c06450b5256286ccc43e22df7bdccb45b2019c20a24888ec087786d19",
+    "README": "5f87ed2a71d22dac069b0f4f049af04247f56df2966e04391f1b4e1e591b7f54",
+    "test.de": "c39fe34bd6e55af0db2926e56518ab40cede2a04f463d124d9a188e5d588ba18",
+    "test.en": "6be3bcab7cdc10cdfd7aed47e0a6b3f6452335179712db889b1453efcf5d0ceb",
+}
+# ContraPro's sentences are OpenSubtitles2018 text, which ContraPro itself does not redistribute
+# (its setup script extracts them from OPUS): the flattened copy is taken from --local only
+CONTRAPRO = {
+    "en.txt": "4368770f957e59bc146fa00bd806fec91baa0358544571d02bebfbe61b8f7b20",
+    "de.txt": "f94f6e30317c1fa1c4fd1183bd7bae71b26a387a1fcb57c7be446eb8ea6d1cf0",
+    "sentence_groups.txt": "b1a24df85ed6fdcba5bc461e1df7ca0fe2bcd0b7cfdcb884112ba4e7482b8c0d",
+}
+CONTRAPRO_HOWTO = ("github.com/ZurichNLP/ContraPro: run its setup script on OpenSubtitles2018 (OPUS) to get the "
+                   "sentences, flatten them as github.com/BennoKrojer/ContraCAT's data/adversarial_ContraPro/ "
+                   "(en.txt, de.txt, sentence_groups.txt), and pass the folder above contrapro_ctx1/ as --local")
+DATASETS = ("docmt_ende", "iwslt17_ted_test", "bible", "discevalmt", "gold_align", "gold_align_deen", "contrapro")
+DEFAULT_DATASETS = ("docmt_ende", "iwslt17_ted_test", "bible", "discevalmt", "gold_align", "gold_align_deen")
 
 
 def sha256(path) -> str:
@@ -76,21 +124,22 @@ def check(path, expected: str, source: str) -> None:
         raise ValueError(f"{path}: sha256 {got} but expected {expected} (from {source}); the file is damaged or the source changed")
 
 
-def fetch(url: str, dest: Path, expected: str) -> None:
+def fetch(url: str, dest: Path, expected: str, progress: bool = False) -> None:
+    """Download ``url`` to ``dest`` with pooch (retries, a temporary file, the sha256 check; a
+    file that fails the check is not kept); a failure is one line naming the URL."""
+    import pooch
+
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                shutil.copyfileobj(r, tmp)
-        except OSError as e:
-            Path(tmp.name).unlink(missing_ok=True)
-            raise OSError(f"{url}: download failed ({e}); pass --local DIR to copy from a local folder instead") from None
+    dest.unlink(missing_ok=True)  # a damaged earlier copy: pooch would otherwise refuse it, not replace it
     try:
-        check(tmp.name, expected, url)
-    except ValueError:
-        Path(tmp.name).unlink(missing_ok=True)
-        raise
-    Path(tmp.name).replace(dest)
+        pooch.retrieve(url, known_hash=f"sha256:{expected}", fname=dest.name, path=dest.parent, progressbar=progress)
+    except ValueError as e:  # pooch's hash mismatch
+        dest.unlink(missing_ok=True)
+        raise ValueError(f"{dest}: {str(e).splitlines()[0]} (from {url}); the file is damaged or the source changed") from None
+    except Exception as e:  # requests' connection and HTTP errors
+        dest.unlink(missing_ok=True)
+        raise OSError(f"{url}: download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                      "pass --local DIR to copy from a local folder instead") from None
 
 
 def copy_local(src: Path, dest: Path, expected) -> None:
@@ -185,20 +234,92 @@ def get_bible(dest: Path, local=None, log=print) -> int:
     return len(BIBLE)
 
 
-GETTERS = {"docmt_ende": get_docmt, "iwslt17_ted_test": get_iwslt, "bible": get_bible}
+def _pinned_files(folder: Path, files, local, url_of) -> int:
+    """Each (name -> sha256) of ``files`` into ``folder``: copied from ``local``/<folder name>
+    when given, else downloaded from ``url_of(name)`` (None: local only); every file checked."""
+    n = 0
+    for name, pin in files.items():
+        target = folder / name
+        if _done(target, pin):
+            continue
+        if local:
+            copy_local(Path(local) / folder.name / name, target, pin)
+        elif url_of(name) is None:
+            raise FileNotFoundError(f"{target}: not downloadable (its licence does not allow redistribution); "
+                                    "copy it with --local DIR")
+        else:
+            fetch(url_of(name), target, pin)
+        n += 1
+    return n
+
+
+def get_discevalmt(dest: Path, local=None, log=print) -> int:
+    """DiscEvalMT (reluformer-eval contrastive --suite discevalmt --suite-dir DEST/bawden_enfr)."""
+    return _pinned_files(dest / "bawden_enfr", {k: pin for k, (_, pin) in DISCEVALMT.items()}, local,
+                         lambda name: DISCEVALMT_URL.format(commit=DISCEVALMT[name][0], name=name))
+
+
+def get_gold_align(dest: Path, local=None, log=print) -> int:
+    """awesome-align's gold alignments (reluformer-eval aer --gold DEST/gold_align_awesome/enfr.gold --gold-base 1)."""
+    folder = dest / "gold_align_awesome"
+    n = _pinned_files(folder, GOLD_ALIGN, local, lambda name: AWESOME_URL.format(
+        commit=AWESOME_GOLD_COMMIT if name.endswith(".gold") else AWESOME_TEXT_COMMIT, name=name))
+    if local and all((Path(local) / folder.name / name).is_file() for name in GOLD_ALIGN_LOCAL_ONLY):
+        n += _pinned_files(folder, GOLD_ALIGN_LOCAL_ONLY, local, lambda name: None)
+    elif not all((folder / name).is_file() for name in GOLD_ALIGN_LOCAL_ONLY):
+        log("gold_align: zhen (Tsinghua) skipped: no licence allows redistributing it; --local DIR copies it")
+    return n
+
+
+def get_gold_align_deen(dest: Path, local=None, log=print) -> int:
+    """Biçici's de-en gold alignments: the published zip, then its files (each pinned)."""
+    import zipfile
+
+    folder = dest / "gold_align_deen_bicici"
+    if all(_done(folder / name, pin) for name, pin in BICICI.items()):
+        return 0
+    archive = folder / "German-English_WordAlignment.zip"
+    if not _done(archive, BICICI_ZIP):
+        if local:
+            copy_local(Path(local) / folder.name / archive.name, archive, BICICI_ZIP)
+        else:
+            fetch(BICICI_URL, archive, BICICI_ZIP)
+    with zipfile.ZipFile(archive) as z:
+        for name, pin in BICICI.items():
+            (folder / name).write_bytes(z.read(f"German-English_WordAlignment/{name}"))
+            check(folder / name, pin, str(archive))
+    return len(BICICI) + 1
+
+
+def get_contrapro(dest: Path, local=None, log=print) -> int:
+    """ContraPro with one context sentence: from --local only (see CONTRAPRO_HOWTO)."""
+    folder = dest / "contrapro_ctx1"
+    if all(_done(folder / name, pin) for name, pin in CONTRAPRO.items()):
+        return 0
+    if not local:
+        raise FileNotFoundError(f"contrapro: not downloadable (OpenSubtitles text); {CONTRAPRO_HOWTO}")
+    return _pinned_files(folder, CONTRAPRO, local, lambda name: None)
+
+
+GETTERS = {"docmt_ende": get_docmt, "iwslt17_ted_test": get_iwslt, "bible": get_bible, "discevalmt": get_discevalmt,
+           "gold_align": get_gold_align, "gold_align_deen": get_gold_align_deen, "contrapro": get_contrapro}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m reluformer_mt.data.download", description=__doc__.split("\n\n")[0])
-    p.add_argument("datasets", nargs="*", default=list(DATASETS), help=f"any of {', '.join(DATASETS)} (default: all)")
+    p.add_argument("datasets", nargs="*",
+                   help=f"any of {', '.join(DATASETS)} (default: all; without --local all but contrapro, which "
+                        "cannot be downloaded)")
     p.add_argument("--dest", required=True, help="folder to write the corpora into")
     p.add_argument("--local", default=None, help="copy from this folder (laid out like ../shared/data) instead of the network")
     args = p.parse_args(argv)
     dest = Path(args.dest)
+    args.datasets = args.datasets or list(DATASETS if args.local else DEFAULT_DATASETS)
     try:
-        for name in args.datasets:
+        for name in args.datasets:  # all names checked before the first download
             if name not in GETTERS:
                 raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+        for name in args.datasets:
             n = GETTERS[name](dest, args.local)
             print(f"{name}: {n} files fetched/copied, all checksums verified -> {dest}")
     except (ValueError, FileNotFoundError, OSError) as e:

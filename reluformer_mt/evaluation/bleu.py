@@ -65,20 +65,23 @@ class BleuResult:
         return f"{self.name} = {self.score:.2f} {self.verbose} over {self.n_items} {self.level}s | BLEU|{self.signature}"
 
 
-def _bleu(hyps: Sequence[str], refs: Sequence[str], level: str, tokenize: str = "13a", lowercase: bool = False) -> BleuResult:
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+def _bleu(hyps: Sequence[str], refs: Sequence[str], level: str, tokenize: str = "13a", lowercase: bool = False,
+          more_refs: Sequence[Sequence[str]] = ()) -> BleuResult:
+    for other in [refs, *more_refs]:
+        if len(hyps) != len(other):
+            raise ValueError(f"{len(hyps)} hypotheses but {len(other)} references")
     metric = BLEU(tokenize=tokenize, lowercase=lowercase)
-    r = metric.corpus_score(list(hyps), [list(refs)])
+    r = metric.corpus_score(list(hyps), [list(refs)] + [list(x) for x in more_refs])
     verbose = " ".join(f"{p:.1f}" for p in r.precisions).replace(" ", "/")
     verbose += f" (BP = {r.bp:.3f} ratio = {r.sys_len / max(r.ref_len, 1):.3f} hyp_len = {r.sys_len} ref_len = {r.ref_len})"
     return BleuResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps),
                       precisions=list(r.precisions), bp=r.bp, sys_len=r.sys_len, ref_len=r.ref_len, verbose=verbose)
 
 
-def corpus_sbleu(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a", lowercase: bool = False) -> BleuResult:
-    """s-BLEU: corpus BLEU over aligned sentence lists."""
-    return _bleu(hyps, refs, "sentence", tokenize, lowercase)
+def corpus_sbleu(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a", lowercase: bool = False,
+                 more_refs: Sequence[Sequence[str]] = ()) -> BleuResult:
+    """s-BLEU: corpus BLEU over aligned sentence lists (``more_refs``: further references, as sacreBLEU's)."""
+    return _bleu(hyps, refs, "sentence", tokenize, lowercase, more_refs)
 
 
 def _join(doc: Union[str, Sequence[str]]) -> str:
@@ -86,14 +89,16 @@ def _join(doc: Union[str, Sequence[str]]) -> str:
 
 
 def corpus_dbleu(hyp_docs: Sequence[Union[str, Sequence[str]]], ref_docs: Sequence[Union[str, Sequence[str]]],
-                 tokenize: str = "13a", lowercase: bool = False, level: str = "document") -> BleuResult:
+                 tokenize: str = "13a", lowercase: bool = False, level: str = "document",
+                 more_refs: Sequence[Sequence[Union[str, Sequence[str]]]] = ()) -> BleuResult:
     """d-BLEU: corpus BLEU where each item is a whole document (or segment, ``level="segment"``).
 
     An item is either a string or a list of sentences, joined with single spaces.
     """
     if level not in ("document", "segment"):
         raise ValueError(f"level must be 'document' or 'segment', got {level!r}")
-    return _bleu([_join(d) for d in hyp_docs], [_join(d) for d in ref_docs], level, tokenize, lowercase)
+    return _bleu([_join(d) for d in hyp_docs], [_join(d) for d in ref_docs], level, tokenize, lowercase,
+                 [[_join(d) for d in other] for other in more_refs])
 
 
 @dataclass
@@ -115,28 +120,31 @@ class ChrfResult:
 
 
 def corpus_chrf(hyps: Sequence[Union[str, Sequence[str]]], refs: Sequence[Union[str, Sequence[str]]],
-                level: str = "document", lowercase: bool = False, word_order: int = 0) -> ChrfResult:
+                level: str = "document", lowercase: bool = False, word_order: int = 0, more_refs=()) -> ChrfResult:
     """Corpus chrF over items: sentences, or whole documents (lists of sentences joined by a
     space, as for d-BLEU); equal to ``sacrebleu REF -i HYP -m chrf`` on one item a line
     (``--chrf-word-order 2`` for chrF++)."""
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    for other in [refs, *more_refs]:
+        if len(hyps) != len(other):
+            raise ValueError(f"{len(hyps)} hypotheses but {len(other)} references")
     metric = CHRF(lowercase=lowercase, word_order=word_order)
-    r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in refs]])
+    r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in other] for other in [refs, *more_refs]])
     return ChrfResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps),
                       word_order=word_order)
 
 
 def chrf_scores(pairs, levels=("sentence", "document"), mismatched: bool = False,
-                lowercase: bool = False, word_order: int = 0) -> Dict[str, ChrfResult]:
-    """s-chrF and d-chrF (chrF++ with ``word_order=2``) of paired documents (``pair_documents``)."""
+                lowercase: bool = False, word_order: int = 0, more_pairs=()) -> Dict[str, ChrfResult]:
+    """s-chrF and d-chrF (chrF++ with ``word_order=2``) of paired documents (``pair_documents``;
+    ``more_pairs``: the same documents paired with further references)."""
     out: Dict[str, ChrfResult] = {}
     if "sentence" in levels and not mismatched:
         out["sentence"] = corpus_chrf([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
-                                      "sentence", lowercase, word_order)
+                                      "sentence", lowercase, word_order,
+                                      [[s for _, _, rs in more for s in rs] for more in more_pairs])
     if "document" in levels:
         out["document"] = corpus_chrf([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], "document", lowercase,
-                                      word_order)
+                                      word_order, [[rs for _, _, rs in more] for more in more_pairs])
     return out
 
 
@@ -157,24 +165,26 @@ class TerResult:
 
 
 def corpus_ter(hyps: Sequence[Union[str, Sequence[str]]], refs: Sequence[Union[str, Sequence[str]]],
-               level: str = "document", lowercase: bool = False) -> TerResult:
+               level: str = "document", lowercase: bool = False, more_refs=()) -> TerResult:
     """Corpus TER over sentences or whole documents; equal to ``sacrebleu REF -i HYP -m ter``
     (which, unlike BLEU and chrF, ignores case unless told otherwise: ``lowercase`` changes nothing)."""
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    for other in [refs, *more_refs]:
+        if len(hyps) != len(other):
+            raise ValueError(f"{len(hyps)} hypotheses but {len(other)} references")
     metric = TER()
-    r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in refs]])
+    r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in other] for other in [refs, *more_refs]])
     return TerResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps))
 
 
-def ter_scores(pairs, levels=("sentence",), mismatched: bool = False, lowercase: bool = False) -> Dict[str, TerResult]:
+def ter_scores(pairs, levels=("sentence",), mismatched: bool = False, lowercase: bool = False,
+               more_pairs=()) -> Dict[str, TerResult]:
     """s-TER of paired documents (``pair_documents``). Never over whole documents: TER's shift
     search grows faster than quadratically with the item's length (a TED talk of 2,000 words took
     minutes), and d-TER is not what other work reports."""
     out: Dict[str, TerResult] = {}
     if "sentence" in levels and not mismatched:
         out["sentence"] = corpus_ter([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
-                                     "sentence", lowercase)
+                                     "sentence", lowercase, [[s for _, _, rs in more for s in rs] for more in more_pairs])
     return out
 
 
@@ -384,7 +394,7 @@ def pair_documents(hyp_docs: Docs, ref_docs: Docs, match: str = "id", allow_mism
 
 def score_documents(pairs, levels=("sentence", "document"), segments: Optional[Sequence[SegmentInfo]] = None,
                     hyp_segment_texts: Optional[List[Tuple[SegmentInfo, str]]] = None, mismatched: bool = False,
-                    tokenize: str = "13a", lowercase: bool = False) -> Dict[str, BleuResult]:
+                    tokenize: str = "13a", lowercase: bool = False, more_pairs=()) -> Dict[str, BleuResult]:
     """Score paired documents at the asked levels ("sentence", "document", "segment").
 
     With ``mismatched`` (some documents differ in sentence count) only document-level d-BLEU
@@ -394,10 +404,13 @@ def score_documents(pairs, levels=("sentence", "document"), segments: Optional[S
     out: Dict[str, BleuResult] = {}
     if "sentence" in levels and not mismatched:
         out["sentence"] = corpus_sbleu([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
-                                       tokenize, lowercase)
+                                       tokenize, lowercase, [[s for _, _, rs in more for s in rs] for more in more_pairs])
     if "document" in levels:
-        out["document"] = corpus_dbleu([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], tokenize, lowercase)
+        out["document"] = corpus_dbleu([hs for _, hs, _ in pairs], [rs for _, _, rs in pairs], tokenize, lowercase,
+                                       more_refs=[[rs for _, _, rs in more] for more in more_pairs])
     if "segment" in levels and segments is not None:
+        if more_pairs:
+            raise ValueError("segment-level d-BLEU takes one reference")
         refs = {d: rs for d, _, rs in pairs}
         hyps = {d: hs for d, hs, _ in pairs}
         if hyp_segment_texts is None:
@@ -484,6 +497,11 @@ def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_targ
 STDIN = "-"
 
 
+def input_label(path) -> str:
+    """How an input is named in reports: ``<stdin>`` for ``-``."""
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
 def is_stream(path) -> bool:
     """Standard input (``-``) or a file that can be read only once (a pipe, ``/dev/stdin``)."""
     if path is None:
@@ -523,27 +541,42 @@ def read_once(paths: Dict[str, Optional[str]]):
         yield readable, names
 
 
+METRICS = ("bleu", "chrf", "chrf++", "ter")  # chrf++: sacreBLEU's -m chrf --chrf-word-order 2
+
+
 def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
                     allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
-                    detokenize: str = "none", detokenize_lang: str = "en") -> dict:
+                    detokenize: str = "none", detokenize_lang: str = "en", more_refs: Sequence = (),
+                    metrics: Sequence[str] = METRICS) -> dict:
     """Load hypothesis and reference (``<d>`` files, plain files with doc-id files, or
     fairseq-generate output split with ``segments`` = a ``{split}.segments.tsv`` path or list),
     check the sentence counts per document and score. Any input may be ``-`` (standard input) or
-    a pipe. Returns a report dict with ``scores`` ({level: BleuResult}), ``chrf``, ``chrf++`` and
-    ``ter`` (likewise), ``mismatches``, ``notes`` and a ``definition`` line.
+    a pipe. ``more_refs``: further references in the reference's format (sacreBLEU's several
+    references; the same documents and sentence counts as the first, ``--ref-doc-ids`` applies to
+    each). ``metrics``: some of bleu, chrf, chrf++, ter. Returns a report dict with ``scores``
+    ({level: BleuResult}), ``chrf``, ``chrf++`` and ``ter`` (likewise), ``mismatches``, ``notes``,
+    a ``definition`` line and ``items`` ({level: (hypothesis items, [reference items, ...])}, what
+    was scored, for paired tests; not part of the JSON report).
     ``detokenize="moses"``: both sides go through the Moses detokeniser first.
     """
     if detokenize not in DETOKENIZERS:
         raise ValueError(f"detokenize must be one of {', '.join(DETOKENIZERS)}, got {detokenize!r}")
-    with read_once({"--hyp": hyp, "--ref": ref, "--hyp-doc-ids": hyp_doc_ids, "--ref-doc-ids": ref_doc_ids}) as (
-            files, names):
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"-m/--metrics: unknown {', '.join(unknown)}; expected some of {', '.join(METRICS)}")
+    paths = {"--hyp": hyp, "--ref": ref, "--hyp-doc-ids": hyp_doc_ids, "--ref-doc-ids": ref_doc_ids}
+    paths.update({f"reference {k + 2}": r for k, r in enumerate(more_refs)})
+    with read_once(paths) as (files, names):
         try:
-            return _bleu_from_paths(
+            report = _bleu_from_paths(
                 files["--hyp"], files["--ref"], hyp_format, ref_format, files["--hyp-doc-ids"], files["--ref-doc-ids"],
                 segments, separator, pieces, ref_from_generate, levels, match, allow_mismatch, tokenize, lowercase,
-                detokenize, detokenize_lang)
+                detokenize, detokenize_lang, [files[f"reference {k + 2}"] for k in range(len(more_refs))], metrics)
+            report["references"] = [names.get(r, r) for r in report["references"]]
+            report["hypothesis"] = names.get(report["hypothesis"], report["hypothesis"])
+            return report
         except (ValueError, FileNotFoundError) as e:  # name the stream, not its temporary copy
             message = str(e)
             for copy, name in names.items():
@@ -555,38 +588,62 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
                     allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
-                    detokenize: str = "none", detokenize_lang: str = "en") -> dict:
+                    detokenize: str = "none", detokenize_lang: str = "en", more_refs=(), metrics=METRICS) -> dict:
     """:func:`bleu_from_files` once every input is a regular file."""
     if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
         segments = read_segment_metadata(segments)
-    if ref is not None and not ref_from_generate:
-        check_not_empty(hyp, ref)
+    for path in [ref, *more_refs] if not ref_from_generate else []:
+        if path is not None:
+            check_not_empty(hyp, path)
     strict = not allow_mismatch
     hyp_side, hyp_seg = _load_side(hyp, hyp_format, hyp_doc_ids, segments, separator, pieces, strict)
     if ref_from_generate:
-        ref_side, _ = _load_side(hyp, "generate", None, segments, separator, pieces, True, use_target=True)
+        if more_refs:
+            raise ValueError("--ref-from-generate takes no other reference")
+        ref_sides = [_load_side(hyp, "generate", None, segments, separator, pieces, True, use_target=True)[0]]
     elif ref is None:
         raise ValueError("give a reference file (--ref) or --ref-from-generate")
     else:
-        ref_side, _ = _load_side(ref, ref_format, ref_doc_ids, segments if ref_format == "generate" else None,
-                                 separator, pieces, True)
+        ref_sides = [_load_side(r, ref_format, ref_doc_ids, segments if ref_format == "generate" else None,
+                                separator, pieces, True)[0] for r in [ref, *more_refs]]
+    ref_names = [str(r) for r in ([hyp] if ref_from_generate else [ref, *more_refs])]
     notes = []
-    if isinstance(hyp_side, list) and isinstance(ref_side, list):
-        if len(hyp_side) != len(ref_side):
-            raise ValueError(f"hypothesis has {len(hyp_side)} sentences, reference has {len(ref_side)}")
-        hyp_docs, ref_docs = OrderedDict([("all", hyp_side)]), OrderedDict([("all", ref_side)])
+    flat = [isinstance(side, list) for side in [hyp_side] + ref_sides]
+    if all(flat):
+        for name, side in zip(ref_names, ref_sides):
+            if len(hyp_side) != len(side):
+                raise ValueError(f"hypothesis {hyp} has {len(hyp_side)} sentences, reference {name} has {len(side)}")
+        hyp_docs, ref_docs_list = OrderedDict([("all", hyp_side)]), [OrderedDict([("all", side)]) for side in ref_sides]
         if "document" in levels:
             notes.append("no document boundaries on either side: d-BLEU skipped")
         levels = [lv for lv in levels if lv == "sentence"]
-    elif isinstance(hyp_side, list):
-        hyp_docs, ref_docs = split_like(hyp_side, ref_side, where=str(hyp)), ref_side
-        notes.append("hypothesis documents cut with the reference's document sizes")
-    elif isinstance(ref_side, list):
-        hyp_docs, ref_docs = hyp_side, split_like(ref_side, hyp_side, where=str(ref))
-        notes.append("reference documents cut with the hypothesis's document sizes")
+    elif any(flat) and [lv for lv in levels if lv != "sentence"]:
+        # one side's documents are not evidence of the other's: cutting by them would score a guess
+        names = [name for name, is_flat in zip([str(hyp)] + ref_names, flat) if is_flat]
+        raise ValueError(f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no document boundaries but the "
+                         f"other side has: give both sides '<d>' lines or doc ids (--hyp-doc-ids/--ref-doc-ids), or "
+                         f"score sentences only (--levels s)")
+    elif any(flat):  # sentences only: documents do not matter, every side is read as one
+        hyp_docs = OrderedDict([("all", _flatten(hyp_side))])
+        ref_docs_list = [OrderedDict([("all", _flatten(side))]) for side in ref_sides]
+        for name, docs in zip(ref_names, ref_docs_list):
+            if len(hyp_docs["all"]) != len(docs["all"]):
+                raise ValueError(f"hypothesis {hyp} has {len(hyp_docs['all'])} sentences, reference {name} has "
+                                 f"{len(docs['all'])}")
     else:
-        hyp_docs, ref_docs = hyp_side, ref_side
-    pairs, mismatches = pair_documents(hyp_docs, ref_docs, match, allow_mismatch)
+        hyp_docs, ref_docs_list = hyp_side, ref_sides
+    all_pairs = []
+    for name, ref_docs in zip(ref_names, ref_docs_list):
+        try:
+            all_pairs.append(pair_documents(hyp_docs, ref_docs, match, allow_mismatch))
+        except ValueError as e:
+            raise ValueError(f"{hyp} and {name}: {e}" if len(ref_names) > 1 else str(e)) from None
+    pairs, mismatches = all_pairs[0]
+    more_pairs = [p for p, _ in all_pairs[1:]]
+    if any(m for _, m in all_pairs[1:]) or any([len(rs) for _, _, rs in p] != [len(rs) for _, _, rs in pairs]
+                                               for p in more_pairs):
+        raise ValueError(f"the references {', '.join(ref_names)} differ in documents or sentence counts; "
+                         "several references must be parallel")
     if not any(hs or rs for _, hs, rs in pairs):
         raise ValueError(f"nothing to score: {hyp} and {ref or hyp} hold no sentences")
     if mismatches:
@@ -595,16 +652,32 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         notes.append("segment-level d-BLEU needs --segments: skipped")
     if detokenize == "moses":
         pairs = detokenize_pairs(pairs, detokenize_lang)
+        more_pairs = [detokenize_pairs(p, detokenize_lang) for p in more_pairs]
         if hyp_seg is not None:
             hyp_seg = [(seg, moses_detokenize([text], detokenize_lang)[0]) for seg, text in hyp_seg]
-    scores = score_documents(pairs, levels, segments, hyp_seg, bool(mismatches), tokenize, lowercase)
-    chrf = chrf_scores(pairs, levels, bool(mismatches), lowercase)
-    chrf_pp = chrf_scores(pairs, levels, bool(mismatches), lowercase, word_order=2)
-    ter = ter_scores(pairs, levels, bool(mismatches), lowercase)
+    mism = bool(mismatches)
+    scores = score_documents(pairs, levels, segments, hyp_seg, mism, tokenize, lowercase, more_pairs) \
+        if "bleu" in metrics else {}
+    chrf = chrf_scores(pairs, levels, mism, lowercase, more_pairs=more_pairs) if "chrf" in metrics else {}
+    chrf_pp = chrf_scores(pairs, levels, mism, lowercase, word_order=2, more_pairs=more_pairs) if "chrf++" in metrics else {}
+    ter = ter_scores(pairs, levels, mism, lowercase, more_pairs) if "ter" in metrics else {}
+    items = {}
+    if "sentence" in levels and not mism:
+        items["sentence"] = ([s for _, hs, _ in pairs for s in hs], [[s for _, _, rs in p for s in rs] for p in [pairs, *more_pairs]])
+    if "document" in levels:
+        items["document"] = ([_join(hs) for _, hs, _ in pairs], [[_join(rs) for _, _, rs in p] for p in [pairs, *more_pairs]])
     n_sent = sum(len(rs) for _, _, rs in pairs)
     prefix = ("hypotheses and references detokenised with sacremoses' Moses detokeniser "
               f"({detokenize_lang}), then " if detokenize == "moses" else "")
-    definition = prefix + definition_line(scores, n_sent, len(pairs), tokenize, lowercase)
+    defined = scores or {level: None for level in items}
+    definition = prefix + definition_line(defined, n_sent, len(pairs), tokenize, lowercase)
+    if more_refs:
+        definition += f"; {1 + len(more_refs)} references"
     return {"definition": definition, "scores": scores, "n_documents": len(pairs), "n_sentences": n_sent,
             "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": r} for d, h, r in mismatches],
-            "notes": notes, "chrf": chrf, "chrf++": chrf_pp, "ter": ter, "detokenize": detokenize}
+            "notes": notes, "chrf": chrf, "chrf++": chrf_pp, "ter": ter, "detokenize": detokenize, "items": items,
+            "references": ref_names, "hypothesis": str(hyp)}
+
+
+def _flatten(side) -> List[str]:
+    return side if isinstance(side, list) else [s for sents in side.values() for s in sents]

@@ -133,7 +133,7 @@ def collect_memory_stats(model, batches, pad: int, percents: Sequence[float] = D
 
 def memory_stats_report(checkpoint, data_dir, split: str = "valid", top_percent: Sequence[float] = DEFAULT_TOP_PERCENT,
                         max_tokens: int = 4000, max_batches: Optional[int] = None, max_rows: int = 2000,
-                        json_path=None, quiet: bool = False) -> dict:
+                        json_path=None, quiet: bool = False, device: str = "auto") -> dict:
     """Top-score ratio, anisotropy and zero fraction per layer of ``checkpoint`` on ``data_dir``/``split``.
 
     Returns a dict (``layers``: one entry per layer; ``mean``: averages over layers) and prints a
@@ -145,13 +145,17 @@ def memory_stats_report(checkpoint, data_dir, split: str = "valid", top_percent:
     for p in top_percent:
         if not 0 < p <= 100:
             raise ValueError(f"--top-percent: got {p}, expected a percentage in (0, 100]")
-    loaded = load_model(checkpoint, data_dir)
+    loaded = load_model(checkpoint, data_dir, device=device)
     model, cfg, task = loaded.model, loaded.cfg, loaded.task
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset=dataset, max_tokens=max_tokens, max_positions=model.max_positions(),
                                   ignore_invalid_inputs=True, seed=1, num_workers=0).next_epoch_itr(shuffle=False)
     batches = (b for n, b in enumerate(itr) if max_batches is None or n < max_batches)
+    if loaded.device != "cpu":
+        from fairseq import utils
+
+        batches = (utils.move_to_cuda(b, device=torch.device(loaded.device)) for b in batches)
     layers = collect_memory_stats(model, batches, task.source_dictionary.pad(), top_percent, max_rows)
     keys = [str(p) for p in top_percent]
 

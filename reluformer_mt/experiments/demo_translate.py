@@ -77,24 +77,24 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
 
     pieces = None
     if o.pieces_weight is not None:  # given on the command line: used as given
-        pieces = {"piece_weight": o.pieces_weight, "piece_floor": o.pieces_floor} if o.pieces_weight else None
+        pieces = {"pieces_weight": o.pieces_weight, "pieces_floor": o.pieces_floor} if o.pieces_weight else None
     elif tuned is not None:
-        pieces = {k: v for k, v in tuned["chosen"]["pieces"].items() if k in ("piece_weight", "piece_floor", "segment_tokens")}
+        pieces = {k: v for k, v in tuned["chosen"]["pieces"].items() if k in ("pieces_weight", "pieces_floor", "segment_tokens")}
     if mode == "free":
         return {"separators": "free"}
     if mode == "sentence":
         return {"segment_tokens": 0}
     if mode == "pieces":
-        return None if pieces is None else {**pieces, "piece_k": o.pieces_k}
+        return None if pieces is None else {**pieces, "pieces_k": o.pieces_k}
     if mode.startswith("knn"):
         if tuned is None:
             return None
         if mode == "knn-memory":
             return {"knn_memory": True, "knn_memory_k": o.knn_memory_k,
-                    "knn_options": KnnOptions(**tuned["chosen"]["per_input"]["options"])}
-        kw = {"knn": str(store_dir), "knn_options": KnnOptions(**tuned["chosen"]["full"]["options"])}
+                    **KnnOptions(**tuned["chosen"]["per_input"]["options"]).translator_options()}
+        kw = {"knn": str(store_dir), **KnnOptions(**tuned["chosen"]["full"]["options"]).translator_options()}
         if mode == "knn+pieces":
-            return None if pieces is None else {**kw, **pieces, "piece_k": o.pieces_k}
+            return None if pieces is None else {**kw, **pieces, "pieces_k": o.pieces_k}
         return kw
     return {}
 

@@ -10,10 +10,12 @@ the first training stage.
 """
 import contextlib
 import logging
+import re
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 # expected seconds on the 2-core machine of the measured quick run (see the module docstring)
 PREPARE_SECONDS = 13.0
@@ -127,3 +129,79 @@ class Stages:
         print(f" {minutes(seconds)} (total {minutes(time.time() - self.started)}{self.left()})",
               file=self.console, flush=True)
 
+
+
+# ---------------------------------------------------------------- progress within a long stage (issue 33)
+
+_UPDATES = re.compile(r"""num_updates["'=:\s]+"?(\d+)""")  # fairseq's simple, tqdm and json log formats
+
+
+def last_updates(text: str) -> Optional[int]:
+    """The last ``num_updates`` a fairseq training log reports (None before the first log line)."""
+    found = _UPDATES.findall(text)
+    return int(found[-1]) if found else None
+
+
+def updates_in_file(path) -> Callable[[], Optional[int]]:
+    """A reader of the updates done so far from a fairseq ``--log-file`` (its last 64 KiB)."""
+    def read() -> Optional[int]:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 65536))
+                return last_updates(f.read().decode("utf-8", "replace"))
+        except OSError:  # not created yet
+            return None
+    return read
+
+
+class TrainingProgress:
+    """A tqdm bar on the console for a training stage that runs elsewhere (a child process, or
+    fairseq in this process with its output sent to a log): updates done of ``total``, the rate
+    and the time left, refreshed every ``interval`` seconds (fairseq logs every --log-interval
+    updates, so the bar moves at that pace; at most 30 s apart as long as fairseq logs that often).
+    ``updates``: a callable giving the updates done so far (:func:`updates_in_file`). Off when
+    ``enabled`` is False (``--no-progress``) or, by default, when the console is not a terminal
+    (a log file or a pipe gets no bar: tqdm's carriage returns would fill it)::
+
+        with TrainingProgress(updates_in_file(log), total=2500, desc="train reluformer", console=stages.console):
+            run_fairseq("train", argv)
+    """
+
+    def __init__(self, updates: Callable[[], Optional[int]], total: Optional[int], desc: str = "train",
+                 console=None, enabled: Optional[bool] = None, interval: float = 5.0):
+        self.updates, self.total, self.desc, self.interval = updates, total, desc, interval
+        self.console = console or sys.stderr
+        isatty = getattr(self.console, "isatty", lambda: False)
+        self.enabled = isatty() if enabled is None else enabled
+        self._stop = threading.Event()
+        self._thread = None
+        self.bar = None
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._refresh()
+
+    def _refresh(self) -> None:
+        done = self.updates()
+        if done is not None and done != self.bar.n:
+            self.bar.n = min(done, self.bar.total) if self.bar.total else done
+            self.bar.refresh()
+
+    def __enter__(self):
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total or None, desc=self.desc, unit="upd", file=self.console,
+                            dynamic_ncols=True, leave=False, mininterval=0)
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self._stop.set()
+            self._thread.join()
+            self._refresh()  # the final count
+            self.bar.close()
+        return False

@@ -117,7 +117,7 @@ def train_argv(run: StudyRun, data_dir: Path, save_dir: Path, log_file: Path, bu
 
 
 def train(run: StudyRun, data_dir: Path, run_dir: Path, budget_minutes: float, threads: int,
-          max_update: int = 0, device: str = "cpu") -> Path:
+          max_update: int = 0, device: str = "cpu", progress: Optional[bool] = None) -> Path:
     """fairseq-train in a child process with ``threads`` threads (so minutes are comparable);
     resumes from the run's last checkpoint if there is one."""
     save_dir, log_file = run_dir / "checkpoints", run_dir / "train.log"
@@ -126,7 +126,11 @@ def train(run: StudyRun, data_dir: Path, run_dir: Path, budget_minutes: float, t
     command = [str(Path(sys.executable).parent / "fairseq-train"),
                *train_argv(run, data_dir, save_dir, log_file, budget_minutes, max_update, device)]
     (run_dir / "command.txt").write_text(" ".join(command) + "\n", encoding="utf-8")
-    with open(run_dir / "stdout.txt", "a", encoding="utf-8") as out:
+    from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
+
+    # the child's log says how far it is: a bar on a terminal (--max-update: updates of the total)
+    with open(run_dir / "stdout.txt", "a", encoding="utf-8") as out, \
+            TrainingProgress(updates_in_file(log_file), max_update or None, f"train {run.name}", enabled=progress):
         result = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         raise RuntimeError(f"training {run.name} failed (exit {result.returncode}); see {run_dir / 'stdout.txt'}")
@@ -219,7 +223,7 @@ def plot_study(summaries: Sequence[dict], diagonal: float, path: Path) -> Path:
 
 def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: float, threads: int = 1, max_update: int = 0,
               device: str = "cpu", bible_root: Optional[str] = None, skip_alignment: bool = False,
-              report: bool = True) -> dict:
+              report: bool = True, progress: Optional[bool] = None) -> dict:
     """Train every named run not trained yet, score its checkpoints, and (``report``) write
     study.json / study.md / study.png over the named runs. Several processes may train different
     runs of one ``out`` at once (``report=False``); a last call with every name writes the report."""
@@ -234,7 +238,7 @@ def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: 
         start = time.time()
         print(f"[study] {name}: {run.describe()} ({budget_minutes:g} min, {threads} thread(s))", flush=True)
         if not (run_dir / "done").exists():
-            train(run, data_dir, run_dir, budget_minutes, threads, max_update, device)
+            train(run, data_dir, run_dir, budget_minutes, threads, max_update, device, progress)
             (run_dir / "done").write_text(f"{time.time() - start:.0f} s\n")
         if not skip_alignment and not (run_dir / "aer.json").exists():
             (run_dir / "aer.json").write_text(json.dumps(alignment_curve(run_dir, data_dir, device)))

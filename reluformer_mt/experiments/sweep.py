@@ -52,6 +52,7 @@ class SweepOptions:
     stats_batches: int = 10
     keep_checkpoints: bool = False
     extra: Sequence[str] = field(default_factory=list)
+    progress: Optional[bool] = None  # a training bar on a terminal; False: none (--no-progress)
 
     def check(self) -> None:
         for v in self.variants:
@@ -122,8 +123,12 @@ def train(data: Path, save: Path, variant: str, slots: int, o: SweepOptions) -> 
     capture = _Capture()
     logging.getLogger().addHandler(capture)
     start = time.perf_counter()
-    try:
-        run_fairseq("train", train_args(data, save, variant, slots, o))
+    from reluformer_mt.experiments.progress import TrainingProgress, last_updates
+
+    try:  # fairseq's json log lines, captured here, say how far it is
+        with TrainingProgress(lambda: last_updates("\n".join(capture.lines[-20:])), o.max_update,
+                              f"train {variant} {slots}", enabled=o.progress):
+            run_fairseq("train", train_args(data, save, variant, slots, o))
     finally:
         logging.getLogger().removeHandler(capture)
     seconds = time.perf_counter() - start

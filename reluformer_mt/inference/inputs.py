@@ -128,14 +128,33 @@ def parse_docids(lines: Sequence[str], ids: Sequence[str], name: str, ids_name: 
     return ParsedInput("docids", docs)
 
 
+def splitter_languages() -> List[str]:
+    """The languages pysbd splits into sentences (ISO 639-1 codes)."""
+    from pysbd.languages import LANGUAGE_CODES
+
+    return sorted(LANGUAGE_CODES)
+
+
+def check_language(language: str, option: str = "--language") -> str:
+    """``language`` if pysbd knows it, else a one-line error listing the ones it knows."""
+    if language not in splitter_languages():
+        raise ValueError(f"{option} {language}: no sentence splitter for this language; "
+                         f"known: {', '.join(splitter_languages())}")
+    return language
+
+
 def sentence_splitter(language: str):
-    """A pysbd segmenter for ``language`` (English when pysbd does not know it)."""
+    """A pysbd segmenter for ``language`` (English, with a warning, when pysbd does not know it:
+    a user's --language is checked before, so this is a checkpoint's own language)."""
+    import logging
+
     import pysbd
 
-    try:
-        segmenter = pysbd.Segmenter(language=language, clean=False)
-    except ValueError:
-        segmenter = pysbd.Segmenter(language="en", clean=False)
+    if language not in splitter_languages():
+        logging.getLogger(__name__).warning("pysbd has no sentence splitter for %r: splitting with English rules "
+                                            "(--language chooses one of %s)", language, ", ".join(splitter_languages()))
+        language = "en"
+    segmenter = pysbd.Segmenter(language=language, clean=False)
     return lambda text: [s.strip() for s in segmenter.segment(text) if s.strip()]
 
 

@@ -59,6 +59,11 @@ class SentenceResult:
     alignment: Optional[List[Tuple[int, int]]] = None  # 0-based (source word, target word) pairs
     context: int = 0                      # sentences in the segment it was translated in (0 = empty, not translated)
     match: Optional[Tuple[int, float]] = None  # translation memory: best entry id and its fuzzy-match score
+    # nbest > 1: the 2nd..Nth best hypotheses of the sentence's segment, split back, each with its score
+    alternatives: List["SentenceResult"] = field(default_factory=list)
+
+    def __str__(self) -> str:  # print(result) shows the translation, as a user expects
+        return self.text
 
 
 @dataclass
@@ -137,31 +142,76 @@ def find_resources(opened: OpenedCheckpoint, spm_model=None, segment_tokens=None
 
 # ---------------------------------------------------------------- the translator
 
+_RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n": "pieces_max_n"}
+
+
+def _renamed_options(renamed: dict, pieces_weight, pieces_k, pieces_max_n):
+    """The pieces options under their names before issue 33 (``piece_weight``...), which now
+    match the command line's (``--pieces-weight`` = ``pieces_weight``); old names still work, with
+    a DeprecationWarning, any other unknown keyword is a TypeError as usual."""
+    import warnings
+
+    values = {"pieces_weight": pieces_weight, "pieces_k": pieces_k, "pieces_max_n": pieces_max_n}
+    for old, value in renamed.items():
+        if old not in _RENAMED:
+            raise TypeError(f"DocumentTranslator() got an unexpected keyword argument {old!r}")
+        warnings.warn(f"DocumentTranslator({old}=...) is now {_RENAMED[old]}=... (the --{_RENAMED[old].replace('_', '-')} "
+                      "option's name)", DeprecationWarning, stacklevel=3)
+        values[_RENAMED[old]] = value
+    return values["pieces_weight"], values["pieces_k"], values["pieces_max_n"]
+
+
 class DocumentTranslator:
     """A loaded checkpoint with its resources; :meth:`translate` maps documents (lists of
     sentences) to lists of :class:`SentenceResult`, one per sentence."""
 
-    # beam 4: the quick demo's decoding (``reluformer-demo``), so its chapter is reproduced with the defaults
-    def __init__(self, checkpoint, data=None, device: str = "cpu", beam: int = 4, lenpen: float = 1.0,
+    # beam 4: the quick demo's decoding (``reluformer-demo``), so its chapter is reproduced with the defaults.
+    # The one declaration of the options: reluformer-translate takes its defaults from this signature
+    # (parameter x_y is the option --x-y; a test checks both).
+    def __init__(self, checkpoint, data=None, device: str = "auto", beam: int = 4, lenpen: float = 1.0,
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
                  segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained",
-                 memory=None, piece_weight: float = 0.0, piece_k: int = 8, piece_max_n: int = 4,
-                 piece_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_options=None, knn_memory_k: int = 8):
+                 memory=None, pieces_weight: float = 0.0, pieces_k: int = 8, pieces_max_n: int = 4,
+                 pieces_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_memory_k: int = 8,
+                 knn_k: Optional[int] = None, knn_lambda: Optional[float] = None, knn_readout: Optional[str] = None,
+                 knn_temperature: Optional[float] = None, knn_radius: Optional[float] = None,
+                 nbest: int = 1, fp16: bool = False, bf16: bool = False, **renamed):
+        pieces_weight, pieces_k, pieces_max_n = _renamed_options(renamed, pieces_weight, pieces_k, pieces_max_n)
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
+        if not 1 <= nbest <= beam:
+            raise TranslationError(f"--nbest {nbest}: expected 1 <= N <= --beam ({beam}); beam search keeps --beam hypotheses")
+        if fp16 and bf16:
+            raise TranslationError("--fp16 and --bf16: give one of them")
+        checkpoints = [checkpoint] if isinstance(checkpoint, (str, bytes)) or hasattr(checkpoint, "__fspath__") \
+            else list(checkpoint)
+        if not checkpoints:
+            raise TranslationError("--checkpoint: give at least one checkpoint")
+        self.nbest = int(nbest)
         if separators not in SEPARATOR_MODES:
             raise TranslationError(f"--separators: expected one of {', '.join(SEPARATOR_MODES)}, got {separators!r}")
         self.separators = separators
-        self.checkpoint = Path(checkpoint)
+        self.checkpoint, self.checkpoints = Path(checkpoints[0]), [Path(c) for c in checkpoints]
         self.device = pick_device(device)
+        self.precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+        if self.precision != "fp32" and not self.device.startswith("cuda"):
+            raise TranslationError(f"--{self.precision}: half precision is for CUDA only (device {self.device}); "
+                                   "on the CPU translate in full precision")
         opened = open_checkpoint(self.checkpoint, data)
+        # an ensemble: every checkpoint opened (and checked) before any model is built
+        # (each with its own resources unless --data: a member over other dictionaries is refused by name, not built wrong)
+        others = [open_checkpoint(c, data) for c in self.checkpoints[1:]]
         self.resources = res = find_resources(opened, spm_model, segment_tokens)
         loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                              check_separator=True, quiet=quiet)
         self.model, self.cfg, self.task = loaded.model, loaded.cfg, loaded.task
         self.src_dict, self.tgt_dict = loaded.src_dict, loaded.tgt_dict
         self.sp_src, self.sp_tgt = loaded.spm_src, loaded.spm_tgt
-        self.max_src = int(self.model.max_positions()[0])
+        self.models = [self.model] + self._ensemble_members(others, opened, quiet)
+        if self.precision != "fp32":
+            self.models = [m.half() if fp16 else m.to(torch.bfloat16) for m in self.models]
+            self.model = self.models[0]
+        self.max_src = min(int(m.max_positions()[0]) for m in self.models)
         self.segment_tokens = res.segment_tokens
         if self.segment_tokens and self.segment_tokens > self.max_src - 1:
             logger.warning("segment length %d does not fit the model's %d source positions; using %d",
@@ -175,7 +225,8 @@ class DocumentTranslator:
         self.batch_size, self.max_tokens = batch_size, max_tokens
         gen_args = argparse.Namespace(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=1,
                                       unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
-        self.generator = self.task.build_generator([self.model], gen_args)
+        # several models: fairseq's SequenceGenerator averages their log-probabilities (EnsembleModel)
+        self.generator = self.task.build_generator(self.models, gen_args)
         # constrained: the same generator with the separator-counting beam search (a dictionary
         # without the separator has no separators to keep: sentence by sentence, nothing to constrain)
         self.constraint = None
@@ -188,14 +239,14 @@ class DocumentTranslator:
         self.memory = None
         # the model reads its matches (trained with --tm-fusion); any model can be guided by pieces
         self.reads_memory = getattr(self.task.cfg, "tm_fusion", "none") != "none"
-        self.piece_weight, self.piece_k, self.piece_max_n = float(piece_weight), int(piece_k), int(piece_max_n)
+        self.piece_weight, self.piece_k, self.piece_max_n = float(pieces_weight), int(pieces_k), int(pieces_max_n)
         if not math.isfinite(self.piece_weight) or self.piece_weight < 0:
-            raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {piece_weight}")
-        self.piece_floor = float(piece_floor)
+            raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {pieces_weight}")
+        self.piece_floor = float(pieces_floor)
         if not 0 <= self.piece_floor <= 1:
-            raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {piece_floor}")
+            raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {pieces_floor}")
         if self.piece_k < 1 or not 1 <= self.piece_max_n <= 8:
-            raise TranslationError(f"--pieces-k {piece_k} / --pieces-max-n {piece_max_n}: expected k >= 1 and 1 <= n <= 8")
+            raise TranslationError(f"--pieces-k {pieces_k} / --pieces-max-n {pieces_max_n}: expected k >= 1 and 1 <= n <= 8")
         self.knn_memory, self.knn_memory_k = bool(knn_memory), int(knn_memory_k)
         if self.knn_memory and self.knn_memory_k < 1:
             raise TranslationError(f"--knn-memory-k: expected >= 1 matches per sentence, got {knn_memory_k}")
@@ -218,12 +269,19 @@ class DocumentTranslator:
                 self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
                 self.generator.search = self.constraint
             self.constraint.piece_weight = self.piece_weight
-        self.knn = self._knn_mixer(knn, knn_options) if (knn is not None or self.knn_memory) else None
+        given = {"k": knn_k, "lam": knn_lambda, "readout": knn_readout, "temperature": knn_temperature, "radius": knn_radius}
+        given = {name: value for name, value in given.items() if value is not None}
+        if given and knn is None and not self.knn_memory:
+            raise TranslationError("--knn-k/--knn-lambda/--knn-readout/--knn-temperature/--knn-radius need --knn "
+                                   "DATASTORE or --knn-memory")
+        self.knn = self._knn_mixer(knn, given) if (knn is not None or self.knn_memory) else None
         self._entry_states = {}  # per-input datastores: (entry, memory ids) -> (keys, values)
 
-    def _knn_mixer(self, knn, options):
+    def _knn_mixer(self, knn, given: dict):
         """kNN-MT (:mod:`reluformer_mt.knn`): a corpus datastore (``knn``, a directory) or per-input
-        datastores of the memory's matches (``knn_memory``), mixed in by the beam search object."""
+        datastores of the memory's matches (``knn_memory``), mixed in by the beam search object.
+        The search values: ``given`` (the --knn-* options) over the datastore's tuned ones, else
+        :class:`reluformer_mt.knn.search.KnnOptions`' defaults."""
         from reluformer_mt.knn.datastore import Datastore, DatastoreError, model_fingerprint
         from reluformer_mt.knn.readout import ReadoutError
         from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder
@@ -234,10 +292,9 @@ class DocumentTranslator:
             datastore = None
             if knn is not None:
                 datastore = Datastore.load(knn, fingerprint=model_fingerprint(self.model), checkpoint=str(self.checkpoint))
-            if options is None:  # the values the tuner stored with the datastore, else the defaults
-                tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
-                options = KnnOptions(**{k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__})
-            mixer = KnnMixer(StateRecorder(self.model.decoder), options)
+            tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
+            tuned = {k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__}
+            mixer = KnnMixer(StateRecorder(self.model.decoder), KnnOptions(**{**tuned, **given}))
         except (DatastoreError, ReadoutError) as e:
             raise TranslationError(str(e)) from None
         if datastore is not None:
@@ -250,6 +307,33 @@ class DocumentTranslator:
             self.generator.search = self.constraint
         self.constraint.knn = mixer
         return mixer
+
+    def _ensemble_members(self, others: List[OpenedCheckpoint], first: OpenedCheckpoint, quiet: bool) -> list:
+        """The models of the other checkpoints of an ensemble: the same dictionaries (the
+        ensemble averages distributions over one vocabulary), none reading a translation memory."""
+        if not others:
+            return []
+        res, models = self.resources, []
+        for opened in [first] + others:
+            if opened.cfg.task.get("tm_fusion", "none") != "none":
+                raise TranslationError(f"--checkpoint {opened.path}: reads a translation memory (--tm-fusion "
+                                       f"{opened.cfg.task.tm_fusion}); ensembles take models without one")
+        from fairseq.data import Dictionary
+
+        def dictionaries(o: OpenedCheckpoint):  # the files as written, before a task adds its symbols
+            return [Dictionary.load(str(Path(o.data.path) / f"dict.{lang}.txt")) for lang in (o.data.src_lang, o.data.tgt_lang)]
+
+        mine = dictionaries(first)
+        for opened in others:
+            for side, ours, theirs in zip(("source", "target"), mine, dictionaries(opened)):
+                if ours.symbols != theirs.symbols:  # checked before the member is built
+                    raise TranslationError(f"--checkpoint {opened.path}: its {side} dictionary ({len(theirs):,} entries, "
+                                           f"{opened.data.path}) differs from {self.checkpoint}'s ({len(ours):,}); "
+                                           "an ensemble needs one vocabulary")
+            loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
+                                 check_separator=True, quiet=quiet)
+            models.append(loaded.model)
+        return models
 
     def describe(self) -> str:
         r = self.resources
@@ -267,8 +351,12 @@ class DocumentTranslator:
             where = (f"the {self.knn_memory_k} best memory matches of each sentence (per-input datastores)"
                      if self.knn_memory else self.knn_datastore.describe())
             level += f"; kNN-MT: {self.knn.options.describe()} over {where}"
-        return (f"checkpoint {self.checkpoint} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
-                f"{level}, device {self.device}")
+        which = f"checkpoint {self.checkpoint}" if len(self.checkpoints) == 1 else \
+            f"ensemble of {len(self.checkpoints)} checkpoints ({', '.join(map(str, self.checkpoints))})"
+        precision = "" if self.precision == "fp32" else f" ({self.precision})"
+        nbest = f", {self.nbest}-best" if self.nbest > 1 else ""
+        return (f"{which} ({arch}, {r.src_lang}->{r.tgt_lang}), resources from {r.data_dir}, "
+                f"{level}{nbest}, device {self.device}{precision}")
 
     # ------------------------------------------------------------ encoding
 
@@ -342,6 +430,9 @@ class DocumentTranslator:
 
         if len(parts) == 1:
             return parts[0]
+        # the k-th alternative of a split sentence joins its parts' k-th alternatives
+        alternatives = [DocumentTranslator._join_parts([r.alternatives[k] for r in parts], units)
+                        for k in range(min(len(r.alternatives) for r in parts))]
         text = " ".join(r.text for r in parts if r.text)
         scores = [r.score for r in parts if r.score is not None]
         alignment = None
@@ -352,7 +443,7 @@ class DocumentTranslator:
                 src_offset += max(sentencepiece_word_map(pieces or []), default=-1) + 1
                 tgt_offset += len(r.text.split())
         return SentenceResult(text, sum(scores) / len(scores) if scores else None, alignment, parts[0].context,
-                              parts[0].match)
+                              parts[0].match, alternatives)
 
     def _segments(self, encoded) -> List[_Segment]:
         segments = []
@@ -411,22 +502,24 @@ class DocumentTranslator:
             sample = dataset.collater([dataset[i] for i in batch])
             if self.device != "cpu":
                 sample = utils.move_to_cuda(sample, device=torch.device(self.device))
-            hypos = self.task.inference_step(self.generator, [self.model], sample)
+            hypos = self.task.inference_step(self.generator, self.models, sample)
             src_tokens = sample["net_input"]["src_tokens"]
             # SequenceGenerator's length limit for this batch (padded source length)
             limit = min(int(g.max_len_a * src_tokens.size(1) + g.max_len_b), g.max_len - 1)
             for b, idx in enumerate(sample["id"].tolist()):
-                best = hypos[b][0]
-                tokens = best["tokens"].cpu()
-                scores = best["positional_scores"].float().cpu()
-                if len(tokens) and tokens[-1] == self.tgt_dict.eos():
-                    tokens = tokens[:-1]
-                attn = best.get("attention")
-                if attn is not None:
-                    real = (src_tokens[b] != self.src_dict.pad()).cpu()
-                    attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
-                results[idx] = {"tokens": tokens, "positional_scores": scores, "attention": attn,
-                                "at_length_limit": len(tokens) >= limit}
+                found = []
+                for hypo in hypos[b][:self.nbest]:  # best first
+                    tokens = hypo["tokens"].cpu()
+                    scores = hypo["positional_scores"].float().cpu()
+                    if len(tokens) and tokens[-1] == self.tgt_dict.eos():
+                        tokens = tokens[:-1]
+                    attn = hypo.get("attention")
+                    if attn is not None:
+                        real = (src_tokens[b] != self.src_dict.pad()).cpu()
+                        attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
+                    found.append({"tokens": tokens, "positional_scores": scores, "attention": attn,
+                                  "at_length_limit": len(tokens) >= limit})
+                results[idx] = dict(found[0], nbest=found[1:])
             if progress is not None:
                 progress.update(len(batch))
         return results
@@ -530,14 +623,27 @@ class DocumentTranslator:
         return spans
 
     def _resolve(self, seg: _Segment, hyp: dict, src_pieces: List[str], scores: bool, alignments: bool):
-        """SentenceResults of the segment, or None when the hypothesis does not split right."""
+        """SentenceResults of the segment, or None when the hypothesis does not split right;
+        with nbest > 1, each result's ``alternatives`` from the segment's other hypotheses."""
+        results = self._split_results(seg, hyp, src_pieces, scores, alignments)
+        for alternative in (hyp.get("nbest") or []) if results is not None else []:
+            split = self._split_results(seg, alternative, src_pieces, True, False, count=False)
+            if split is None:  # counted, not hidden: the sentence then has fewer than N lines
+                self.stats["n-best: segment hypotheses that did not split into its sentences (left out)"] += 1
+                continue
+            for r, a in zip(results, split):
+                r.alternatives.append(a)
+        return results
+
+    def _split_results(self, seg: _Segment, hyp: dict, src_pieces: List[str], scores: bool, alignments: bool,
+                       count: bool = True):
         n = len(seg.sentences)
         spans = self._source_spans(src_pieces, self.resources.separator, n)
         end_of_hyp = len(hyp["tokens"])  # the final </s>
         if n == 1:
             # a single sentence always gives one output; stray separators are dropped
             parts = self._split_hypothesis(hyp["tokens"])
-            if len(parts) > 1:
+            if len(parts) > 1 and count:
                 self.stats["stray separators dropped from single-sentence outputs"] += len(parts) - 1
             positions = [p for part in parts for p in part]
             return [self._sentence_result(hyp, positions, end_of_hyp, src_pieces, spans[0], 1, scores, alignments)]
@@ -552,11 +658,20 @@ class DocumentTranslator:
 
     # ------------------------------------------------------------ public
 
+    def translate_text(self, documents: Sequence[Sequence[str]]) -> List[List[str]]:
+        """:meth:`translate` as plain strings: per document, one translation per input sentence."""
+        return [[r.text for r in doc] for doc in self.translate(documents)]
+
     def translate(self, documents: Sequence[Sequence[str]], scores: bool = False, alignments: bool = False,
                   progress: Optional[bool] = None) -> List[List[SentenceResult]]:
         """Translate documents (lists of sentence strings); returns, per document, exactly one
         :class:`SentenceResult` per input sentence (empty sentences give empty results)."""
         from tqdm import tqdm
+
+        if isinstance(documents, str) or any(isinstance(doc, str) for doc in documents):
+            # a list of strings would be read as documents of single characters
+            raise TranslationError("translate() takes documents as lists of sentences, e.g. [['Hello.', 'Thanks.']]")
+        scores = scores or self.nbest > 1  # an n-best list always carries scores
 
         t0 = time.time()
         before = Counter(self.stats)

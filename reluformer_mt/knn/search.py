@@ -49,6 +49,12 @@ class KnnOptions:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def translator_options(self) -> dict:
+        """The same values as :class:`reluformer_mt.inference.DocumentTranslator` keywords (= the
+        --knn-* options of reluformer-translate)."""
+        return {"knn_k": self.k, "knn_lambda": self.lam, "knn_readout": self.readout,
+                "knn_temperature": self.temperature, "knn_radius": self.radius}
+
     def describe(self) -> str:
         spread = f"radius {self.radius:g}" if self.readout == "relu" else f"T {self.temperature:g}"
         return f"{self.readout} read-out of k={self.k}, lambda {self.lam:g}, {spread}"

@@ -276,34 +276,40 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     common = dict(data=data, device=device, beam=beam)
     decodes = []
 
-    def run(name, **kwargs):
-        s, seconds = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **kwargs), sources, references)
-        decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds, 1),
-                        **{k: (v.as_dict() if isinstance(v, KnnOptions) else v) for k, v in kwargs.items()
-                           if k not in ("knn",)}})
+    def run(name, knn: Optional[KnnOptions] = None, **kwargs):
+        """Decode the validation documents with translator keywords ``kwargs`` (``knn``: the kNN
+        options, with the full datastore when ``kwargs`` has no ``knn_memory``)."""
+        options = dict(kwargs)
+        if knn is not None:
+            options.update(knn.translator_options())
+            if not options.get("knn_memory"):
+                options["knn"] = datastore
+        s, seconds = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **options), sources, references)
+        decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds, 1), **kwargs,
+                        **({"knn_options": knn.as_dict()} if knn is not None else {})})
         progress(f"tune: {name}: {split} s-BLEU {s:.2f} ({seconds:.0f} s)")
         return s
 
     run("plain")
     for weight in GRID_PIECES_WEIGHT:
         for floor in GRID_PIECES_FLOOR:
-            run(f"pieces w={weight:g} floor={floor:g}", piece_weight=weight, piece_k=pieces_k, piece_floor=floor)
+            run(f"pieces w={weight:g} floor={floor:g}", pieces_weight=weight, pieces_k=pieces_k, pieces_floor=floor)
     pieces = max((d for d in decodes if d["name"].startswith("pieces")), key=lambda d: d["s_bleu"])
-    chosen_pieces = {"piece_weight": pieces["piece_weight"], "piece_floor": pieces["piece_floor"]}
+    chosen_pieces = {"pieces_weight": pieces["pieces_weight"], "pieces_floor": pieces["pieces_floor"]}
     # with document context or verse by verse: guided beam search may do better on single sentences
     # (a segment's hypothesis that follows a match can drift past its sentence); the better one is kept
     if any(info.n_sentences > 1 for info in forced.infos):
-        single = run(f"pieces w={pieces['piece_weight']:g} floor={pieces['piece_floor']:g} sentence by sentence",
-                     piece_k=pieces_k, segment_tokens=0, **chosen_pieces)
+        single = run(f"pieces w={pieces['pieces_weight']:g} floor={pieces['pieces_floor']:g} sentence by sentence",
+                     pieces_k=pieces_k, segment_tokens=0, **chosen_pieces)
         if single > pieces["s_bleu"]:
             chosen_pieces["segment_tokens"], pieces = 0, decodes[-1]
     best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"]}}
     for mode in grids:
-        kw = {"knn": datastore} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
+        kw = {} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
         scores = {}
         for readout in TUNE_READOUTS:
             options = KnnOptions(**chosen[mode][readout])
-            scores[readout] = (run(f"knn {mode} {readout}", knn_options=options, **kw), options)
+            scores[readout] = (run(f"knn {mode} {readout}", knn=options, **kw), options)
         readout = max(scores, key=lambda r: scores[r][0])
         s_best, options = scores[readout]
         # the NLL's lambda is the best mixture of distributions; beam search may gain from trusting
@@ -311,10 +317,10 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         for lam in BLEU_LAMBDAS:
             if lam > options.lam:
                 candidate = KnnOptions(**{**options.as_dict(), "lam": lam})
-                s = run(f"knn {mode} {readout} lambda {lam:g}", knn_options=candidate, **kw)
+                s = run(f"knn {mode} {readout} lambda {lam:g}", knn=candidate, **kw)
                 if s > s_best:
                     s_best, options = s, candidate
-        with_pieces = run(f"knn {mode} {readout} + pieces", knn_options=options, piece_k=pieces_k, **chosen_pieces, **kw)
+        with_pieces = run(f"knn {mode} {readout} + pieces", knn=options, pieces_k=pieces_k, **chosen_pieces, **kw)
         best[mode] = {"options": options.as_dict(), "s_bleu": s_best,
                       "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
                       "by_readout": {r: s for r, (s, _) in scores.items()}}
