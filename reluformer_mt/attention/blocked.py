@@ -111,6 +111,42 @@ def _mask_(x: Tensor, keep: Tensor, heads: int) -> Tensor:
     return x
 
 
+def grads_with_graph(q: Tensor, k: Tensor, v: Tensor, c: Optional[Tensor], b: Optional[Tensor], visible, act: str,
+                     heads: int, grads: Tuple[Optional[Tensor], ...], needs: Tuple[bool, ...],
+                     scale: Optional[float] = None) -> List[Optional[Tensor]]:
+    """The gradients of (out, mass, xlogx) for q, k, v, c, b when autograd wants a graph of them
+    (``create_graph=True``: double backward, gradient penalties). The kernels' own backward passes
+    (C++, tiles, Triton) are not differentiable, so this recomputes a = c h(s q k^T + b) masked as
+    plain autograd ops (one T x S tensor per head) and differentiates that, with a graph.
+    ``visible``: a Visibility, a (B|1, 1, T, S) bool mask or None; c, b (N, T[, 1]) or None."""
+    N, T, _ = q.shape
+    S = k.size(1)
+    keep = None if visible is None else (visible if isinstance(visible, Tensor) else visible.dense(q.device))
+    inputs = [(i, t) for i, (t, need) in enumerate(zip((q, k, v, c, b), needs)) if need and t is not None]
+    result: List[Optional[Tensor]] = [None] * 5
+    wanted = [(i, g) for i, g in enumerate(grads) if g is not None and g.numel() > 0]
+    if not inputs or not wanted:
+        return result
+    with torch.enable_grad():
+        s = torch.bmm(q if scale is None else q * scale, k.transpose(1, 2))
+        if b is not None:
+            s = s + b.reshape(N, T, 1).to(s.dtype)
+        a = _activation(act)(s)
+        if c is not None:
+            a = a * c.reshape(N, T, 1).to(a.dtype)
+        if keep is not None:
+            a = (a.view(-1, heads, T, S) * keep).view(N, T, S)
+        out = torch.bmm(a, v)
+        a_acc = a.to(accumulation_dtype(a.dtype))
+        outputs = (out, a_acc.sum(-1), torch.linalg.vecdot(a_acc, a_acc.clamp_min(1e-30).log()))
+    found = torch.autograd.grad([outputs[i] for i, _ in wanted], [t for _, t in inputs],
+                                [g.to(outputs[i].dtype).view_as(outputs[i]) for i, g in wanted],
+                                create_graph=True, allow_unused=True)
+    for (i, t), g in zip(inputs, found):
+        result[i] = g.view_as(t) if g is not None else torch.zeros_like(t)
+    return result
+
+
 class _TiledAttention(torch.autograd.Function):
     """out = (c * h(q k^T + b) masked) v in tiles; optional per-row mass, sum a log a, non-zeros.
 
@@ -145,6 +181,7 @@ class _TiledAttention(torch.autograd.Function):
                 nonzero[:, i0:i1] += torch.count_nonzero(a, dim=-1)
         ctx.mark_non_differentiable(nonzero)
         ctx.plan, ctx.act, ctx.heads, ctx.want_rows = plan, act, heads, want_rows
+        ctx.visible = visible
         ctx.save_for_backward(q, k, v, c, b, full)
         # the dense weights double as the module's returned attention weights (no extra copy)
         weights = full.detach() if full is not None else q.new_zeros(0)
@@ -156,6 +193,9 @@ class _TiledAttention(torch.autograd.Function):
         q, k, v, c, b, saved_weights = ctx.saved_tensors
         act, heads = ctx.act, ctx.heads
         need_q, need_k, need_v, need_c, need_b = ctx.needs_input_grad[:5]
+        if torch.is_grad_enabled():  # create_graph: the tiles' in-place passes below build no graph
+            return (*grads_with_graph(q, k, v, c, b, ctx.visible, act, heads, (g_out, g_mass, g_xlogx),
+                                      ctx.needs_input_grad[:5]), None, None, None, None, None, None, None, None)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dc = torch.zeros_like(c) if (c is not None and need_c) else None
         db = torch.zeros_like(b) if (b is not None and need_b) else None
@@ -360,6 +400,7 @@ class _DirectReluRows(torch.autograd.Function):
         xlogx = torch.linalg.vecdot(a, log_c)
         mass = a.sum(-1)
         ctx.save_for_backward(q, k, v, a, log_c)
+        ctx.keep, ctx.heads = keep, heads
         ctx.mark_non_differentiable(nonzero, a)
         return out, mass, xlogx, nonzero, a
 
@@ -368,6 +409,10 @@ class _DirectReluRows(torch.autograd.Function):
         from reluformer_mt.attention import fused as fused_kernel
         q, k, v, a, log_c = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph: the C++ pass below builds no graph (issue 34)
+            dq, dk, dv, _, _ = grads_with_graph(q, k, v, None, None, ctx.keep, "relu", ctx.heads,
+                                                (g_out, g_mass, g_xlogx), (need_q, need_k, need_v, False, False))
+            return dq, dk, dv, None, None
         d_out = dv = None
         if g_out is not None:  # out = bmm(a, v): autograd's two GEMMs, as it calls them
             d_out = g_out.bmm(v.transpose(1, 2))
