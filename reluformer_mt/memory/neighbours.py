@@ -18,8 +18,8 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from reluformer_mt.memory.tm import (FUZZY_BANDS, Retriever, TranslationMemoryError, band_of, read_prepared,
-                                     recall_at_k)
+from reluformer_mt.memory.tm import (FUZZY_BANDS, Retriever, TranslationMemoryError, at_least, band_of,
+                                     read_prepared, recall_at_k)
 
 MEMORY_DIR = "memory"
 RECALL_SAMPLE = 500  # queries per split scored exhaustively for recall@k (the exact best fuzzy match)
@@ -56,6 +56,18 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = 1
         queries = memory.sources if split == "train" else read_prepared(directory, split).sources
         exclude = np.arange(len(queries)) if split == "train" else None
         ids, scores = retriever.search(queries, k, exclude=exclude)
+        if split != "train":
+            # leakage check: a valid/test source that is also a training source retrieves its own
+            # translation (a 100 % match); reported, since real corpora repeat short sentences
+            training = set(memory.sources)
+            leaked = [i for i, q in enumerate(queries) if q in training]
+            if leaked:
+                info.setdefault("sources_also_in_memory", {})[split] = {
+                    "sentences": len(leaked), "first": [i + 1 for i in leaked[:5]]}
+                if progress:
+                    print(f"[memory] note: {len(leaked)} {split} sentence(s) have a source identical to a training "
+                          f"entry's (sentences {', '.join(str(i + 1) for i in leaked[:5])}"
+                          f"{', ...' if len(leaked) > 5 else ''}): their matches are 100 %", flush=True)
         ids_path, scores_path = neighbour_paths(directory, split)
         np.save(ids_path, ids.astype(np.int32))
         np.save(scores_path, scores)
@@ -64,7 +76,7 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = 1
         info["splits"][split] = {"sentences": len(queries), "mean_top1_fuzzy": round(float(scores[:, 0].mean()), 4),
                                  "bands_top1": band_counts(scores[:, 0]),
                                  **{key: round(v, 4) for key, v in recall_at_k(scores[sample], best).items()}}
-        close = best >= 0.5  # the matches that matter to a translator
+        close = at_least(best, 0.5)  # the matches that matter to a translator
         if close.any():
             info["splits"][split].update({f"{key} (fuzzy >= 0.5)": round(v, 4) for key, v in
                                           recall_at_k(scores[sample][close], best[close]).items()})
