@@ -10,7 +10,9 @@ import logging
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser
+from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
+                                     check_distinct_files, check_output_file, positive_int)
+from reluformer_mt.data.textfiles import write_text_atomically
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", required=True, help="directory prepared by reluformer-prepare --memory-k K (rewritten in place)")
     r.add_argument("--rerank", choices=["fuzzy", "none"], default="fuzzy",
                    help="fuzzy: the top --candidates by inner product reranked by fuzzy match; none: pure MIPS (EMAT)")
-    r.add_argument("--candidates", type=int, default=128, help="inner-product candidates that the fuzzy rerank sees")
-    r.add_argument("--max-tokens", type=int, default=8000, help="tokens per encoding batch")
+    r.add_argument("--candidates", type=positive_int, default=128, help="inner-product candidates that the fuzzy rerank sees")
+    r.add_argument("--max-tokens", type=positive_int, default=8000, help="tokens per encoding batch")
     r.add_argument("--device", default="cpu", help="torch device of the encoding")
     r.add_argument("--json", help="also write the comparison to this file")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
@@ -37,6 +39,10 @@ def run_rekey(args) -> dict:
     from reluformer_mt.evaluation.rekey import rekey
 
     data = Path(args.data)
+    if args.json:  # before the neighbours are rewritten, not after
+        check_output_file(args.json, "--json")
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint),
+                                                       ("--data", str(Prepared.path(data)))])
     if not Prepared.exists(data):
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():
@@ -56,7 +62,7 @@ def main(argv=None) -> int:
     try:
         report = run_rekey(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+            write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-memory: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -19,6 +19,18 @@ from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Def
                                      write_error)
 
 
+# beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and
+# near float32's range (1e300 is inf there) beam scores become inf - inf = NaN inside fairseq
+MAX_PIECES_WEIGHT = 1e4
+
+
+def pieces_weight(text) -> float:
+    value = non_negative_float(text)
+    if value > MAX_PIECES_WEIGHT:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, {MAX_PIECES_WEIGHT:g}], got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.inference.inputs import FORMATS
 
@@ -65,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
                          "(default: the training split of the checkpoint's data directory); 'none' translates without "
                          "matches")
-    tm.add_argument("--pieces-weight", type=float, default=0.0, metavar="W",
+    tm.add_argument("--pieces-weight", type=pieces_weight, default=0.0, metavar="W",
                     help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
                          "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
                          "docs/TRANSLATION_MEMORY.md); works for checkpoints trained without memory too")
@@ -98,7 +110,15 @@ def check_paths(args) -> None:
                          ("--memory-matches", args.memory_matches)):
         if path == "-":
             raise ValueError(f"{option}: give a file; standard output holds the translation")
-    files = [(o, p) for o, p in (("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
+    if args.memory == "none":  # said before loading: these need the matches that 'none' withholds
+        if args.memory_matches:
+            raise ValueError("--memory-matches: --memory none withholds the matches; drop one of the two")
+        if args.pieces_weight > 0:
+            raise ValueError(f"--pieces-weight {args.pieces_weight:g}: translation pieces come from the memory, "
+                             "which --memory none withholds; drop one of the two")
+    memory_file = args.memory if args.memory and args.memory != "none" and Path(args.memory).is_file() else None
+    files = [(o, p) for o, p in (("--checkpoint", args.checkpoint), ("--memory", memory_file),
+                                 ("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
                                  ("--scores", args.scores), ("--alignments", args.alignments),
                                  ("--memory-matches", args.memory_matches)) if p and p != "-"]
     seen = {}
@@ -147,11 +167,12 @@ def run(args) -> str:
         finally:
             if stream is not sys.stdout:
                 stream.close()
+    # writing() outside the file: its close flushes, and a full disk fails there, naming this file
     if args.scores:
-        with _side_file(args.scores, "--scores") as f, writing(args.scores):
+        with writing(args.scores), _side_file(args.scores, "--scores") as f:
             write_output(parsed, [["" if r.score is None else f"{r.score:.4f}" for r in doc] for doc in results], f, one_per_line=True)
     if args.alignments:
-        with _side_file(args.alignments, "--alignments") as f, writing(args.alignments):
+        with writing(args.alignments), _side_file(args.alignments, "--alignments") as f:
             write_output(parsed, [[" ".join(f"{i}-{j}" for i, j in (r.alignment or [])) for r in doc] for doc in results],
                          f, one_per_line=True)
     if args.memory_matches:
@@ -160,7 +181,7 @@ def run(args) -> str:
                 return ""
             entry, score = r.match
             return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
-        with _side_file(args.memory_matches, "--memory-matches") as f, writing(args.memory_matches):
+        with writing(args.memory_matches), _side_file(args.memory_matches, "--memory-matches") as f:
             write_output(parsed, [[match_line(r) for r in doc] for doc in results], f, one_per_line=True)
     summary = translator.summary()
     fmt = parsed.fmt + (f" (detected: {parsed.detected}; --format chooses)" if parsed.detected else "")
