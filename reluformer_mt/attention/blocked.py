@@ -40,6 +40,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.double_backward import grads_with_graph
 from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS, accumulation_dtype
 from reluformer_mt.attention.routes import DENSE_TILE_ELEMENTS
 from reluformer_mt.attention.visibility import Visibility, as_visibility, count_visible
@@ -109,42 +110,6 @@ def _mask_(x: Tensor, keep: Tensor, heads: int) -> Tensor:
     n, tq, tk = x.shape
     x.view(-1, heads, tq, tk).mul_(keep)
     return x
-
-
-def grads_with_graph(q: Tensor, k: Tensor, v: Tensor, c: Optional[Tensor], b: Optional[Tensor], visible, act: str,
-                     heads: int, grads: Tuple[Optional[Tensor], ...], needs: Tuple[bool, ...],
-                     scale: Optional[float] = None) -> List[Optional[Tensor]]:
-    """The gradients of (out, mass, xlogx) for q, k, v, c, b when autograd wants a graph of them
-    (``create_graph=True``: double backward, gradient penalties). The kernels' own backward passes
-    (C++, tiles, Triton) are not differentiable, so this recomputes a = c h(s q k^T + b) masked as
-    plain autograd ops (one T x S tensor per head) and differentiates that, with a graph.
-    ``visible``: a Visibility, a (B|1, 1, T, S) bool mask or None; c, b (N, T[, 1]) or None."""
-    N, T, _ = q.shape
-    S = k.size(1)
-    keep = None if visible is None else (visible if isinstance(visible, Tensor) else visible.dense(q.device))
-    inputs = [(i, t) for i, (t, need) in enumerate(zip((q, k, v, c, b), needs)) if need and t is not None]
-    result: List[Optional[Tensor]] = [None] * 5
-    wanted = [(i, g) for i, g in enumerate(grads) if g is not None and g.numel() > 0]
-    if not inputs or not wanted:
-        return result
-    with torch.enable_grad():
-        s = torch.bmm(q if scale is None else q * scale, k.transpose(1, 2))
-        if b is not None:
-            s = s + b.reshape(N, T, 1).to(s.dtype)
-        a = _activation(act)(s)
-        if c is not None:
-            a = a * c.reshape(N, T, 1).to(a.dtype)
-        if keep is not None:
-            a = (a.view(-1, heads, T, S) * keep).view(N, T, S)
-        out = torch.bmm(a, v)
-        a_acc = a.to(accumulation_dtype(a.dtype))
-        outputs = (out, a_acc.sum(-1), torch.linalg.vecdot(a_acc, a_acc.clamp_min(1e-30).log()))
-    found = torch.autograd.grad([outputs[i] for i, _ in wanted], [t for _, t in inputs],
-                                [g.to(outputs[i].dtype).view_as(outputs[i]) for i, g in wanted],
-                                create_graph=True, allow_unused=True)
-    for (i, t), g in zip(inputs, found):
-        result[i] = g.view_as(t) if g is not None else torch.zeros_like(t)
-    return result
 
 
 class _TiledAttention(torch.autograd.Function):

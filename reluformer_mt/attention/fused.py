@@ -94,7 +94,7 @@ class FusedReluAttention(torch.autograd.Function):
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
         q, k, v, mask, starts, ends = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the C++ backward builds no graph (issue 34)
-            from reluformer_mt.attention.blocked import grads_with_graph
+            from reluformer_mt.attention.double_backward import grads_with_graph
             dq, dk, dv, _, _ = grads_with_graph(q, k, v, None, None, ctx.visible, "relu", ctx.heads,
                                                 (g_out, g_mass, g_xlogx), (*ctx.needs_input_grad[:3], False, False))
             return dq, dk, dv, None, None, None, None, None, None

@@ -382,7 +382,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
         q, k, v, c, b, starts, ends = ctx.saved_tensors
         scale, causal, offset, act, heads, want_rows, (block_m, block_n) = ctx.setup
         if torch.is_grad_enabled():  # create_graph: the kernels build no graph (issue 34)
-            from reluformer_mt.attention.blocked import grads_with_graph
+            from reluformer_mt.attention.double_backward import grads_with_graph
             return (*grads_with_graph(q, k, v, c, b, ctx.visible, act, heads, (g_out, g_mass, g_xlogx),
                                       ctx.needs_input_grad[:5], scale=scale),
                     None, None, None, None, None, None)
