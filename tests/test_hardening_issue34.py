@@ -194,3 +194,22 @@ def test_refused_prepare_rerun_with_another_memory_k_keeps_the_memory_entry(key_
     with pytest.raises(ValueError, match=r"step 'memory' was done with --memory-k 4 \(changed: k\); pass --force"):
         prepare_iwslt_with_memory(data, spm, segment_tokens=0, memory_k=6)
     assert Prepared.load(data).memory == before
+
+
+# ---------------------------------------------------------------- tm_study
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ks", "abc"], r"--ks: expected a comma list of positive integers, got 'abc'"),
+    (["--ks", "0"], r"--ks: expected a comma list of positive integers, got '0'"),
+    (["--updates", "-5"], r"--updates: expected a positive integer, got '-5'"),
+    (["--updates", "0"], r"--updates: expected a positive integer, got '0'"),
+])
+def test_tm_study_numbers_are_one_line(argv, message, tmp_path, capsys):
+    """On main: a ValueError traceback for 'abc', a run for k = 0, a row for -5 updates and a run
+    without end for 0 (fairseq's 'no limit')."""
+    from reluformer_mt.experiments import tm_study
+
+    with pytest.raises(SystemExit) as e:
+        tm_study.main(argv + ["--out", str(tmp_path / "out")])
+    one_line(e.value.code, capsys.readouterr().err, message)
+    assert not (tmp_path / "out").exists()
