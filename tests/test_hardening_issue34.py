@@ -213,3 +213,16 @@ def test_tm_study_numbers_are_one_line(argv, message, tmp_path, capsys):
         tm_study.main(argv + ["--out", str(tmp_path / "out")])
     one_line(e.value.code, capsys.readouterr().err, message)
     assert not (tmp_path / "out").exists()
+
+
+def test_bleu_tokenizer_without_its_package_is_one_line(tmp_path, capsys):
+    """On main `--tokenize ja-mecab` without MeCab was sacreBLEU's RuntimeError, a traceback."""
+    pytest.importorskip("sacrebleu")
+    try:
+        import MeCab  # noqa: F401
+        pytest.skip("MeCab is installed here")
+    except ImportError:
+        pass
+    hyp, ref = bleu_files(tmp_path)
+    code, err = eval_main(["bleu", "--hyp", hyp, "--ref", ref, "--levels", "s", "--tokenize", "ja-mecab"], capsys)
+    one_line(code, err, r"--tokenize ja-mecab: its extra dependencies are not installed \(.*pip install sacrebleu\[ja\]\)")

@@ -41,6 +41,18 @@ def bleu_tokenizers() -> List[str]:
     return list(BLEU.TOKENIZERS)
 
 
+def check_tokenizer(name: str) -> None:
+    """Build sacreBLEU's tokenizer before any work: ja-mecab, ko-mecab and flores need extra
+    packages, and sacreBLEU says so in a multi-line RuntimeError (a traceback through us)."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    try:
+        BLEU(tokenize=name)
+    except (ImportError, RuntimeError) as e:
+        why = " ".join(str(e).split())
+        raise ValueError(f"--tokenize {name}: its extra dependencies are not installed ({why})") from None
+
+
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hyp", required=True, help="hypotheses: fairseq-generate output, a docmt file (<d> starts each "
                                                 "document), or one sentence a line; '-' = standard input (a pipe is read once)")
@@ -523,6 +535,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
                                   creates_folders=option != "write_pred")
+        if args.command == "bleu":
+            check_tokenizer(args.tokenize)
         check_distinct_files([("--" + o.replace("_", "-"), getattr(args, o, None))
                               for o in ("json", "plot", "write_pred", "output", "html")], input_files(args))
         command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
