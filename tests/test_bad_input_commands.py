@@ -191,3 +191,25 @@ def test_old_gamma_checkpoint_with_a_negative_gamma_is_one_line(old_gamma_checkp
     rc, err = translate_main(["-c", path, "--data", prepared_doc_data["doc"], "-i", src, *FAST], capsys)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"{modules[0]}.gamma: a learned ReLUFormer gamma must be > 0" in err, err
+
+
+def test_old_gamma_checkpoint_whose_header_says_fixed_is_one_line(old_gamma_checkpoint, prepared_doc_data, tmp_path,
+                                                                   capsys):
+    """Issue 34: a learned gamma under a header with a fixed gamma was dropped in the upgrade (exit 0,
+    other scores); the header and the weights disagree, so the command stops in one line."""
+    import torch
+
+    path, modules = old_gamma_checkpoint
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model_cfg = state["cfg"]["model"]
+    if isinstance(model_cfg, dict):
+        model_cfg["relu_gamma_mode"] = "fixed"
+    else:
+        model_cfg.relu_gamma_mode = "fixed"
+    torch.save(state, path)
+    src = tmp_path / "in.en"
+    src.write_text("Thank you.\n", encoding="utf-8")
+    rc, err = translate_main(["-c", path, "--data", prepared_doc_data["doc"], "-i", src, *FAST], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "gamma: the checkpoint holds a learned ReLUFormer gamma [0.5, 2.0] but its header says --relu-gamma-mode fixed" \
+        in err, err

@@ -40,6 +40,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from reluformer_mt.attention.double_backward import grads_with_graph
 from reluformer_mt.attention.functions import POINTWISE_ACTIVATIONS, accumulation_dtype
 from reluformer_mt.attention.routes import DENSE_TILE_ELEMENTS
 from reluformer_mt.attention.visibility import Visibility, as_visibility, count_visible
@@ -145,6 +146,7 @@ class _TiledAttention(torch.autograd.Function):
                 nonzero[:, i0:i1] += torch.count_nonzero(a, dim=-1)
         ctx.mark_non_differentiable(nonzero)
         ctx.plan, ctx.act, ctx.heads, ctx.want_rows = plan, act, heads, want_rows
+        ctx.visible = visible
         ctx.save_for_backward(q, k, v, c, b, full)
         # the dense weights double as the module's returned attention weights (no extra copy)
         weights = full.detach() if full is not None else q.new_zeros(0)
@@ -156,6 +158,9 @@ class _TiledAttention(torch.autograd.Function):
         q, k, v, c, b, saved_weights = ctx.saved_tensors
         act, heads = ctx.act, ctx.heads
         need_q, need_k, need_v, need_c, need_b = ctx.needs_input_grad[:5]
+        if torch.is_grad_enabled():  # create_graph: the tiles' in-place passes below build no graph
+            return (*grads_with_graph(q, k, v, c, b, ctx.visible, act, heads, (g_out, g_mass, g_xlogx),
+                                      ctx.needs_input_grad[:5]), None, None, None, None, None, None, None, None)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dc = torch.zeros_like(c) if (c is not None and need_c) else None
         db = torch.zeros_like(b) if (b is not None and need_b) else None
@@ -360,6 +365,7 @@ class _DirectReluRows(torch.autograd.Function):
         xlogx = torch.linalg.vecdot(a, log_c)
         mass = a.sum(-1)
         ctx.save_for_backward(q, k, v, a, log_c)
+        ctx.keep, ctx.heads = keep, heads
         ctx.mark_non_differentiable(nonzero, a)
         return out, mass, xlogx, nonzero, a
 
@@ -368,6 +374,10 @@ class _DirectReluRows(torch.autograd.Function):
         from reluformer_mt.attention import fused as fused_kernel
         q, k, v, a, log_c = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph: the C++ pass below builds no graph (issue 34)
+            dq, dk, dv, _, _ = grads_with_graph(q, k, v, None, None, ctx.keep, "relu", ctx.heads,
+                                                (g_out, g_mass, g_xlogx), (need_q, need_k, need_v, False, False))
+            return dq, dk, dv, None, None
         d_out = dv = None
         if g_out is not None:  # out = bmm(a, v): autograd's two GEMMs, as it calls them
             d_out = g_out.bmm(v.transpose(1, 2))

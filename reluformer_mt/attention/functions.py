@@ -263,8 +263,29 @@ class SparseMap(WeightFunction):
 
 # a learned log gamma is bounded to +-this: exp(-90) underflows gamma to 0 in float32 (every path
 # then divides by 0); within +-30, gamma and 1/gamma stay finite with 1e25 to spare. In float16
-# the bound is half the log of its largest number (+-5.5), so gamma * sqrt(n / 2) stays finite too
+# the bound is half the log of its largest number (+-5.5), so gamma * sqrt(n / 2) stays finite too;
+# it is taken from the narrower of the module's dtype (the parameter's) and the one asked for,
+# since the kernels ask for float32 (their accumulation dtype) while the model runs in float16
 LOG_GAMMA_BOUND = 30.0
+
+
+class _ClampInward(torch.autograd.Function):
+    """x.clamp(-bound, bound) whose gradient also passes beyond the bound when a descent step
+    moves x back towards it (plain clamp's gradient is 0 there: a log gamma pushed past the
+    bound would never come back). Inside the bound it is clamp, value and gradient alike."""
+
+    @staticmethod
+    def forward(ctx, x, bound):
+        ctx.save_for_backward(x)
+        ctx.bound = bound
+        return x.clamp(-bound, bound)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        # x -= lr * grad moves x inwards when grad > 0 above the bound and grad < 0 below it
+        outward = ((x > ctx.bound) & (grad < 0)) | ((x < -ctx.bound) & (grad > 0))
+        return grad.masked_fill(outward, 0.0), None
 
 
 def relu_gamma(params: Params, dtype: torch.dtype) -> Tensor:
@@ -273,9 +294,10 @@ def relu_gamma(params: Params, dtype: torch.dtype) -> Tensor:
     log_gamma = params.learned.get("log_gamma")
     if log_gamma is None:
         return torch.tensor(params.config.relu_gamma, dtype=dtype)
-    bound = min(LOG_GAMMA_BOUND, 0.5 * math.log(torch.finfo(dtype).max))
+    narrowest = min(torch.finfo(dtype).max, torch.finfo(log_gamma.dtype).max)
+    bound = min(LOG_GAMMA_BOUND, 0.5 * math.log(narrowest))
     wide = log_gamma.to(torch.promote_types(log_gamma.dtype, torch.float32))  # exp of a float16 30 overflows
-    gamma = wide.clamp(-bound, bound).exp().to(dtype)
+    gamma = _ClampInward.apply(wide, bound).exp().to(dtype)
     return gamma.view(-1, 1, 1) if gamma.dim() == 1 else gamma
 
 

@@ -86,12 +86,18 @@ class FusedReluAttention(torch.autograd.Function):
         ctx.mark_non_differentiable(nonzero)
         ctx.save_for_backward(q, k, v, mask, starts, ends)
         ctx.causal, ctx.offset = causal, offset
+        ctx.visible = visible
         ctx.heads, ctx.blocks = heads, (block_q, block_k)
         return out, mass, xlogx, nonzero
 
     @staticmethod
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
         q, k, v, mask, starts, ends = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the C++ backward builds no graph (issue 34)
+            from reluformer_mt.attention.double_backward import grads_with_graph
+            dq, dk, dv, _, _ = grads_with_graph(q, k, v, None, None, ctx.visible, "relu", ctx.heads,
+                                                (g_out, g_mass, g_xlogx), (*ctx.needs_input_grad[:3], False, False))
+            return dq, dk, dv, None, None, None, None, None, None
         empty = q.new_zeros(0)
         if g_out is None:
             g_out = torch.zeros(q.size(0), q.size(1), v.size(2), dtype=q.dtype)

@@ -320,5 +320,8 @@ class ReluformerAttention(MultiheadAttention):
             gamma = state_dict.pop(old_key)
             if not bool((gamma > 0).all()):
                 raise ValueError(f"{old_key}: a learned ReLUFormer gamma must be > 0, the checkpoint has {gamma.tolist()}")
-            if self.log_gamma is not None:
-                state_dict[old_key.replace(".gamma", ".log_gamma") if name else "log_gamma"] = gamma.log()
+            if self.log_gamma is None:  # dropping it would score with another gamma, silently
+                raise ValueError(f"{old_key}: the checkpoint holds a learned ReLUFormer gamma {gamma.tolist()} but its "
+                                 f"header says --relu-gamma-mode fixed (gamma {self.config.relu_gamma:g}); "
+                                 "the header and the weights disagree")
+            state_dict[old_key.replace(".gamma", ".log_gamma") if name else "log_gamma"] = gamma.log()

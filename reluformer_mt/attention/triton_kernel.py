@@ -372,6 +372,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
         ctx.mark_non_differentiable(nonzero)
         ctx.save_for_backward(q, k, v, c, b, starts, ends)
         ctx.setup = (scale, causal, offset, act, heads, want_rows, blocks)
+        ctx.visible = visible
         if not want_rows:
             mass, xlogx, nonzero = mass[:0], xlogx[:0], nonzero[:0]
         return out, mass, xlogx, nonzero
@@ -380,6 +381,11 @@ class TritonReluFamilyAttention(torch.autograd.Function):
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
         q, k, v, c, b, starts, ends = ctx.saved_tensors
         scale, causal, offset, act, heads, want_rows, (block_m, block_n) = ctx.setup
+        if torch.is_grad_enabled():  # create_graph: the kernels build no graph (issue 34)
+            from reluformer_mt.attention.double_backward import grads_with_graph
+            return (*grads_with_graph(q, k, v, c, b, ctx.visible, act, heads, (g_out, g_mass, g_xlogx),
+                                      ctx.needs_input_grad[:5], scale=scale),
+                    None, None, None, None, None, None)
         N, T, D = q.shape
         S, DV = k.size(1), v.size(2)
         g_out = torch.zeros(N, T, DV, dtype=q.dtype, device=q.device) if g_out is None else g_out.contiguous()

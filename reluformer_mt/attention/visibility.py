@@ -24,8 +24,9 @@ from torch import Tensor
 
 # fairseq's decoder reuses one future-mask buffer for every call (``buffered_future_mask``):
 # whether a given tensor is the causal pattern is checked once per buffer, not once per call.
-# The entries keep their tensors alive, so a data pointer cannot be reused by another tensor
-# while its entry exists, and the version counter catches in-place changes.
+# An entry keeps a copy of the mask it was computed from and serves only a tensor that still
+# holds the same values (issue 34): the version counter misses writes through ``.data``, a numpy
+# view or a reused ``torch.from_numpy`` buffer, and inference tensors have none at all.
 _CAUSAL_CHECKS: dict = {}
 _RANGE_CHECKS: dict = {}
 # Every layer of a forward gets the same padding mask tensor (the encoder's, the decoder's), so
@@ -38,6 +39,8 @@ _CACHE_MAX = 8
 # the direct route's calls are far below it, long reference-path calls are not kept)
 DENSE_CACHE_ELEMENTS = 2 ** 23
 _CHECK_ROWS = 256  # rows per chunk when checking a mask: no T x S temporary
+# masks above this many elements are not remembered (their copy would cost what the check saves)
+_SNAPSHOT_ELEMENTS = 2 ** 22
 
 
 @dataclass(frozen=True)
@@ -63,16 +66,16 @@ class Visibility:
         """From fairseq's (B, S) key padding mask (True = padding), a causal flag and an optional
         bool (T, S) mask of further hidden keys (True = hidden) that is not the causal pattern.
 
-        Without ``extra_mask`` the result is remembered per padding mask tensor (its storage and
-        version) and call shape: the layers of one forward share one object and what it computes."""
+        Without ``extra_mask`` the result is remembered per padding mask tensor (its storage, layout
+        and values) and call shape: the layers of one forward share one object and what it computes."""
         if extra_mask is not None:
             return Visibility._from_padding(tgt_len, src_len, key_padding_mask, causal, extra_mask)
-        key = (None if key_padding_mask is None else _tensor_key(key_padding_mask), tgt_len, src_len, bool(causal))
-        entry = _VISIBILITY_CACHE.get(key)
-        if entry is None:
-            entry = (key_padding_mask, Visibility._from_padding(tgt_len, src_len, key_padding_mask, causal, None))
-            _remember(_VISIBILITY_CACHE, key, entry)
-        return entry[1]
+        shape = (tgt_len, src_len, bool(causal))
+        found = _recall(_VISIBILITY_CACHE, key_padding_mask, shape)
+        if found is _MISSING:
+            found = Visibility._from_padding(tgt_len, src_len, key_padding_mask, causal, None)
+            _remember(_VISIBILITY_CACHE, key_padding_mask, shape, found)
+        return found
 
     @staticmethod
     def _from_padding(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor], causal: bool,
@@ -140,8 +143,10 @@ class Visibility:
     def _memo(self, what: str, device, compute):
         """``compute()`` once per object, device and version of the range tensors (a caller that
         changes ``starts`` / ``ends`` in place gets fresh results); callers must not modify it."""
-        versions = tuple(t._version for t in (self.starts, self.ends, self.mask) if t is not None)
-        key = (what, str(device), versions)
+        tensors = [t for t in (self.starts, self.ends, self.mask) if t is not None]
+        if any(t.is_inference() for t in tensors):  # no version counter to key on: computed each time
+            return compute()
+        key = (what, str(device), tuple(t._version for t in tensors))
         memo = self.__dict__.get("_memo_cache")
         if memo is None:
             memo = {}
@@ -220,37 +225,53 @@ def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
 
     Remembered per mask tensor (as the causal check is): incremental decoding hands the
     cross-attention the same encoder padding mask at every step."""
-    key = _tensor_key(key_padding_mask)
-    entry = _RANGE_CHECKS.get(key)
-    if entry is None:
-        entry = (key_padding_mask, _padding_ranges(key_padding_mask))
-        _remember(_RANGE_CHECKS, key, entry)
-    return entry[1]
+    found = _recall(_RANGE_CHECKS, key_padding_mask)
+    if found is _MISSING:
+        found = _padding_ranges(key_padding_mask)
+        _remember(_RANGE_CHECKS, key_padding_mask, (), found)
+    return found
 
 
 def live_query_rows(padding: Tensor) -> Optional[Tensor]:
     """(B, 1, T) bool, True at the real query positions of a (B, T) padding mask (True =
     padding); None when no position is padding. Remembered per mask tensor, as the ranges are:
     one host sync per forward instead of one per sublayer."""
-    key = _tensor_key(padding)
-    entry = _LIVE_ROWS.get(key)
+    found = _recall(_LIVE_ROWS, padding)
+    if found is _MISSING:
+        found = ~padding.bool().view(padding.size(0), 1, padding.size(-1)) if bool(padding.any()) else None
+        _remember(_LIVE_ROWS, padding, (), found)
+    return found
+
+
+_MISSING = object()
+
+
+def _tensor_key(t: Optional[Tensor], extra: tuple) -> tuple:
+    """Where a tensor lives and how it is laid out (its values are compared on every use)."""
+    if t is None:
+        return (None,) + extra
+    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride()) + extra
+
+
+def _recall(cache: dict, t: Optional[Tensor], extra: tuple = ()):
+    """What was remembered for tensor ``t`` (and ``extra``), or _MISSING: an entry serves only a
+    tensor holding the values it was computed from (one comparison of a B x S mask per call;
+    the version counter is not enough, see the caches' comment)."""
+    entry = cache.get(_tensor_key(t, extra))
     if entry is None:
-        live = ~padding.bool().view(padding.size(0), 1, padding.size(-1)) if bool(padding.any()) else None
-        entry = (padding, live)
-        _remember(_LIVE_ROWS, key, entry)
-    return entry[1]
+        return _MISSING
+    snapshot, value = entry
+    if t is not None and not torch.equal(snapshot, t):
+        return _MISSING
+    return value
 
 
-def _tensor_key(t: Tensor) -> tuple:
-    """Identity of a tensor's contents for the caches above: storage address, layout and version
-    (in-place changes bump the version; the cache holds the tensor, so the address stays its own)."""
-    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride(), t._version)
-
-
-def _remember(cache: dict, key: tuple, entry: tuple) -> None:
+def _remember(cache: dict, t: Optional[Tensor], extra: tuple, value) -> None:
+    if t is not None and t.numel() > _SNAPSHOT_ELEMENTS:
+        return
     if len(cache) >= _CACHE_MAX:
         cache.pop(next(iter(cache)))
-    cache[key] = entry
+    cache[_tensor_key(t, extra)] = (None if t is None else t.clone(), value)
 
 
 def _padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
@@ -275,10 +296,9 @@ def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
     temporary) once per mask buffer, then remembered."""
     if attn_mask.dim() != 2 or attn_mask.shape != (tgt_len, src_len):
         return False
-    key = _tensor_key(attn_mask)
-    entry = _CAUSAL_CHECKS.get(key)
-    if entry is not None:
-        return entry[1]
+    found = _recall(_CAUSAL_CHECKS, attn_mask)
+    if found is not _MISSING:
+        return found
     offset = src_len - tgt_len
     cols = torch.arange(src_len, device=attn_mask.device).view(1, -1)
     answer = True
@@ -293,7 +313,7 @@ def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
         if not ok:
             answer = False
             break
-    _remember(_CAUSAL_CHECKS, key, (attn_mask, answer))
+    _remember(_CAUSAL_CHECKS, attn_mask, (), answer)
     return answer
 
 

@@ -247,6 +247,33 @@ def check_output_file(path, option: str, creates_folders: bool = False) -> None:
         raise ValueError(f"{option} {path}: cannot write (permission denied)")
 
 
+def same_file(a, b) -> bool:
+    """Whether two paths name one file (a symlink, './x' and x included)."""
+    pa, pb = Path(a), Path(b)
+    try:
+        if pa.exists() and pb.exists():
+            return os.path.samefile(pa, pb)
+    except OSError:
+        pass
+    return pa.resolve() == pb.resolve()
+
+
+def check_distinct_files(outputs, inputs) -> None:
+    """Refuse, before any work, an output that is one of the command's inputs (writing it would
+    destroy what is being read) or another output (one would replace the other). ``outputs`` and
+    ``inputs``: (option, path) pairs; None paths and standard streams ('-') are left out."""
+    outputs = [(o, p) for o, p in outputs if p and str(p) != "-"]
+    inputs = [(o, p) for o, p in inputs if p and str(p) != "-"]
+    for i, (option, path) in enumerate(outputs):
+        for other, other_path in outputs[:i]:
+            if same_file(path, other_path):
+                raise ValueError(f"{option} {path}: the same file as {other} {other_path}; give each output its own file")
+        for other, other_path in inputs:
+            if same_file(path, other_path):
+                raise ValueError(f"{option} {path}: the same file as the input {other} {other_path}; "
+                                 "writing it would overwrite what the command reads")
+
+
 def write_error(e: OSError, path=None) -> str:
     """One line for a failed write: the file the error names, else ``path``."""
     return f"cannot write {e.filename or path}: {e.strerror or e}"

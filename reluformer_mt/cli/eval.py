@@ -21,12 +21,12 @@ import contextlib
 import io
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
-                                     add_spm_model_option, resolve_device,
-                                     check_output_file, non_negative_int, percent, percent_list, positive_int,
-                                     quiet_logging, write_error)
+                                     add_spm_model_option, check_distinct_files, check_output_file, non_negative_int,
+                                     percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
@@ -42,6 +42,18 @@ def bleu_tokenizers() -> List[str]:
     from sacrebleu.metrics.bleu import BLEU
 
     return list(BLEU.TOKENIZERS)
+
+
+def check_tokenizer(name: str) -> None:
+    """Build sacreBLEU's tokenizer before any work: ja-mecab, ko-mecab and flores need extra
+    packages, and sacreBLEU says so in a multi-line RuntimeError (a traceback through us)."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    try:
+        BLEU(tokenize=name)
+    except (ImportError, RuntimeError) as e:
+        why = " ".join(str(e).split())
+        raise ValueError(f"--tokenize {name}: its extra dependencies are not installed ({why})") from None
 
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
@@ -595,6 +607,24 @@ class Tee(io.TextIOBase):
         self.stream.flush()
 
 
+INPUT_OPTIONS = ("hyp", "ref", "hyp_doc_ids", "ref_doc_ids", "segments", "gold", "pred", "lengths", "src", "tgt",
+                 "pairs", "checkpoint")
+
+
+def input_files(args) -> List[Tuple[str, str]]:
+    """(option, path) of every file the subcommand reads (report: every file of its folder but the
+    pages it writes), for :func:`check_distinct_files`."""
+    files = []
+    for option in INPUT_OPTIONS:
+        value = getattr(args, option, None)
+        for path in (value if isinstance(value, list) else [value]):
+            if path:
+                files.append(("--" + option.replace("_", "-"), path))
+    if args.command == "report" and Path(args.dir).is_dir():
+        files += [("--dir", str(f)) for f in sorted(Path(args.dir).iterdir()) if f.is_file() and f.suffix != ".html"]
+    return files
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     quiet_logging()  # before the subcommand imports fairseq (whose imports would set DEBUG)
     args = build_parser().parse_args(argv)
@@ -610,6 +640,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   creates_folders=option != "write_pred")
         if getattr(args, "device", None):  # auto resolved once, before any model loads
             args.device = resolve_device(args.device)
+        if args.command == "bleu":
+            check_tokenizer(args.tokenize)
+        check_distinct_files([("--" + o.replace("_", "-"), getattr(args, o, None))
+                              for o in ("json", "plot", "write_pred", "output", "html")], input_files(args))
         command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
         tee = Tee(sys.stdout) if getattr(args, "html", None) else None
         with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():

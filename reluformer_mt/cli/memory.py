@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
-                                     OneLineParser, add_device_option, check_output_file, resolve_device)
+                                     OneLineParser, add_device_option, check_distinct_files, check_output_file,
+                                     positive_int, resolve_device)
+from reluformer_mt.data.textfiles import write_text_atomically
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", required=True, help="directory prepared by reluformer-prepare --memory-k K (rewritten in place)")
     r.add_argument("--rerank", choices=["fuzzy", "none"], default="fuzzy",
                    help="fuzzy: the top --candidates by inner product reranked by fuzzy match; none: pure MIPS (EMAT)")
-    r.add_argument("--candidates", type=int, default=128, help="inner-product candidates that the fuzzy rerank sees")
-    r.add_argument("--max-tokens", type=int, default=8000, help="tokens per encoding batch")
+    r.add_argument("--candidates", type=positive_int, default=128, help="inner-product candidates that the fuzzy rerank sees")
+    r.add_argument("--max-tokens", type=positive_int, default=8000, help="tokens per encoding batch")
     add_device_option(r, help="torch device of the encoding: " + DEVICE_HELP)
     r.add_argument("--json", help="also write the comparison to this file")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
@@ -93,7 +95,7 @@ def run_tune(args) -> str:
                   beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return format_report(report)
 
 
@@ -103,6 +105,10 @@ def run_rekey(args) -> dict:
     from reluformer_mt.evaluation.rekey import rekey
 
     data = Path(args.data)
+    if args.json:  # before the neighbours are rewritten, not after
+        check_output_file(args.json, "--json")
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint),
+                                                       ("--data", str(Prepared.path(data)))])
     if not Prepared.exists(data):
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():
@@ -128,7 +134,7 @@ def main(argv=None) -> int:
             return EXIT_OK
         report = run_rekey(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+            write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     except (ValueError, FileNotFoundError) as e:
         print(f"reluformer-memory: error: {e}", file=sys.stderr)
         return EXIT_USAGE

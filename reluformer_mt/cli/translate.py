@@ -37,6 +37,18 @@ def translator_defaults() -> dict:
             if p.default is not inspect.Parameter.empty}
 
 
+# beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and
+# near float32's range (1e300 is inf there) beam scores become inf - inf = NaN inside fairseq
+MAX_PIECES_WEIGHT = 1e4
+
+
+def pieces_weight(text) -> float:
+    value = non_negative_float(text)
+    if value > MAX_PIECES_WEIGHT:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, {MAX_PIECES_WEIGHT:g}], got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.inference.inputs import FORMATS
 
@@ -95,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
                          "(default: the training split of the checkpoint's data directory); 'none' translates without "
                          "matches")
-    tm.add_argument("--pieces-weight", type=float, default=D["pieces_weight"], metavar="W",
+    tm.add_argument("--pieces-weight", type=pieces_weight, default=D["pieces_weight"], metavar="W",
                     help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
                          "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
                          "docs/TRANSLATION_MEMORY.md); works for checkpoints trained without memory too")
@@ -152,7 +164,15 @@ def check_paths(args) -> None:
                          ("--memory-matches", args.memory_matches)):
         if path == "-":
             raise ValueError(f"{option}: give a file; standard output holds the translation")
-    files = [(o, p) for o, p in (("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
+    if args.memory == "none":  # said before loading: these need the matches that 'none' withholds
+        if args.memory_matches:
+            raise ValueError("--memory-matches: --memory none withholds the matches; drop one of the two")
+        if args.pieces_weight > 0:
+            raise ValueError(f"--pieces-weight {args.pieces_weight:g}: translation pieces come from the memory, "
+                             "which --memory none withholds; drop one of the two")
+    memory_file = args.memory if args.memory and args.memory != "none" and Path(args.memory).is_file() else None
+    files = [(o, p) for o, p in (("--checkpoint", args.checkpoint), ("--memory", memory_file),
+                                 ("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
                                  ("--scores", args.scores), ("--alignments", args.alignments),
                                  ("--memory-matches", args.memory_matches)) if p and p != "-"]
     seen = {}

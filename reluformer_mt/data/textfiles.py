@@ -51,3 +51,31 @@ def read_lines(path, strip_bom: bool = True, missing: str = "file not found") ->
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {missing}")
     return decode_lines(path.read_bytes(), path, strip_bom).lines
+
+
+def replace_atomically(path, write) -> Path:
+    """Write ``path`` through ``write(binary_file)`` into a temporary file beside it, then rename it
+    over ``path``: a reader or a run killed half-way sees the old file or the new one, never half
+    of one (issue 34). Special files (/dev/null, a FIFO) are written directly: no rename there."""
+    import os
+
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        with open(path, "wb") as f:
+            write(f)
+        return path
+    target = path.resolve() if path.is_symlink() else path
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb") as f:
+            write(f)
+        os.replace(partial, target)
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return path
+
+
+def write_text_atomically(path, text: str) -> Path:
+    """:func:`replace_atomically` for UTF-8 text."""
+    return replace_atomically(path, lambda f: f.write(text.encode("utf-8")))

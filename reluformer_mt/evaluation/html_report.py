@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.significance import verdict
 
 PLOT_CAPTIONS = {
@@ -251,13 +252,30 @@ document.body.dataset.ready = "1";
 
 
 # ------------------------------------------------------------------------------------ helpers
+# what the page reads of each report file (a file without it is one line, not a KeyError)
+REQUIRED_KEYS = {"table.json": ("headers", "rows"), "metrics.json": ("bootstrap", "systems", "definition")}
+REPORT_FILES = ("report.json", "table.json", "metrics.json", "sentences.json", "alignments.json")
+
+
 def _read_json(path: Path) -> Optional[dict]:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: byte {e.start}: not UTF-8") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got a {type(value).__name__}")
+    missing = [key for key in REQUIRED_KEYS.get(path.name, ()) if key not in value]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(repr(k) for k in missing)} (not a report file of reluformer-mt?)")
+    if path.name == "metrics.json":
+        boot = value["bootstrap"]
+        if not isinstance(boot, dict) or not all(k in boot for k in ("systems", "baseline", "signatures")):
+            raise ValueError(f"{path}: 'bootstrap' needs 'systems', 'baseline' and 'signatures'")
+    return value
 
 
 def _cell(value: Any, digits: int = 2) -> str:
@@ -460,8 +478,10 @@ def write_html_report(report_dir, path: Optional[Path] = None, extra_sections: S
     report_dir = Path(report_dir)
     if not report_dir.is_dir():
         raise ValueError(f"{report_dir}: no such report folder")
+    if not any((report_dir / name).is_file() for name in REPORT_FILES) and not any(report_dir.glob("*.png")):
+        raise ValueError(f"{report_dir}: no report files ({', '.join(REPORT_FILES)} or *.png); nothing to show")
     out = Path(path) if path else report_dir / "index.html"
-    out.write_text(build_page(report_dir, extra_sections), encoding="utf-8")
+    write_text_atomically(out, build_page(report_dir, extra_sections))
     return out
 
 
@@ -504,7 +524,7 @@ def write_evaluation_page(path, command: str, report: dict, printed: str) -> Pat
     """Write :func:`evaluation_page` to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(evaluation_page(command, report, printed), encoding="utf-8")
+    write_text_atomically(path, evaluation_page(command, report, printed))
     return path
 
 

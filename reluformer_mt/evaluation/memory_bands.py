@@ -9,7 +9,7 @@ sentences per band.
 from typing import Dict, List, Optional, Sequence
 
 from reluformer_mt.evaluation.bleu import corpus_sbleu
-from reluformer_mt.memory.tm import FUZZY_BANDS, band_of
+from reluformer_mt.memory.tm import FUZZY_BANDS, at_least, band_of
 
 BAND_HEADERS = ["band (fuzzy %)", "sentences", "with memory", "without memory", "copy of the match"]
 
@@ -22,7 +22,7 @@ def band_scores(references: Sequence[str], fuzzy: Sequence[float], systems: Dict
                          f"{[len(h) for h in systems.values()]}")
     bands = [name for _, _, name in FUZZY_BANDS]
     members = {name: [i for i, s in enumerate(fuzzy) if band_of(float(s)) == name] for name in bands}
-    members[">=50"] = [i for i, s in enumerate(fuzzy) if s >= 0.5]  # every band where the match is useful
+    members[">=50"] = [i for i, s in enumerate(fuzzy) if at_least(s, 0.5)]  # every band where the match is useful
     members["all"] = list(range(len(references)))
     rows = []
     for name in bands + [">=50", "all"]:

@@ -28,7 +28,9 @@ import numpy as np
 import torch
 
 from reluformer_mt.memory.learned_keys import TFIDF_SUFFIX, encode_keys, neighbours_from_keys
-from reluformer_mt.memory.neighbours import MEMORY_DIR, RECALL_SAMPLE, band_counts, neighbour_paths
+from reluformer_mt.data.textfiles import write_text_atomically
+from reluformer_mt.memory.neighbours import (MEMORY_DIR, RECALL_SAMPLE, band_counts, check_complete, mark_rewriting,
+                                             neighbour_paths, save_array)
 from reluformer_mt.memory.tm import Retriever, TranslationMemoryError, fuzzy_words, read_prepared, recall_at_k
 
 RERANKS = ("fuzzy", "none")
@@ -104,6 +106,8 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
     description = f"learned-enc{layers}-mean-{projection}{keys.shape[1]}, rerank {rerank}"
     report = {"keys": description, "checkpoint": str(checkpoint), "splits": {}}
     splits = {}
+    check_complete(directory)  # a half-rewritten directory has no TF-IDF neighbours to keep aside
+    marker = mark_rewriting(directory, f"reluformer-memory rekey --checkpoint {checkpoint}")
     for split in prepared.splits:
         pairs = memory if split == "train" else read_prepared(directory, split)
         exclude = np.arange(len(pairs)) if split == "train" else None
@@ -115,8 +119,8 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
         old_ids = np.load(tfidf_ids_file)
         old_scores = np.load(tfidf_ids_file.with_name(f"{split}.scores{TFIDF_SUFFIX}.npy"))
         ids_path, scores_path = neighbour_paths(directory, split)
-        np.save(ids_path, ids.astype(np.int32))
-        np.save(scores_path, scores)
+        save_array(ids_path, ids.astype(np.int32))
+        save_array(scores_path, scores)
         sample = np.linspace(0, len(pairs) - 1, min(RECALL_SAMPLE, len(pairs))).astype(int)
         best = tfidf.exact_best([pairs.sources[i] for i in sample], exclude=None if exclude is None else exclude[sample])
         learned, model_free = quality(scores, best, sample), quality(old_scores, best, sample)
@@ -134,6 +138,7 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
                  "seconds": round(time.time() - start, 1)})
     dataclasses.replace(prepared, memory=info).write(directory)
     update_stamp(directory, info)
+    marker.unlink()  # the neighbours, prepared.json and the stamp agree again
     return report
 
 
@@ -146,7 +151,7 @@ def update_stamp(directory, info: dict) -> None:
     if stamp.is_file():
         saved = json.loads(stamp.read_text(encoding="utf-8"))
         saved["result"] = info
-        stamp.write_text(json.dumps(saved, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_text_atomically(stamp, json.dumps(saved, indent=1, ensure_ascii=False))
 
 
 def format_report(report: dict) -> str:

@@ -31,10 +31,11 @@ def write_json(path, report: dict, command: str = "") -> None:
     """Write ``report`` with the command line and time it came from."""
     body = {"command": command or " ".join(sys.argv), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **to_jsonable(report)}
+    from reluformer_mt.data.textfiles import write_text_atomically
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(body, f, indent=1, ensure_ascii=False, allow_nan=False)
-        f.write("\n")
+    # whole or not at all: a killed run or a full disk leaves the previous report intact
+    write_text_atomically(path, json.dumps(body, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def _cell(value: Any, digits: int) -> str:

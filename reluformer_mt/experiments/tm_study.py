@@ -50,19 +50,45 @@ def run_one(o: DemoOptions, family: str, k: int, updates: int, data_dir: Path, e
             "bands": bands["bands"], "close": close}
 
 
+def _positive(text) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_list(text) -> List[int]:
+    try:
+        values = [_positive(k) for k in text.split(",") if k.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, got {text!r}")
+    return values
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as every command of the package (no usage block)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _OneLineParser(prog="tm_study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/tm_study")
     p.add_argument("--families", default="softmax,reluformer,rela")
-    p.add_argument("--ks", default="1,4,16")
-    p.add_argument("--updates", type=int, default=1000, help="sentence-level updates per run")
+    p.add_argument("--ks", type=_positive_list, default=[1, 4, 16], help="retrieved entries per sentence")
+    # >= 1: fairseq reads --max-update 0 as "no limit" (a run that never ends), and -5 trained nothing
+    p.add_argument("--updates", type=_positive, default=1000, help="sentence-level updates per run")
     p.add_argument("--bible-root", default=None)
     args = p.parse_args(argv)
     from reluformer_mt.plugin import register
 
     register()
     families = [f for f in args.families.split(",") if f]
-    ks = [int(k) for k in args.ks.split(",") if k]
+    ks = args.ks
     o = DemoOptions(out=Path(args.out), families=[f"{f}+attention" for f in families], tm_fusion="attention",
                     bible_root=args.bible_root, **PRESETS["quick"])
     o.validations = 1

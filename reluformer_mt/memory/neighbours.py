@@ -12,17 +12,47 @@ holds training pairs only, never a valid or test sentence.
 """
 import dataclasses
 import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from reluformer_mt.memory.tm import (FUZZY_BANDS, Retriever, TranslationMemoryError, band_of, read_prepared,
-                                     recall_at_k)
+from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+from reluformer_mt.memory.tm import (FUZZY_BANDS, Retriever, TranslationMemoryError, at_least, band_of,
+                                     read_prepared, recall_at_k)
 
 MEMORY_DIR = "memory"
 RECALL_SAMPLE = 500  # queries per split scored exhaustively for recall@k (the exact best fuzzy match)
+# present while the neighbour files are being rewritten (rekey, the memory step): a run killed
+# then leaves it, and training and translation refuse the directory instead of mixing old and new
+REWRITING = "REWRITING"
+
+
+def rewriting_marker(directory) -> Path:
+    return Path(directory) / MEMORY_DIR / REWRITING
+
+
+def check_complete(directory) -> None:
+    """One line when ``directory``'s neighbours were left half rewritten by a killed run."""
+    marker = rewriting_marker(directory)
+    if marker.is_file():
+        what = marker.read_text(encoding="utf-8", errors="replace").strip() or "a rewrite"
+        raise TranslationMemoryError(f"{marker}: {directory}'s memory was left half rewritten ({what}); "
+                                     "re-run that command (or reluformer-prepare --force) before using it")
+
+
+def mark_rewriting(directory, what: str) -> Path:
+    marker = rewriting_marker(directory)
+    marker.parent.mkdir(exist_ok=True)
+    write_text_atomically(marker, what + "\n")
+    return marker
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """np.save through a temporary file and a rename (never half an array on disk)."""
+    replace_atomically(path, lambda f: np.save(f, array))
 
 
 def neighbour_paths(directory, split: str) -> Tuple[Path, Path]:
@@ -55,20 +85,32 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = P
     retriever = Retriever(memory, dim=dim, candidates=candidates)
     info = {"entries": len(memory), "k": k, "keys": f"tfidf-char2-4-svd{retriever.keys.svd.n_components}",
             "candidates": candidates, "splits": {}}
-    (Path(directory) / MEMORY_DIR).mkdir(exist_ok=True)
+    marker = mark_rewriting(directory, "reluformer-prepare's memory step")
     for split in prepared.splits:
         queries = memory.sources if split == "train" else read_prepared(directory, split).sources
         exclude = np.arange(len(queries)) if split == "train" else None
         ids, scores = retriever.search(queries, k, exclude=exclude)
+        if split != "train":
+            # leakage check: a valid/test source that is also a training source retrieves its own
+            # translation (a 100 % match); reported, since real corpora repeat short sentences
+            training = set(memory.sources)
+            leaked = [i for i, q in enumerate(queries) if q in training]
+            if leaked:
+                info.setdefault("sources_also_in_memory", {})[split] = {
+                    "sentences": len(leaked), "first": [i + 1 for i in leaked[:5]]}
+                if progress:
+                    print(f"[memory] note: {len(leaked)} {split} sentence(s) have a source identical to a training "
+                          f"entry's (sentences {', '.join(str(i + 1) for i in leaked[:5])}"
+                          f"{', ...' if len(leaked) > 5 else ''}): their matches are 100 %", flush=True)
         ids_path, scores_path = neighbour_paths(directory, split)
-        np.save(ids_path, ids.astype(np.int32))
-        np.save(scores_path, scores)
+        save_array(ids_path, ids.astype(np.int32))
+        save_array(scores_path, scores)
         sample = np.linspace(0, len(queries) - 1, min(RECALL_SAMPLE, len(queries))).astype(int)
         best = retriever.exact_best([queries[i] for i in sample], exclude=None if exclude is None else exclude[sample])
         info["splits"][split] = {"sentences": len(queries), "mean_top1_fuzzy": round(float(scores[:, 0].mean()), 4),
                                  "bands_top1": band_counts(scores[:, 0]),
                                  **{key: round(v, 4) for key, v in recall_at_k(scores[sample], best).items()}}
-        close = best >= 0.5  # the matches that matter to a translator
+        close = at_least(best, 0.5)  # the matches that matter to a translator
         if close.any():
             info["splits"][split].update({f"{key} (fuzzy >= 0.5)": round(v, 4) for key, v in
                                           recall_at_k(scores[sample][close], best[close]).items()})
@@ -77,6 +119,7 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = P
                   f"bands {info['splits'][split]['bands_top1']}", flush=True)
     info["seconds"] = round(time.time() - start, 1)
     dataclasses.replace(prepared, memory=info).write(directory)
+    marker.unlink()
     return info
 
 
@@ -84,9 +127,16 @@ def prepare_with_memory(cfg):
     """``reluformer-prepare``'s run (:func:`reluformer_mt.data.prepare.prepare`) and, with
     ``cfg.memory_k``, the neighbours step, stamped like the other steps (skipped when done with the
     same k and data, redone with ``force``)."""
-    from reluformer_mt.data.prepare import prepare, run_step
+    from reluformer_mt.data.prepare import STEP_DIR, prepare, run_step
     from reluformer_mt.data.prepared import Prepared
 
+    stamp = Path(cfg.out) / STEP_DIR / "memory.json"
+    if cfg.memory_k and stamp.is_file() and not cfg.force:
+        # refused before prepare() rewrites prepared.json: refused after it, the memory entry was lost
+        done_k = json.loads(stamp.read_text(encoding="utf-8")).get("config", {}).get("k")
+        if done_k != cfg.memory_k:
+            raise ValueError(f"{cfg.out}: step 'memory' was done with --memory-k {done_k} (changed: k); pass --force "
+                             "to redo it, or use another output directory")
     report = prepare(cfg)
     if cfg.memory_k:
         out = Path(cfg.out)
@@ -108,6 +158,7 @@ def load_neighbours(directory, split: str, k: int) -> Tuple[np.ndarray, np.ndarr
     from reluformer_mt.data.prepared import Prepared
 
     prepared = Prepared.load(directory)
+    check_complete(directory)
     stored = int(prepared.memory.get("k", 0)) if prepared.memory else 0
     if not stored:
         raise TranslationMemoryError(f"{Prepared.path(directory)}: no translation-memory neighbours; re-run "
@@ -132,5 +183,5 @@ def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
     return rows
 
 
-__all__ = ["MEMORY_DIR", "band_counts", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
+__all__ = ["MEMORY_DIR", "REWRITING", "band_counts", "check_complete", "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
 

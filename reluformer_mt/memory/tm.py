@@ -8,9 +8,13 @@ the values either concatenated to its source (Neural Fuzzy Repair, Bulté & Tezc
 Xu et al. ACL 2020) or through a memory-attention sublayer (:mod:`reluformer_mt.memory.tm_attention`).
 
 Sources of entries: the training split of a prepared directory, a TMX 1.4b file (streamed with
-``xml.etree.ElementTree.iterparse``; inline codes ``<bpt> <ept> <it> <ph> <ut>`` dropped, the
-text around them and inside ``<hi>`` kept; ``xml:lang`` matched on its primary subtag, so
-``en-US`` = ``en``), or a two-column TSV file.
+``xml.etree.ElementTree.iterparse`` in constant memory; the formatting codes ``<bpt> <ept> <it>``
+dropped, the placeholders ``<ph> <ut>`` a space, or their text with ``placeholders="text"``; the
+text inside ``<hi>`` kept; ``xml:lang`` matched on its primary subtag, so ``en-US`` = ``en``), or
+a two-column TSV file (UTF-8, or UTF-16 / UTF-8 with a byte-order mark). Files (not prepared
+directories, whose entry ids are training sentences) keep each (source, target) pair once, with
+its count, and one target per source: the most frequent, ties to the last in the file (the most
+recent, as CAT tools keep); merged pairs and sources with conflicting targets are counted.
 
 Keys (model-free, usable before any training): TF-IDF over character 2-4-grams of the
 lower-cased source (sublinear tf), reduced to ``dim`` dimensions by a truncated SVD (fixed seed,
@@ -19,6 +23,7 @@ cosine. The top ``candidates`` by MIPS are reranked by the fuzzy-match score
 1 - (word edit distance) / (length of the longer sentence) (rapidfuzz), what a CAT tool shows
 a translator; ties keep the MIPS order.
 """
+import codecs
 import logging
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -31,8 +36,14 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-INLINE_CODES = {"bpt", "ept", "it", "ph", "ut"}   # native markup of the original format: dropped
+FORMATTING_CODES = {"bpt", "ept", "it"}  # the original format's markup (bold on/off, ...): dropped
+PLACEHOLDER_CODES = {"ph", "ut"}  # stand for content (a variable, an image): a space, or their text
+INLINE_CODES = FORMATTING_CODES | PLACEHOLDER_CODES
+PLACEHOLDER_MODES = ("space", "text")
 FUZZY_BANDS = ((0.0, 0.5, "<50"), (0.5, 0.7, "50-70"), (0.7, 0.9, "70-90"), (0.9, 1.01, ">=90"))
+# scores are stored as float32, where 0.7 and 0.9 round below themselves: a score within this of a
+# band's lower bound belongs to the band (fuzzy scores are ratios of word counts, far apart at this scale)
+BAND_TOLERANCE = 1e-6
 
 
 class TranslationMemoryError(ValueError):
@@ -46,13 +57,50 @@ class MemoryEntries:
     targets: List[str]
     origin: str
     skipped: Counter = field(default_factory=Counter)
+    # how often each entry's (source, target) pair occurs in the file (None: once each)
+    counts: Optional[List[int]] = None
+    merged: Counter = field(default_factory=Counter)  # duplicates merged, conflicts resolved
 
     def __len__(self) -> int:
         return len(self.sources)
 
     def summary(self) -> str:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) or "none"
-        return f"{self.origin}: {len(self)} entries; skipped: {skipped}"
+        merged = "".join(f"; {n} {why}" for why, n in sorted(self.merged.items()))
+        return f"{self.origin}: {len(self)} entries; skipped: {skipped}{merged}"
+
+    def deduplicate(self) -> "MemoryEntries":
+        """Each (source, target) pair once with its count; a source with several targets keeps the
+        most frequent one, ties to the last in the file (the most recent, as CAT tools do), at the
+        position of the source's first entry. Both repairs are counted in ``merged``."""
+        pair_counts: Counter = Counter()
+        last_seen = {}
+        for i, pair in enumerate(zip(self.sources, self.targets)):
+            pair_counts[pair] += 1
+            last_seen[pair] = i
+        best = {}  # source -> its chosen pair
+        for pair, n in pair_counts.items():
+            chosen = best.get(pair[0])
+            if chosen is None or (n, last_seen[pair]) > (pair_counts[chosen], last_seen[chosen]):
+                best[pair[0]] = pair
+        targets_per_source = Counter(src for src, _ in pair_counts)
+        sources, targets, counts, placed = [], [], [], set()
+        for src in self.sources:
+            if src not in placed:
+                placed.add(src)
+                sources.append(src)
+                targets.append(best[src][1])
+                counts.append(pair_counts[best[src]])
+        merged = Counter(self.merged)
+        duplicates = sum(n - 1 for n in pair_counts.values())
+        if duplicates:
+            merged["repeated pairs merged (counted)"] += duplicates
+        conflicts = sum(1 for n in targets_per_source.values() if n > 1)
+        if conflicts:
+            dropped = sum(pair_counts[p] for p in pair_counts if best[p[0]] != p)
+            merged["sources with conflicting targets (kept the most frequent, ties the last; "
+                   f"{dropped} entries with another target left out)"] += conflicts
+        return MemoryEntries(sources, targets, self.origin, Counter(self.skipped), counts, merged)
 
 
 # ---------------------------------------------------------------- reading memories
@@ -62,21 +110,34 @@ def primary_language(code: Optional[str]) -> str:
     return (code or "").replace("_", "-").split("-")[0].strip().lower()
 
 
-def segment_text(seg: ET.Element) -> str:
-    """Plain text of a TMX ``<seg>``: inline codes dropped, the text around them kept."""
+def segment_text(seg: ET.Element, placeholders: str = "space") -> str:
+    """Plain text of a TMX ``<seg>``: formatting codes dropped, each placeholder a space (it stood
+    for something between the words: ``Value<ph>{0}</ph>here`` is two words) or, with
+    ``placeholders="text"``, its text; the text around them kept."""
     parts = [seg.text or ""]
     for child in seg:
         tag = child.tag.rsplit("}", 1)[-1]
-        if tag not in INLINE_CODES:
-            parts.append(segment_text(child))
+        if tag in PLACEHOLDER_CODES:
+            parts.append(" " + ("".join(child.itertext()) if placeholders == "text" else "") + " ")
+        elif tag not in FORMATTING_CODES:
+            parts.append(segment_text(child, placeholders))
         parts.append(child.tail or "")
     return " ".join("".join(parts).split())
 
 
-def read_tmx(path, src_lang: str, tgt_lang: str) -> MemoryEntries:
-    """Stream the translation units of a TMX file; units lacking either language or with an
-    empty segment are skipped and counted. Malformed XML stops with file and line."""
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def read_tmx(path, src_lang: str, tgt_lang: str, placeholders: str = "space") -> MemoryEntries:
+    """Stream the translation units of a TMX file in constant memory; units lacking either
+    language, with a ``<tuv>`` of either language without ``<seg>`` or with an empty segment are
+    skipped and counted; a second variant of one language is counted (the first kept); repeated
+    pairs are merged (:meth:`MemoryEntries.deduplicate`). Malformed XML stops with file and line."""
     path = Path(path)
+    if placeholders not in PLACEHOLDER_MODES:
+        raise TranslationMemoryError(f"--tmx-placeholders: got {placeholders!r}, expected one of "
+                                     f"{', '.join(PLACEHOLDER_MODES)}")
     if not path.is_file():
         raise TranslationMemoryError(f"{path}: translation memory not found")
     want_src, want_tgt = primary_language(src_lang), primary_language(tgt_lang)
@@ -85,28 +146,21 @@ def read_tmx(path, src_lang: str, tgt_lang: str) -> MemoryEntries:
     try:
         context = ET.iterparse(str(path), events=("start", "end"))
         _, root = next(context)
-        if root.tag.rsplit("}", 1)[-1] != "tmx":
+        if _local(root.tag) != "tmx":
             raise TranslationMemoryError(f"{path}: line 1: expected a <tmx> document, got <{root.tag}>")
+        open_elements = [root]  # the path from the root to the element being parsed
         for event, elem in context:
-            if event != "end" or elem.tag.rsplit("}", 1)[-1] != "tu":
+            if event == "start":
+                open_elements.append(elem)
                 continue
-            texts = {}
-            for tuv in elem:
-                if tuv.tag.rsplit("}", 1)[-1] != "tuv":
-                    continue
-                lang = primary_language(tuv.get(XML_LANG) or tuv.get("lang"))
-                seen_langs[lang] += 1
-                seg = next((c for c in tuv if c.tag.rsplit("}", 1)[-1] == "seg"), None)
-                if seg is not None and lang not in texts:
-                    texts[lang] = segment_text(seg)
-            if want_src not in texts or want_tgt not in texts:
-                entries.skipped[f"units without both {want_src} and {want_tgt}"] += 1
-            elif not texts[want_src] or not texts[want_tgt]:
-                entries.skipped["units with an empty segment"] += 1
-            else:
-                entries.sources.append(texts[want_src])
-                entries.targets.append(texts[want_tgt])
-            root.clear()  # keep memory flat: a TM of millions of units never sits in memory as XML
+            open_elements.pop()
+            if _local(elem.tag) != "tu":
+                continue
+            _read_unit(elem, want_src, want_tgt, entries, seen_langs, placeholders)
+            # constant memory: the parser appends every unit to its parent, so the finished unit is
+            # cleared and taken out of the parent, which then never holds more than one
+            elem.clear()
+            open_elements[-1].remove(elem)
     except ET.ParseError as e:
         line = e.position[0] if getattr(e, "position", None) else "?"
         raise TranslationMemoryError(f"{path}: line {line}: malformed TMX ({str(e).split(':')[0]})") from None
@@ -114,38 +168,94 @@ def read_tmx(path, src_lang: str, tgt_lang: str) -> MemoryEntries:
         found = ", ".join(sorted(seen_langs)) or "none"
         raise TranslationMemoryError(f"{path}: no translation unit with both {want_src} and {want_tgt} segments "
                            f"(languages found: {found})")
-    return entries
+    return entries.deduplicate()
+
+
+def _read_unit(tu: ET.Element, want_src: str, want_tgt: str, entries: MemoryEntries, seen_langs: Counter,
+               placeholders: str) -> None:
+    texts, without_seg, repeated = {}, False, False
+    for tuv in tu:
+        if _local(tuv.tag) != "tuv":
+            continue
+        lang = primary_language(tuv.get(XML_LANG) or tuv.get("lang"))
+        seen_langs[lang] += 1
+        seg = next((c for c in tuv if _local(c.tag) == "seg"), None)
+        if lang not in (want_src, want_tgt):
+            continue
+        if lang in texts:
+            repeated = True  # the first variant is kept
+        elif seg is None:
+            texts[lang], without_seg = "", True
+        else:
+            texts[lang] = segment_text(seg, placeholders)
+    if want_src not in texts or want_tgt not in texts:
+        entries.skipped[f"units without both {want_src} and {want_tgt}"] += 1
+    elif without_seg:
+        entries.skipped[f"units with a {want_src} or {want_tgt} <tuv> without <seg>"] += 1
+    elif not texts[want_src] or not texts[want_tgt]:
+        entries.skipped["units with an empty segment"] += 1
+    else:
+        if repeated:
+            entries.merged["units with a second variant of one language (the first kept)"] += 1
+        entries.sources.append(texts[want_src])
+        entries.targets.append(texts[want_tgt])
+
+
+_BOMS = ((codecs.BOM_UTF8, "utf-8-sig", "UTF-8"), (codecs.BOM_UTF16_LE, "utf-16", "UTF-16"),
+         (codecs.BOM_UTF16_BE, "utf-16", "UTF-16"))
+# a lone surrogate: what no strict decoder ever returns, so it marks the bytes that did not decode
+_BAD = "\udcff"
+codecs.register_error("reluformer-mark", lambda e: (_BAD, e.end))
+
+
+def text_encoding(path: Path) -> tuple:
+    """(codec, name) of a text file: a UTF-8 or UTF-16 byte-order mark, UTF-16 without one when
+    its first character has a zero byte (what spreadsheet tools write as "Unicode text"), else UTF-8."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    for bom, codec, name in _BOMS:
+        if head.startswith(bom):
+            return codec, name
+    if len(head) >= 2 and head[0] == 0 and head[1] != 0:
+        return "utf-16-be", "UTF-16"
+    if len(head) >= 2 and head[1] == 0 and head[0] != 0:
+        return "utf-16-le", "UTF-16"
+    return "utf-8", "UTF-8"
 
 
 def read_tsv(path) -> MemoryEntries:
-    """``source <TAB> target`` a line; a line with another number of columns stops with file and
-    line, a line with an empty side is skipped and counted."""
+    """``source <TAB> target`` a line (UTF-8, or UTF-16 / UTF-8 with a byte-order mark, which is
+    not kept); a line with another number of columns or bytes that do not decode stops with file
+    and line, a line with an empty side is skipped and counted; repeated pairs are merged
+    (:meth:`MemoryEntries.deduplicate`)."""
     path = Path(path)
     if not path.is_file():
         raise TranslationMemoryError(f"{path}: translation memory not found")
+    codec, name = text_encoding(path)
     entries = MemoryEntries([], [], str(path))
-    with open(path, encoding="utf-8", errors="strict", newline="\n") as f:
-        try:
-            for n, line in enumerate(f, 1):
-                line = line.rstrip("\r\n")
-                if not line.strip():
-                    entries.skipped["blank lines"] += 1
-                    continue
-                columns = line.split("\t")
-                if len(columns) != 2:
-                    raise TranslationMemoryError(f"{path}: line {n}: expected 2 tab-separated columns (source, target), "
-                                       f"got {len(columns)}")
-                src, tgt = (" ".join(c.split()) for c in columns)
-                if not src or not tgt:
-                    entries.skipped["lines with an empty side"] += 1
-                    continue
-                entries.sources.append(src)
-                entries.targets.append(tgt)
-        except UnicodeDecodeError as e:
-            raise TranslationMemoryError(f"{path}: line {n}: not UTF-8 ({e.reason})") from None
+    # undecodable bytes become a marker and are reported with the line they are on (a strict
+    # decoder fails on the chunk it reads ahead, thousands of lines past the last one returned)
+    with open(path, encoding=codec, errors="reluformer-mark", newline="\n") as f:
+        for n, line in enumerate(f, 1):
+            if _BAD in line:
+                raise TranslationMemoryError(f"{path}: line {n}: not {name} (bytes that do not decode)")
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                entries.skipped["blank lines"] += 1
+                continue
+            columns = line.split("\t")
+            if len(columns) != 2:
+                raise TranslationMemoryError(f"{path}: line {n}: expected 2 tab-separated columns (source, target), "
+                                             f"got {len(columns)}")
+            src, tgt = (" ".join(c.split()) for c in columns)
+            if not src or not tgt:
+                entries.skipped["lines with an empty side"] += 1
+                continue
+            entries.sources.append(src)
+            entries.targets.append(tgt)
     if not entries.sources:
         raise TranslationMemoryError(f"{path}: no entry (expected lines 'source<TAB>target')")
-    return entries
+    return entries.deduplicate()
 
 
 def split_sentences_of(lines: Iterable[str], separator: str) -> List[str]:
@@ -173,7 +283,7 @@ def read_prepared(directory, split: str = "train") -> MemoryEntries:
     return MemoryEntries(sides[0], sides[1], f"{directory} ({split})")
 
 
-def read_memory(spec, src_lang: str, tgt_lang: str) -> MemoryEntries:
+def read_memory(spec, src_lang: str, tgt_lang: str, placeholders: str = "space") -> MemoryEntries:
     """A memory given on the command line: a prepared directory (its training split), a .tmx or
     a .tsv file."""
     path = Path(spec)
@@ -181,7 +291,7 @@ def read_memory(spec, src_lang: str, tgt_lang: str) -> MemoryEntries:
         return read_prepared(path)
     suffix = path.suffix.lower()
     if suffix == ".tmx":
-        return read_tmx(path, src_lang, tgt_lang)
+        return read_tmx(path, src_lang, tgt_lang, placeholders)
     if suffix in (".tsv", ".txt"):
         return read_tsv(path)
     if not path.exists():
@@ -280,10 +390,16 @@ class Retriever:
 
 
 def band_of(score: float) -> str:
+    """The fuzzy band of a score; a float32 0.7 (0.69999999) is in 70-90, as the exact 0.7 is."""
     for low, high, name in FUZZY_BANDS:
-        if low <= score < high:
+        if low - BAND_TOLERANCE <= score < high - BAND_TOLERANCE:
             return name
-    return FUZZY_BANDS[-1][2]
+    return FUZZY_BANDS[-1][2] if score >= FUZZY_BANDS[-1][0] else FUZZY_BANDS[0][2]
+
+
+def at_least(score, bound: float):
+    """score >= bound for float32 scores (see ``BAND_TOLERANCE``); works on arrays too."""
+    return score >= bound - BAND_TOLERANCE
 
 
 def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4, 16)) -> dict:
@@ -292,5 +408,5 @@ def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4,
     return {f"recall@{k}": float(np.mean(scores[:, :k].max(1) >= best - 1e-6)) for k in ks if k <= scores.shape[1]}
 
 
-__all__ = ["FUZZY_BANDS", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score",
+__all__ = ["FUZZY_BANDS", "at_least", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score",
            "read_memory", "read_prepared", "read_tmx", "read_tsv", "recall_at_k"]
