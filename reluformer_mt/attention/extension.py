@@ -2,7 +2,7 @@
 
 ``torch.utils.cpp_extension.load`` needs a C++ compiler and ninja; each extension is built into
 ``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or ``~/.cache/reluformer_mt/torch_extensions``, per torch
-and Python version, and reused afterwards. Callers catch the failure and fall back to PyTorch
+and Python version and per content of the kernel sources, and reused afterwards. Callers catch the failure and fall back to PyTorch
 code (``RELUFORMER_NO_FUSED=1`` makes every caller skip its kernel).
 """
 import os
@@ -22,7 +22,19 @@ def build_directory() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     base = Path(root) / "reluformer_mt" if root else Path.home() / ".cache" / "reluformer_mt" / "torch_extensions"
     tag = "torch%s_py%d%d" % (torch.__version__.replace("+", "_"), *sys.version_info[:2])
-    return base / tag
+    # and per kernel source: two checkouts with different kernels (worktrees, branches) no longer
+    # rebuild over each other's build and wait on each other's lock; equal sources share one build
+    return base / f"{tag}_{sources_digest()}"
+
+
+def sources_digest() -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for source in sorted((Path(__file__).parent / "csrc").glob("*")):
+        if source.is_file():
+            digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def disabled() -> bool:

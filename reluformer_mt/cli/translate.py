@@ -171,10 +171,11 @@ def check_paths(args) -> None:
             raise ValueError(f"--pieces-weight {args.pieces_weight:g}: translation pieces come from the memory, "
                              "which --memory none withholds; drop one of the two")
     memory_file = args.memory if args.memory and args.memory != "none" and Path(args.memory).is_file() else None
-    files = [(o, p) for o, p in (("--checkpoint", args.checkpoint), ("--memory", memory_file),
+    checkpoints = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]  # several: an ensemble
+    files = [(o, p) for o, p in ([("--checkpoint", c) for c in checkpoints] + [("--memory", memory_file),
                                  ("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
                                  ("--scores", args.scores), ("--alignments", args.alignments),
-                                 ("--memory-matches", args.memory_matches)) if p and p != "-"]
+                                 ("--memory-matches", args.memory_matches)]) if p and p != "-"]
     seen = {}
     for option, path in files:
         key = Path(path).resolve()
