@@ -173,3 +173,11 @@ def test_demo_plan_counts_every_stage():
     from reluformer_mt.experiments.demo import run_demo
     calls = inspect.getsource(run_demo).count("stages.stage(")
     assert calls == 5, "a stage was added to run_demo: give it a row in progress.demo_plan"
+
+
+def test_prepare_help_shows_the_defaults():
+    """reluformer-prepare --help names the defaults of --format, --segment-tokens and --workers (issue 33)."""
+    from reluformer_mt.cli.prepare import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "(default: docmt)" in text and "(default: sentence)" in text and "(default: 1)" in text

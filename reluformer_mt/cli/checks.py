@@ -32,6 +32,10 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+class RawDescriptionDefaultsFormatter(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
+    """The defaults in ``--help`` with an epilog of examples kept as written."""
+
+
 def quiet_logging(level: int = logging.WARNING, fmt: str = "%(name)s: %(levelname)s: %(message)s") -> None:
     """Configure the root logger before fairseq is imported. Importing fairseq runs
     ``logging.basicConfig`` in three of its modules (one at DEBUG, which lets matplotlib print a

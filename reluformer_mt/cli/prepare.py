@@ -19,7 +19,8 @@ import argparse
 import logging
 import sys
 
-from reluformer_mt.cli.checks import add_spm_model_option, non_negative_int, positive_int, segment_tokens, write_error
+from reluformer_mt.cli.checks import (RawDescriptionDefaultsFormatter, add_spm_model_option, non_negative_int, positive_int,
+                                     segment_tokens, write_error)
 from reluformer_mt.data.readers import FORMATS
 
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="reluformer-prepare",
         description="Prepare a parallel corpus (sentence or document level) for fairseq-train --user-dir reluformer_mt.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionDefaultsFormatter,
         epilog=__doc__.split("Examples::", 1)[1],
     )
     p.add_argument("--format", dest="fmt", default="docmt", choices=list(FORMATS) + ["bible"],

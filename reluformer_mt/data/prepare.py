@@ -427,7 +427,16 @@ def prepare(cfg: PrepareConfig) -> Report:
     (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     print(summary, flush=True)
     task = "translation" if cfg.segment_tokens == 0 else "document_translation"
-    print(f"[prepare] done: fairseq-train {out} --user-dir reluformer_mt --task {task} "
+    print(f"[prepare] done: fairseq-train {out} --user-dir {user_dir()} --task {task} "
           f"--max-source-positions {longest_src + 1} --max-target-positions {longest_tgt + 1} ...", flush=True)
     return report
 
+
+def user_dir() -> str:
+    """The ``--user-dir`` to give fairseq: ``reluformer_mt`` from the checkout's root (as the docs
+    write it), else the installed package's folder (a relative name only works in the checkout)."""
+    import os
+
+    package = Path(__file__).resolve().parents[1]
+    return "reluformer_mt" if Path.cwd().resolve() == package.parent else os.path.relpath(package) \
+        if len(os.path.relpath(package)) < len(str(package)) else str(package)
