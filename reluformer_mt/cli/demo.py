@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip kNN-MT (the datastores, the tuning and the kNN rows; docs/KNN_MT.md)")
     p.add_argument("--knn-memory-k", type=positive_int, default=8,
                    help="memory matches per verse of the per-input kNN-MT datastores")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar of the training stage (updates done, rate, time left; only on a terminal)")
     p.add_argument("--tune-chapters", type=non_negative_int, default=7,
                    help="validation chapters decoded by the tuner (its teacher-forced grid reads all; 0: all 13)")
     p.add_argument("--pieces-k", type=positive_int, default=8, help="memory matches per verse whose n-grams are pieces")
@@ -104,7 +106,7 @@ def options_from_args(args, families) -> DemoOptions:
                        **{name: getattr(args, name) for name in ("tm_fusion", "tm_k") if getattr(args, name) is not None},
                        jobs=args.jobs, pieces_weight=args.pieces_weight, pieces_k=args.pieces_k,
                        pieces_floor=args.pieces_floor, knn=args.knn, knn_memory_k=args.knn_memory_k,
-                       tune_chapters=args.tune_chapters,
+                       tune_chapters=args.tune_chapters, no_progress=args.no_progress,
                        force=args.force, device=args.device, train_args=list(args.train_args), **values)
 
 

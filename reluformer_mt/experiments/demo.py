@@ -134,6 +134,8 @@ class DemoOptions:
     knn_memory_k: int = 8
     # validation chapters the tuner decodes (its teacher-forced grid reads all of them; 0: all)
     tune_chapters: int = 7
+    # no progress bar within the training stage (it is off anyway when the console is not a terminal)
+    no_progress: bool = False
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
 
@@ -293,6 +295,22 @@ def process_cpu_seconds() -> float:
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def training_progress(o: "DemoOptions", families: List[str]):
+    """A progress bar on the console (not in the log) for a training stage: the updates the
+    families' fairseq logs report so far, summed, of all they will do; off with --no-progress or
+    when the console is not a terminal (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
+    from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
+
+    phases = (["sentence", "document"] if o.sentence_updates > 0 and not o.budget_minutes else [None])
+    readers = [updates_in_file(o.out / "logs" / (f"{f}.{p}.log" if p else f"{f}.log")) for f in families for p in phases]
+
+    def done():
+        return sum(r() or 0 for r in readers)
+
+    total = None if o.budget_minutes else len(families) * (o.max_update + (o.sentence_updates if phases[0] else 0))
+    return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None)
 
 
 def training_jobs(o: "DemoOptions") -> int:
@@ -717,12 +735,13 @@ def run_demo(o: DemoOptions) -> dict:
     budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
         (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
     if training_jobs(o) > 1:  # one stage: the families train side by side, one thread each
-        with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"):
+        with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"), \
+                training_progress(o, o.families):
             trained_families = train_in_parallel(o, dirs)
     else:
         trained_families = {}
         for family in o.families:
-            with stages.stage(f"train {family} ({budget})"):
+            with stages.stage(f"train {family} ({budget})"), training_progress(o, [family]):
                 trained_families[family] = train_family(o, family, dirs)
     for family in o.families:
         trained = trained_families[family]

@@ -345,6 +345,12 @@ def format_report(report: dict) -> str:
             row = min((r for r in report["grid"][mode] if r["readout"] == readout), key=lambda r: r["nll"])
             lines.append(f"  {mode:9s} {readout:8s} best by NLL: k={o['k']} lambda={o['lam']:g} "
                          f"{'radius' if readout == 'relu' else 'T'}={row['spread']:g}x scale -> NLL {row['nll']:.3f}")
+    # the read-out study: the best validation NLL of each read-out at each k (over lambda and T/radius)
+    for mode, rows in report.get("grid", {}).items():
+        ks = sorted({r["k"] for r in rows})
+        for readout in sorted({r["readout"] for r in rows}):
+            best = [min(r["nll"] for r in rows if r["readout"] == readout and r["k"] == k) for k in ks]
+            lines.append(f"  {mode:9s} {readout:8s} NLL by k: " + ", ".join(f"k={k} {v:.3f}" for k, v in zip(ks, best)))
     for d in report.get("decodes", []):
         lines.append(f"  decode {d['name']:32s} s-BLEU {d['s_bleu']:6.2f}  ({d['seconds']} s)")
     return "\n".join(lines)
