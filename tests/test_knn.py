@@ -266,3 +266,14 @@ def test_an_entry_that_ended_its_sentence_votes_for_the_separator_while_sentence
     lprobs = torch.log_softmax(torch.zeros(2, 6), dim=1)
     mixed = mixer.mix(lprobs, torch.tensor([0, 0]), eos=2, eos_as=torch.tensor([5, 2]))
     assert mixed[0].argmax() == 5 and mixed[1].argmax() == 2
+
+
+def test_lambda_one_keeps_every_token_possible():
+    """With the neighbours' share at 1 the tokens they did not vote for would get -inf, and the
+    separator constraint could then leave beam search no finite candidate (fairseq's assertion
+    'N < N'); the model keeps a thousandth."""
+    lprobs = torch.log_softmax(torch.zeros(1, 5), dim=1)
+    probs = torch.zeros(1, 5)
+    probs[0, 1] = 1.0
+    mixed = mix_log_probs(lprobs, probs, torch.ones(1), lam=1.0)
+    assert torch.isfinite(mixed).all() and mixed[0, 1].exp() > 0.99

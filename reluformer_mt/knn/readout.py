@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 READOUTS = ("softmax", "relu", "sparsemax", "entmax15")
+MODEL_SHARE = 1e-3  # the least share of the model's own distribution in a mixed step (lambda 1 included)
 
 
 class ReadoutError(ValueError):
@@ -73,7 +74,10 @@ def mix_log_probs(lprobs: Tensor, knn_probs: Tensor, mass: Tensor, lam: float) -
     """log(lambda * mass * p_knn + (1 - lambda * mass) * p_model) per row; a token the search has
     ruled out (log-probability -inf: padding, EOS before the minimum length, every token but EOS
     at the length limit) stays ruled out."""
-    share = (lam * mass).clamp(0.0, 1.0).unsqueeze(1).to(lprobs.dtype)
+    # the model keeps at least MODEL_SHARE of every row: with the neighbours' share at 1 every token
+    # they did not vote for would be impossible, and once the separator constraint forbids those they
+    # did vote for, beam search would be left without a finite candidate (fairseq then fails)
+    share = (lam * mass).clamp(0.0, 1.0 - MODEL_SHARE).unsqueeze(1).to(lprobs.dtype)
     mixed = torch.log(share * knn_probs.to(lprobs.dtype) + (1 - share) * lprobs.exp())
     return mixed.masked_fill(torch.isneginf(lprobs), float("-inf"))
 

@@ -30,7 +30,7 @@ import torch
 
 from reluformer_mt.knn.datastore import (Datastore, DatastoreError, model_fingerprint, overlap, pair_hashes,
                                          split_pairs)
-from reluformer_mt.knn.readout import knn_probabilities, neighbour_weights
+from reluformer_mt.knn.readout import MODEL_SHARE, knn_probabilities, neighbour_weights
 from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecorder, per_input_states
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tens
                     mass = mass * (w * trust[:, :k]).sum(1)
                 p_knn = (w * hits[:, :k]).sum(1).double()
                 for lam in lambdas:
-                    share = lam * mass.double()
+                    share = (lam * mass.double()).clamp(max=1 - MODEL_SHARE)  # as the mixer does
                     nll = float(-torch.log(share * p_knn + (1 - share) * p_ref).clamp_min(-1e30).mean())
                     rows.append({"readout": readout, "k": k, "lam": lam, "spread": spread,
                                  "temperature": value, "radius": value, "nll": nll,
