@@ -172,7 +172,7 @@ def test_demo_plan_counts_every_stage():
 
     from reluformer_mt.experiments.demo import run_demo
     calls = inspect.getsource(run_demo).count("stages.stage(")
-    assert calls == 5, "a stage was added to run_demo: give it a row in progress.demo_plan"
+    assert calls == 6, "a stage was added to run_demo: give it a row in progress.demo_plan"
 
 
 def test_prepare_help_shows_the_defaults():
