@@ -83,7 +83,9 @@ def test_readme_demo_table_is_generated_from_the_committed_summary():
     summary = json.loads(SUMMARY_COPY.read_text(encoding="utf-8"))
     assert readme_block() == block(summary)
     # a changed number in the README fails the test
-    changed = dict(summary, families={k: dict(v, s_bleu=v["s_bleu"] + 1) for k, v in summary["families"].items()})
+    changed = json.loads(json.dumps(summary))
+    for family in changed["families"].values():
+        family["modes"]["constrained"]["s_bleu"] += 1
     assert block(changed) != readme_block()
 
 
