@@ -21,6 +21,10 @@ def preprocess_argv(src: str, tgt: str, text_dir, dest_dir, splits: List[str], s
     return argv
 
 
+def _no_namespace_dump(record: logging.LogRecord) -> bool:
+    return not (record.name == "fairseq_cli.preprocess" and record.getMessage().startswith("Namespace("))
+
+
 def run_preprocess(argv: List[str]) -> None:
     """Parse ``argv`` with fairseq's preprocessing parser and run it."""
     from fairseq import options
@@ -30,9 +34,16 @@ def run_preprocess(argv: List[str]) -> None:
     args = parser.parse_args(argv)
     root = logging.getLogger()
     handlers = list(root.handlers)
+    # fairseq-preprocess logs its whole Namespace(...) at INFO: kept out of the console (our summary
+    # says what matters), still written to its log file
+    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    for h in consoles:
+        h.addFilter(_no_namespace_dump)
     try:
         preprocess.main(args)
     finally:
+        for h in consoles:
+            h.removeFilter(_no_namespace_dump)
         # fairseq-preprocess adds a file handler on the root logger (preprocess.log); drop it
         for h in list(root.handlers):
             if h not in handlers:
