@@ -93,6 +93,8 @@ def config_from_args(args):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
+    # fairseq's speech task logs an install hint for tensorboardX when fairseq is imported: noise here
+    logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
     from reluformer_mt.memory.neighbours import prepare_with_memory as prepare
 
     try:
