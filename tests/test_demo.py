@@ -114,6 +114,8 @@ def test_every_command_line_option_reaches_the_demo_options():
             continue
         if isinstance(action, type(parser._option_string_actions["--force"])):  # store_true
             argv, expected = [action.option_strings[0]], True
+        elif isinstance(action, type(parser._option_string_actions["--no-knn"])):  # store_false
+            argv, expected = [action.option_strings[0]], False
         elif action.choices:
             value = [c for c in action.choices if c != action.default][0]
             argv, expected = [action.option_strings[0], value], value
@@ -121,7 +123,7 @@ def test_every_command_line_option_reaches_the_demo_options():
             argv, expected = ["--train-args=--relu-no-length-scale"], ["--relu-no-length-scale"]
         else:
             kind = action.type or str
-            value = "256" if kind is str else kind("0.5" if action.dest == "dropout" else "7")
+            value = "256" if kind is str else kind("0.5" if action.dest in ("dropout", "pieces_floor") else "7")
             argv, expected = [action.option_strings[0], str(value)], value
         options = demo.options_from_args(parser.parse_args(argv), ["softmax"])
         assert getattr(options, action.dest) == expected, f"{action.option_strings[0]} did not reach DemoOptions"
