@@ -66,7 +66,7 @@ def search_at_scale(store, checkpoint, data, entries, queries, out_dir, seed=1):
 
     from reluformer_mt.checkpoints import load_model
     from reluformer_mt.knn.datastore import Datastore, build_index
-    from reluformer_mt.knn.tune import ForcedSplit
+    from reluformer_mt.experiments.knn_tune import ForcedSplit
 
     loaded = load_model(checkpoint, data)
     states = ForcedSplit(loaded.model, loaded.task, "valid").states.numpy()

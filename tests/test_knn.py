@@ -198,7 +198,7 @@ def test_per_input_datastores_for_a_memory_model(knn_setup):
 
 def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, tmp_path):
     from reluformer_mt.knn.datastore import DatastoreError, build_datastore
-    from reluformer_mt.knn.tune import TuneError, tune
+    from reluformer_mt.experiments.knn_tune import TuneError, tune
 
     ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
     with pytest.raises(TuneError, match="never reads the test split"):

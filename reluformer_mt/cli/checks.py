@@ -88,6 +88,14 @@ def positive_float(text) -> float:
     return value
 
 
+def unit_interval(text) -> float:
+    """A share or score in [0, 1] (e.g. a fuzzy-match floor: 1 keeps exact matches only)."""
+    value = _number(text, float, 0.0, "a number in [0, 1]")
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def probability(text) -> float:
     """A dropout rate in [0, 1): 1 drops every unit (NaN), above 1 aborts inside torch."""
     value = _number(text, float, 0.0, "a number in [0, 1)")

@@ -13,7 +13,7 @@ from pathlib import Path
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
                                      check_input_folder, check_output_folder, import_quietly, non_negative_float,
                                      non_negative_int, positive_float, positive_int, probability, segment_tokens,
-                                     resolve_device, shell_words)
+                                     resolve_device, shell_words, unit_interval)
 
 # the stages import fairseq, whose imports would print log lines before --help's usage
 _demo = import_quietly("reluformer_mt.experiments.demo")
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pieces-weight", type=non_negative_float, default=None,
                    help="translation pieces' weight for every family (reluformer-translate --pieces-weight; 0 = skip); "
                         "default: weight and fuzzy floor tuned on the validation chapters (reluformer-memory tune)")
-    p.add_argument("--pieces-floor", type=probability, default=0.0,
+    p.add_argument("--pieces-floor", type=unit_interval, default=0.0,
                    help="with --pieces-weight: only matches with a fuzzy score >= this give pieces")
     p.add_argument("--no-knn", dest="knn", action="store_false",
                    help="skip kNN-MT (the datastores, the tuning and the kNN rows; docs/KNN_MT.md)")

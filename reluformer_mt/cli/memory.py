@@ -85,7 +85,7 @@ def run_datastore(args) -> str:
 
 
 def run_tune(args) -> str:
-    from reluformer_mt.knn.tune import format_report, tune
+    from reluformer_mt.experiments.knn_tune import format_report, tune
 
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")

@@ -405,10 +405,14 @@ def run(args) -> str:
                         parsed, [[fn(r) for r in doc] for doc in results], first, one_per_line=True)))
                     f.flush()
     finally:
+        # a close flushes: a full disk can fail there too, and must name its own file (a failed
+        # write leaves its bytes in the buffer, so the close fails again, naming the same file)
         if stream is not sys.stdout:
-            stream.close()
-        for _, _, f, _ in files:
-            f.close()
+            with writing(args.output):
+                stream.close()
+        for _, path, f, _ in files:
+            with writing(path):
+                f.close()
     summary = translator.summary()
     fmt = (last.fmt if last is not None else source.fmt)
     detected = source.detected or (last.detected if last is not None else None)

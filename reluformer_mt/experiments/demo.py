@@ -356,7 +356,7 @@ def tune_and_translate_family(o: "DemoOptions", family: str, checkpoint: Path, d
     from reluformer_mt.experiments.demo_translate import tune_family, translate_modes
 
     tuned = tune_family(o, family, checkpoint, data_dir) if needs_tuning(o) else None
-    modes = translate_modes(o, family, checkpoint, data_dir, split_family(family)[1] is not None, tuned)
+    modes = translate_modes(o, family, checkpoint, data_dir, split_family(family)[1] is not None, tuned, bleu_of_model)
     return {"tuned": tuned, "modes": modes}
 
 

@@ -42,7 +42,7 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
     """The family's full datastore (built once per checkpoint) and the tuner's choices on the
     validation chapters (``report/tune_FAMILY.json``, rerun when missing)."""
     from reluformer_mt.knn.datastore import Datastore, DatastoreError, build_datastore, model_fingerprint
-    from reluformer_mt.knn.tune import tune
+    from reluformer_mt.experiments.knn_tune import tune
 
     store_dir = datastore_dir(o.out, family)
     report_path = o.out / "report" / f"tune_{family.replace('+', '_')}.json"
@@ -100,11 +100,10 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
 
 
 def translate_modes(o, family: str, checkpoint: Path, data_dir: Path, reads_memory: bool,
-                    tuned: Optional[dict]) -> Dict[str, dict]:
-    """Every applicable mode of one family: mode -> the scores of
-    :func:`reluformer_mt.experiments.demo.bleu_of_model` with ``hypotheses`` and ``matches``."""
-    from reluformer_mt.experiments.demo import bleu_of_model
-
+                    tuned: Optional[dict], bleu_of_model) -> Dict[str, dict]:
+    """Every applicable mode of one family: mode -> the scores of ``bleu_of_model`` (the demo's
+    :func:`reluformer_mt.experiments.demo.bleu_of_model`, passed in: this module is the demo's
+    part and imports nothing of it) with ``hypotheses`` and ``matches``."""
     results = {}
     for mode in MODES:
         if mode == "without-memory":

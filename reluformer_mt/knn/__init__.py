@@ -3,7 +3,7 @@
 - :mod:`~reluformer_mt.knn.datastore`: build, store and search (decoder state -> next token) entries;
 - :mod:`~reluformer_mt.knn.readout`: how neighbours become a distribution (softmax, ReLU, sparse);
 - :mod:`~reluformer_mt.knn.search`: the mixing at every beam step, full or per-input datastores (SK-MT);
-- :mod:`~reluformer_mt.knn.tune`: the search values chosen on the validation split.
+- :mod:`reluformer_mt.experiments.knn_tune`: the search values chosen on the validation split (it decodes, so it sits above the translator).
 
 docs/KNN_MT.md has the commands, the choices and the measured numbers.
 """

@@ -180,6 +180,23 @@ class KnnMixer:
         return mixed
 
 
+def knn_beam_search(tgt_dict, mixer: "KnnMixer"):
+    """fairseq's beam search with ``mixer``'s neighbours mixed into every step (what the task's
+    ``--knn-datastore`` gives fairseq-generate; the translator's search also keeps separators)."""
+    from fairseq.search import BeamSearch
+
+    class KnnBeamSearch(BeamSearch):
+        def step(self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None, candidate_multiple=2):
+            bsz, beam_size, vocab_size = lprobs.size()
+            rows = lprobs.view(bsz * beam_size, vocab_size)
+            rows.copy_(mixer.mix(rows, original_batch_idxs.repeat_interleave(beam_size), self.eos))
+            return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
+
+    search = KnnBeamSearch(tgt_dict)
+    search.knn = mixer
+    return search
+
+
 @torch.no_grad()
 def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memories: Optional[Sequence[Tensor]] = None,
                      max_tokens: int = 8000, device: str = "cpu") -> List[Tuple[Tensor, Tensor]]:
@@ -214,4 +231,5 @@ def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memori
     return out
 
 
-__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "StateRecorder", "per_input_states"]
+__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "StateRecorder", "knn_beam_search",
+           "per_input_states"]

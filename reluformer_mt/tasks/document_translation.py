@@ -264,9 +264,8 @@ class DocumentTranslationTask(TranslationTask):
         generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
         if getattr(self.cfg, "knn_datastore", None) and hasattr(generator, "search"):
-            from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
             from reluformer_mt.knn.datastore import Datastore, model_fingerprint
-            from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder
+            from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder, knn_beam_search
 
             store = Datastore.load(self.cfg.knn_datastore, fingerprint=model_fingerprint(models[0]))
             values = {k: v for k, v in store.meta.get("tuned", {}).get("full", {}).items()
@@ -274,10 +273,9 @@ class DocumentTranslationTask(TranslationTask):
             given = {"k": self.cfg.knn_k, "lam": self.cfg.knn_lambda, "temperature": self.cfg.knn_temperature,
                      "radius": self.cfg.knn_radius, "readout": self.cfg.knn_readout}
             values.update({k: v for k, v in given.items() if v is not None})
-            search = SeparatorConstrainedBeamSearch(self.target_dictionary, None)
-            search.knn = KnnMixer(StateRecorder(models[0].decoder), KnnOptions(**values))
-            search.knn.store = FullDatastore(store)
-            generator.search = search
+            mixer = KnnMixer(StateRecorder(models[0].decoder), KnnOptions(**values))
+            mixer.store = FullDatastore(store)
+            generator.search = search = knn_beam_search(self.target_dictionary, mixer)
             logger.info(f"kNN-MT: {search.knn.options.describe()} over {store.describe()}")
         return generator
 
