@@ -712,7 +712,8 @@ class DocumentTranslator:
             matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
             pieces = [self._segment_pieces(seg) for seg in pending] if self.memory and self.piece_weight else None
             knn_entries = [self._segment_knn_entries(seg) for seg in pending] if self.knn_memory else None
-            hyps = self.generate([s for s, _ in sources], bar, matches, pieces, knn_entries)
+            hyps = self.generate([s for s, _ in sources], bar, matches, pieces,
+                                  **({} if knn_entries is None else {"knn_entries": knn_entries}))
             retry = []
             for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
                 results = self._resolve(seg, hyp, src_pieces, scores, alignments)
