@@ -99,13 +99,9 @@ def test_the_mass_of_per_input_neighbours_follows_their_matches_fuzzy_scores():
 
 # ------------------------------------------------------------------ on real tiny models
 
-TRAIN_TINY = ["--arch", "reluformer_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
-              "--max-source-positions", "1024", "--max-target-positions", "256",
-              "--criterion", "reluformer_cross_entropy", "--optimizer", "adam", "--lr", "3e-3",
-              "--max-tokens", "1500", "--num-workers", "0", "--seed", "1", "--cpu", "--disable-validation",
-              "--no-epoch-checkpoints", "--no-progress-bar", "--max-update", "6"]
+from test_translation_memory import TRAIN_TM  # noqa: E402  (the tiny memory model's training options)
+
+TRAIN_TINY = [a if a != "4" else "6" for a in TRAIN_TM]  # 6 updates
 
 
 @pytest.fixture(scope="module")

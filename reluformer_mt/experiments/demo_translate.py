@@ -47,27 +47,27 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
     store_dir = datastore_dir(o.out, family)
     report_path = o.out / "report" / f"tune_{family.replace('+', '_')}.json"
     started = time.time()
-    try:
-        from reluformer_mt.checkpoints import load_model
+    from reluformer_mt.checkpoints import load_model
 
-        Datastore.load(store_dir, fingerprint=model_fingerprint(load_model(checkpoint, data_dir).model))
-        built = None
-    except DatastoreError:
-        built = build_datastore(checkpoint, store_dir, data=data_dir, device=o.device, progress=False, force=True).meta
-        report_path.unlink(missing_ok=True)  # a new datastore: tune again
+    try:
+        store = Datastore.load(store_dir, fingerprint=model_fingerprint(load_model(checkpoint, data_dir).model))
+    except DatastoreError:  # none yet, or another checkpoint's: build it, and tune again
+        store = build_datastore(checkpoint, store_dir, data=data_dir, device=o.device, progress=False, force=True)
+        report_path.unlink(missing_ok=True)
     if report_path.is_file() and not o.force:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     else:
+        # the tuner decodes the first eval_chapters / tune_chapters validation chapters (the smaller given)
+        documents = min((c for c in (o.eval_chapters, o.tune_chapters) if c), default=0)
         report = tune(checkpoint, data=data_dir, datastore=store_dir, split="valid", device=o.device, beam=o.beam,
-                      memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=min(c for c in (o.eval_chapters, o.tune_chapters) if c) if (o.eval_chapters or o.tune_chapters) else 0,
+                      memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=documents,
                       progress=lambda line: print(f"  {family}: {line}"))
-        report.pop("grid")  # hundreds of rows: the JSON keeps them, the demo's report does not need them
+        report.pop("grid")  # hundreds of rows the demo does not use (reluformer-memory tune --json keeps them)
         report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    meta = Datastore.load(store_dir).meta
+    meta = store.meta
     return {"chosen": report["chosen"], "decodes": report["decodes"], "report": str(report_path),
             "datastore": {"entries": meta["size"], "mib": round(meta["bytes"] / 2 ** 20, 1),
-                          "build_seconds": meta["build_seconds"] if built else meta["build_seconds"],
-                          "index": meta["index"]["kind"]},
+                          "build_seconds": meta["build_seconds"], "index": meta["index"]["kind"]},
             "seconds": round(time.time() - started, 1)}
 
 

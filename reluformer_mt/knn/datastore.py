@@ -322,14 +322,12 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(checkpoint), "fingerprint": fingerprint,
             "arch": getattr(loaded.cfg.model, "arch", "?"), "size": int(len(values)), "dim": int(keys.shape[1]),
             "source": source, "index": index_meta,
-            "dtype": "float16", "build_seconds": round(time.time() - started, 1), "resumed_shards": resumed,
-            "bytes": sum(f.stat().st_size for f in out.glob("*.*") if f.is_file())}
-    write_meta(out, meta)
+            "dtype": "float16", "build_seconds": round(time.time() - started, 1), "resumed_shards": resumed}
     for f in shard_dir.glob("*"):
         f.unlink()
     shard_dir.rmdir()
     meta["bytes"] = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    write_meta(out, meta)
+    write_meta(out, meta)  # last: a datastore.json means a finished build
     return Datastore(out, meta, np.load(out / "keys.npy", mmap_mode="r"), values)
 
 
