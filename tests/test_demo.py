@@ -49,9 +49,11 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
     # every family in every decoding mode, each mode's hypotheses in a plain file that recomputes its numbers
-    from reluformer_mt.evaluation.bleu import corpus_sbleu
+    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu, group_by_doc_ids
 
     refs = (report_dir / "test.ref.en.txt").read_text(encoding="utf-8").splitlines()
+    chapters = (report_dir / "test.chapters.txt").read_text(encoding="utf-8").splitlines()
+    ref_docs = group_by_doc_ids(refs, chapters)
     for family, r in report["models"].items():
         expected = {"constrained", "free", "sentence", "pieces", "knn", "knn-memory", "knn+pieces"}
         expected |= {"without-memory"} if "+" in family else set()
@@ -60,6 +62,10 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
             hyps = (report_dir / m["hypothesis_file"]).read_text(encoding="utf-8").splitlines()
             assert len(hyps) == r["verses"] and m["verses"] == r["verses"]
             assert corpus_sbleu(hyps, refs).score == pytest.approx(m["s_bleu"], abs=1e-9), (family, mode)
+            # d-BLEU: the same verses joined per chapter (test.chapters.txt names each verse's chapter)
+            d_bleu = corpus_dbleu(list(group_by_doc_ids(hyps, chapters).values()), list(ref_docs.values()))
+            assert d_bleu.score == pytest.approx(m["d_bleu"], abs=1e-9), (family, mode)
+            assert summary["families"][family]["modes"][mode]["d_bleu"] == round(m["d_bleu"], 2)
             assert summary["families"][family]["modes"][mode]["s_bleu"] == round(m["s_bleu"], 2)
         assert r["modes"]["knn"]["knn_steps"] > 0  # the datastore was consulted at every step
         # the values tuned on the validation chapters, and the mode chosen there

@@ -83,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validations", type=positive_int, help="validations (greedy s-BLEU) per training phase" + PRESET_DEFAULT)
     p.add_argument("--eval-chapters", type=non_negative_int, default=0,
                    help="evaluate on the first K held-out chapters only (0 = all 13)")
-    p.add_argument("--seed", type=non_negative_int, default=1)
+    p.add_argument("--seed", type=non_negative_int, default=1, help="training seed (of the first run with --seeds)")
+    p.add_argument("--seeds", type=positive_int, default=1,
+                   help="train and evaluate every family with N seeds (--seed, --seed+1, ...: OUT/ and "
+                        "OUT/seeds/seed-S/), then report mean ± std and min–max of every quality column and "
+                        "whether each family's difference to softmax exceeds the seed spread (report/seeds.md, "
+                        "table.md, index.html; docs/REFERENCE_RUN.md); each seed costs a whole demo run")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
     add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
@@ -146,7 +151,13 @@ def main(argv=None) -> int:
         print(f"reluformer-demo: error: --families: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(FAMILIES)}", file=sys.stderr)
         return EXIT_USAGE
-    run_demo(options_from_args(args, families))
+    options = options_from_args(args, families)
+    if args.seeds > 1:
+        from reluformer_mt.experiments.seeds import run_demo_seeds, render
+
+        print(render(run_demo_seeds(options, args.seeds, run_demo)))
+    else:
+        run_demo(options)
     return EXIT_OK
 
 

@@ -347,6 +347,35 @@ def _comparison(entry: dict, base: dict) -> Raw:
     return Raw(f'<span class="{cls}">{diff:+.2f} (p = {entry["p_value"]:.3f}): {html.escape(v)}</span>')
 
 
+def seeds_section(seeds: Optional[dict]) -> str:
+    """``seeds.json`` (:mod:`reluformer_mt.experiments.seeds`): the spread over training seeds and each
+    family against the baseline family, beside the one-run bootstrap."""
+    if not seeds:
+        return ""
+    labels = seeds["labels"]  # column key -> label, in the table's order
+
+    def cell(s: dict, digits: int) -> str:
+        return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+    keys = [key for key in labels if any(key in c for c in seeds["families"].values())]
+    rows = [[family] + [cell(c[key], seeds["digits"].get(key, 2)) if key in c else "" for key in keys]
+            for family, c in seeds["families"].items()]
+    parts = ['<h2 id="seeds">Spread over training seeds</h2>',
+             f'<p class="meta">seeds {html.escape(", ".join(map(str, seeds["seeds"])))}: mean ± standard deviation '
+             "(min–max) of the test chapters, one demo run per seed.</p>",
+             html_table(["family"] + [labels[k] for k in keys], rows, table_id="seeds-table")]
+    comparison = [[family, labels[key], f"{c['difference']:+.2f}", c["verdict"],
+                   seeds.get("bootstrap", {}).get(family, "") if key == "s_bleu" else ""]
+                  for family, columns in seeds.get("comparison", {}).items() for key, c in columns.items()]
+    if comparison:
+        parts += [f'<p class="meta">Against {html.escape(seeds["baseline"])}: separated = every seed of one family '
+                  "beyond every seed of the other (chance does that 1 time in 10 with 3 seeds each); the bootstrap "
+                  "resamples the verses of the first seed's run only.</p>",
+                  html_table(["family", "column", f"Δ vs {seeds['baseline']}", "over seeds",
+                              "bootstrap over verses (one run)"], comparison, table_id="seeds-comparison")]
+    return "\n".join(parts)
+
+
 def metrics_section(metrics: Optional[dict]) -> str:
     if not metrics:
         return ""
@@ -467,7 +496,9 @@ def build_page(report_dir: Path, extra_sections: Sequence[str] = ()) -> str:
     eflomal = ((_read_json(report_dir / "aligners.json") or {}).get("eflomal") or {}).get("aer")
     data = {"sentences": sentences if metrics else None, "metrics": metrics, "alignments": alignments,
             "diagonal_aer": diagonal, "eflomal_aer": eflomal, "nearest_name": "nearest training verse"}
-    sections = [results_section(table, report), metrics_section(metrics), *extra_sections, plots_section(report_dir),
+    seeds = _read_json(report_dir / "seeds.json")
+    sections = [results_section(table, report), metrics_section(metrics), seeds_section(seeds), *extra_sections,
+                plots_section(report_dir),
                 sentences_section(sentences, metrics), alignments_section(alignments)]
     body = "\n".join(s for s in sections if s)
     return page("reluformer-mt report", header(report_dir, report), body, data)
