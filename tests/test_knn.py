@@ -194,7 +194,7 @@ def test_per_input_datastores_for_a_memory_model(knn_setup):
 
 def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, tmp_path):
     from reluformer_mt.knn.datastore import DatastoreError, build_datastore
-    from reluformer_mt.experiments.knn_tune import TuneError, tune
+    from reluformer_mt.experiments.knn_tune import TuneError, format_report, tune
 
     ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
     with pytest.raises(TuneError, match="never reads the test split"):
@@ -207,6 +207,20 @@ def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, t
         assert {r["readout"] for r in rows} == {"softmax", "relu"} and len(rows) > 100
         best = min(rows, key=lambda r: r["nll"])
         assert best["nll"] <= report["model_nll"] + 1e-9  # lambda -> small recovers the model at worst
+    # adaptive kNN-MT: a Meta-k network per read-out trained on the split, the better one beside the datastore
+    adaptive = report["adaptive"]
+    assert set(adaptive["by_readout"]) == {"softmax", "relu"} and math.isfinite(adaptive["kept"]["held_out_nll"])
+    assert (store / "adaptive.pt").is_file() and "adaptive  relu" in format_report(report)
+    from reluformer_mt.inference import DocumentTranslator, TranslationError
+    from reluformer_mt.knn.adaptive import AdaptiveError, MetaK
+
+    with pytest.raises(AdaptiveError, match="trained for the datastore of another checkpoint"):
+        MetaK.load(store, "0" * 16)
+    translator = DocumentTranslator(ckpt, knn=store, knn_adaptive=True, beam=2, max_len_a=0, max_len_b=10)
+    translator.translate([["a b c", "d e"]])
+    assert translator.stats["knn: beam steps"] > 0 and "adaptive kNN-MT" in translator.describe()
+    with pytest.raises(TranslationError, match="--knn-adaptive: the Meta-k network is trained for a corpus datastore"):
+        DocumentTranslator(ckpt, knn_memory=True, knn_adaptive=True)
     # a datastore built from the validation split holds it: refused
     leaky = build_datastore(ckpt, tmp_path / "leaky", split="valid", progress=False)
     with pytest.raises(DatastoreError, match="built from data containing the valid split; refused"):
@@ -273,3 +287,59 @@ def test_lambda_one_keeps_every_token_possible():
     probs[0, 1] = 1.0
     mixed = mix_log_probs(lprobs, probs, torch.ones(1), lam=1.0)
     assert torch.isfinite(mixed).all() and mixed[0, 1].exp() > 0.99
+
+
+# ------------------------------------------------------------------ adaptive kNN-MT (Zheng et al. 2021)
+
+def test_distinct_counts_of_the_first_neighbours():
+    from reluformer_mt.knn.adaptive import distinct_counts
+
+    values = torch.tensor([[5, 5, 7, 5, 8], [1, 2, 3, 4, 5], [3, -1, -1, -1, -1]])
+    assert distinct_counts(values).tolist() == [[1, 1, 2, 2, 3], [1, 2, 3, 4, 5], [1, 1, 1, 1, 1]]
+
+
+def synthetic_steps(n=4000, k=16, seed=0):
+    """Half the steps: the nearest entries are close and all store the reference, which the model
+    finds unlikely; the other half: far entries storing other tokens, the model already right."""
+    g = torch.Generator().manual_seed(seed)
+    good = torch.arange(n) % 2 == 0
+    refs = torch.randint(10, 100, (n,), generator=g)
+    distances = torch.where(good.unsqueeze(1), torch.rand(n, k, generator=g) * 0.2, 5 + torch.rand(n, k, generator=g))
+    distances = distances.sort(dim=1).values
+    wrong = torch.randint(100, 200, (n, k), generator=g)
+    values = torch.where(good.unsqueeze(1), refs.unsqueeze(1).expand(n, k), wrong)
+    lp_ref = torch.where(good, torch.tensor(-6.0), torch.tensor(-0.05))
+    examples = torch.arange(n) // 8  # segments of 8 tokens
+    return distances, values, refs, lp_ref, examples, good
+
+
+def test_meta_k_network_learns_when_to_trust_the_neighbours():
+    from reluformer_mt.knn.adaptive import MetaKConfig, train_meta_k
+
+    distances, values, refs, lp_ref, examples, good = synthetic_steps()
+    config = MetaKConfig(k_max=16, readout="softmax", temperature=1.0, scale=1.0)
+    net, report = train_meta_k(distances, values, refs, lp_ref, examples, config, steps=600)
+    assert report["choices"] == [0, 1, 2, 4, 8, 16] and report["held_out_tokens"] > 0
+    # the model alone: (6 + 0.05) / 2 nats; any single lambda pays on one half; the network on neither
+    assert report["held_out_model_nll"] == pytest.approx(3.025, abs=0.01)
+    assert report["held_out_nll"] < 0.3
+    with torch.no_grad():
+        w = net(distances, values)
+    assert float(w[good, 0].mean()) < 0.1 and float(w[~good, 0].mean()) > 0.9
+
+
+def test_adaptive_mixture_is_a_distribution_that_keeps_ruled_out_tokens_out():
+    from reluformer_mt.knn.adaptive import MetaK, MetaKConfig, adaptive_mix
+
+    torch.manual_seed(0)
+    net = MetaK(MetaKConfig(k_max=4, readout="relu", radius=2.0)).eval()
+    logits = torch.randn(3, 12)
+    logits[:, 0] = float("-inf")  # a token the search ruled out
+    lprobs = torch.log_softmax(logits, dim=1)
+    distances = torch.tensor([[0.1, 0.5, 1.0, 3.0], [5.0, 6.0, 7.0, 8.0], [0.0, float("inf"), float("inf"), float("inf")]])
+    values = torch.tensor([[3, 3, 4, 2], [5, 6, 7, 8], [9, -1, -1, -1]])
+    mixed = adaptive_mix(lprobs, distances, values, net)
+    assert torch.allclose(mixed.exp().sum(1), torch.ones(3), atol=1e-5)
+    assert torch.isneginf(mixed[:, 0]).all()
+    # row 2: every neighbour beyond the radius: the relu read-out has no mass, the model's row comes back
+    assert torch.allclose(mixed[1], lprobs[1], atol=1e-6)

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--knn-memory-k", type=int, default=8, help="matches per sentence of the per-input datastores")
     t.add_argument("--pieces-k", type=int, default=8, help="matches per sentence of translation pieces")
     t.add_argument("--no-decode", action="store_true", help="only the teacher-forced grid (seconds), no validation decodes")
+    t.add_argument("--adaptive-k", type=positive_int, default=16,
+                   help="with --knn: the largest k of the adaptive kNN-MT network (Zheng et al. 2021), trained on "
+                        "the split and written beside the datastore (adaptive.pt); a power of two")
     add_device_option(t, help="torch device: " + DEVICE_HELP)
     t.add_argument("--json", help="write the whole report (grid, decodes, chosen values) here")
     return p
@@ -91,9 +94,12 @@ def run_tune(args) -> str:
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     if args.json:
         check_output_file(args.json, "--json")
+    if args.adaptive_k & (args.adaptive_k - 1):
+        raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
+                         f"got {args.adaptive_k}")
     report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=resolve_device(args.device),
                   beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
-                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+                  adaptive_k=args.adaptive_k, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return format_report(report)

@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="T of softmax/sparsemax/entmax15 (default: tuned, else 10)")
     knn.add_argument("--knn-radius", type=float, default=D["knn_radius"], metavar="R",
                      help="radius of the relu read-out (default: tuned, else 10)")
+    knn.add_argument("--knn-adaptive", action=argparse.BooleanOptionalAction, default=D["knn_adaptive"],
+                     help="adaptive kNN-MT (Zheng et al. 2021): the Meta-k network that 'reluformer-memory tune' "
+                          "trained beside the --knn datastore picks k and the neighbours' share at every step "
+                          "(--knn-k/--knn-lambda then unused; default: as tuned, else off)")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
     out.add_argument("--scores", help="write each sentence's mean token log-probability here")
     out.add_argument("--memory-matches", metavar="FILE",
@@ -360,7 +364,8 @@ def run(args) -> str:
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
         fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
-        knn_temperature=args.knn_temperature, knn_radius=args.knn_radius)
+        knn_temperature=args.knn_temperature, knn_radius=args.knn_radius,
+        knn_adaptive=args.knn_adaptive)
     if args.memory_matches and translator.memory is None:
         raise ValueError(f"--memory-matches: {args.checkpoint[0]} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")

@@ -225,9 +225,39 @@ def validation_bleu(translator_factory, sources, references) -> Tuple[float, flo
     return s, time.time() - start
 
 
+def fixed_nll(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, options: dict, rows: torch.Tensor) -> float:
+    """Mean NLL of the tokens ``rows`` under a fixed (k, lambda, T/radius) mixture, as the mixer computes it."""
+    k = options["k"]
+    w, mass = neighbour_weights(distances[rows, :k], options["readout"], options["temperature"], options["radius"])
+    p_knn = (w * (values[rows, :k] == forced.refs[rows].unsqueeze(1))).sum(1).double()
+    share = (options["lam"] * mass.double()).clamp(max=1 - MODEL_SHARE)
+    return float(-torch.log(share * p_knn + (1 - share) * forced.lp_ref[rows].double().exp()).mean())
+
+
+def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, best_fixed: Dict[str, dict],
+                   scale: float, store: Datastore, k_max: int):
+    """A Meta-k network (:mod:`reluformer_mt.knn.adaptive`) for each read-out, with that read-out's
+    best fixed T / radius; the one with the lower held-out NLL is saved beside the datastore.
+    Returns (report, the kept network's config)."""
+    from reluformer_mt.knn.adaptive import MetaKConfig, held_out, train_meta_k
+
+    by_readout = {}
+    nets = {}
+    for readout, fixed in best_fixed.items():
+        config = MetaKConfig(k_max=k_max, readout=readout, temperature=fixed["temperature"], radius=fixed["radius"],
+                             scale=scale)
+        net, result = train_meta_k(distances, values, forced.refs, forced.lp_ref, forced.examples, config)
+        rows = held_out(forced.examples).nonzero().squeeze(1)
+        result["held_out_fixed_nll"] = fixed_nll(forced, distances, values, fixed, rows)
+        by_readout[readout], nets[readout] = result, net
+    kept = min(by_readout, key=lambda r: by_readout[r]["held_out_nll"])
+    nets[kept].save(store.directory, store.meta["fingerprint"], by_readout[kept])
+    return {"by_readout": by_readout, "kept": by_readout[kept]}, nets[kept].config
+
+
 def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
          memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
-         progress=print) -> dict:
+         adaptive_k: int = 16, progress=print) -> dict:
     """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory)
     and translation pieces on ``split``; returns the report (grid, decodes, chosen values).
     ``documents``: decode only the split's first N documents in stage 2 (0: all)."""
@@ -235,6 +265,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     from reluformer_mt.inference.translator import DocumentTranslator
 
     device = pick_device(device)
+    if not 1 <= adaptive_k <= max(GRID_K):
+        raise TuneError(f"--adaptive-k: expected 1 to {max(GRID_K)} (the neighbours searched per token), got {adaptive_k}")
     if split == "test":
         raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
     started = time.time()
@@ -250,9 +282,11 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     report["tokens"] = len(forced)
     report["model_nll"] = float(-forced.lp_ref.double().mean())
     grids = {}
+    adaptive = None
     if store is not None:
         d, v = store.search(forced.states.numpy(), max(GRID_K))
-        grids["full"], report["full_scale"] = grid_scores(forced, torch.from_numpy(d), torch.from_numpy(v.astype(np.int64)))
+        full_d, full_v = torch.from_numpy(d), torch.from_numpy(v.astype(np.int64))
+        grids["full"], report["full_scale"] = grid_scores(forced, full_d, full_v)
     # per-input: the memory of the translator (the data directory's training split)
     probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k)
     lookup = probe.memory
@@ -266,6 +300,13 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     report["grid"] = grids
     chosen = {mode: {r: best_options(rows, r).as_dict() for r in TUNE_READOUTS} for mode, rows in grids.items()}
     report["best_by_nll"] = chosen
+    if store is not None:  # adaptive kNN-MT: a Meta-k network per read-out, the better one kept
+        report["adaptive"], adaptive = train_adaptive(forced, full_d, full_v, chosen["full"], report["full_scale"], store,
+                                                      adaptive_k)
+        progress(f"tune: adaptive kNN-MT: held-out NLL {report['adaptive']['kept']['held_out_nll']:.3f} "
+                 f"({report['adaptive']['kept']['config']['readout']} read-out) against "
+                 f"{report['adaptive']['kept']['held_out_fixed_nll']:.3f} for the best fixed setting and "
+                 f"{report['adaptive']['kept']['held_out_model_nll']:.3f} for the model alone")
     if not decode:
         report["seconds"] = round(time.time() - started, 1)
         return report
@@ -320,6 +361,11 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                 s = run(f"knn {mode} {readout} lambda {lam:g}", knn=candidate, **kw)
                 if s > s_best:
                     s_best, options = s, candidate
+        if mode == "full" and adaptive is not None:  # the Meta-k network against the best fixed setting
+            candidate = KnnOptions(**{**options.as_dict(), "readout": adaptive.readout, "adaptive": True})
+            s = run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
+            if s > s_best:
+                s_best, options = s, candidate
         with_pieces = run(f"knn {mode} {readout} + pieces", knn=options, pieces_k=pieces_k, **chosen_pieces, **kw)
         best[mode] = {"options": options.as_dict(), "s_bleu": s_best,
                       "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
@@ -351,6 +397,11 @@ def format_report(report: dict) -> str:
         for readout in sorted({r["readout"] for r in rows}):
             best = [min(r["nll"] for r in rows if r["readout"] == readout and r["k"] == k) for k in ks]
             lines.append(f"  {mode:9s} {readout:8s} NLL by k: " + ", ".join(f"k={k} {v:.3f}" for k, v in zip(ks, best)))
+    for readout, a in report.get("adaptive", {}).get("by_readout", {}).items():
+        lines.append(f"  adaptive  {readout:8s} Meta-k network (k <= {a['config']['k_max']}): held-out NLL "
+                     f"{a['held_out_nll']:.3f}, best fixed {a['held_out_fixed_nll']:.3f}, model alone "
+                     f"{a['held_out_model_nll']:.3f}; mean weight of k = "
+                     + ", ".join(f"{k}: {w:.2f}" for k, w in zip(a["choices"], a["mean_weight_by_choice"])))
     for d in report.get("decodes", []):
         lines.append(f"  decode {d['name']:32s} s-BLEU {d['s_bleu']:6.2f}  ({d['seconds']} s)")
     return "\n".join(lines)

@@ -175,7 +175,7 @@ class DocumentTranslator:
                  pieces_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_memory_k: int = 8,
                  knn_k: Optional[int] = None, knn_lambda: Optional[float] = None, knn_readout: Optional[str] = None,
                  knn_temperature: Optional[float] = None, knn_radius: Optional[float] = None,
-                 nbest: int = 1, fp16: bool = False, bf16: bool = False, **renamed):
+                 knn_adaptive: Optional[bool] = None, nbest: int = 1, fp16: bool = False, bf16: bool = False, **renamed):
         pieces_weight, pieces_k, pieces_max_n = _renamed_options(renamed, pieces_weight, pieces_k, pieces_max_n)
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
@@ -269,11 +269,15 @@ class DocumentTranslator:
                 self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
                 self.generator.search = self.constraint
             self.constraint.piece_weight = self.piece_weight
-        given = {"k": knn_k, "lam": knn_lambda, "readout": knn_readout, "temperature": knn_temperature, "radius": knn_radius}
+        given = {"k": knn_k, "lam": knn_lambda, "readout": knn_readout, "temperature": knn_temperature, "radius": knn_radius,
+                 "adaptive": knn_adaptive}
         given = {name: value for name, value in given.items() if value is not None}
         if given and knn is None and not self.knn_memory:
-            raise TranslationError("--knn-k/--knn-lambda/--knn-readout/--knn-temperature/--knn-radius need --knn "
-                                   "DATASTORE or --knn-memory")
+            raise TranslationError("--knn-k/--knn-lambda/--knn-readout/--knn-temperature/--knn-radius/--knn-adaptive "
+                                   "need --knn DATASTORE or --knn-memory")
+        if knn_adaptive and knn is None:
+            raise TranslationError("--knn-adaptive: the Meta-k network is trained for a corpus datastore; give --knn "
+                                   "DATASTORE (per-input datastores of --knn-memory have none)")
         self.knn = self._knn_mixer(knn, given) if (knn is not None or self.knn_memory) else None
         self._entry_states = {}  # per-input datastores: (entry, memory ids) -> (keys, values)
 
@@ -284,7 +288,8 @@ class DocumentTranslator:
         :class:`reluformer_mt.knn.search.KnnOptions`' defaults."""
         from reluformer_mt.knn.datastore import Datastore, DatastoreError, model_fingerprint
         from reluformer_mt.knn.readout import ReadoutError
-        from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder
+        from reluformer_mt.knn.adaptive import AdaptiveError
+        from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder
 
         if knn is not None and self.knn_memory:
             raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
@@ -295,11 +300,11 @@ class DocumentTranslator:
             tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
             tuned = {k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__}
             mixer = KnnMixer(StateRecorder(self.model.decoder), KnnOptions(**{**tuned, **given}))
-        except (DatastoreError, ReadoutError) as e:
+            if datastore is not None:
+                mixer.use_datastore(datastore)
+                self.knn_datastore = datastore
+        except (DatastoreError, ReadoutError, AdaptiveError) as e:
             raise TranslationError(str(e)) from None
-        if datastore is not None:
-            mixer.store = FullDatastore(datastore)
-            self.knn_datastore = datastore
         if self.constraint is None:  # plain beam search with the neighbours mixed in
             from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
 

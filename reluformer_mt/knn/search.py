@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_mix
 from reluformer_mt.knn.readout import READOUTS, ReadoutError, knn_probabilities, mix_log_probs, neighbour_weights
 
 
@@ -34,6 +35,7 @@ class KnnOptions:
     temperature: float = 10.0  # softmax / sparsemax / entmax15: weights of -d / T
     radius: float = 10.0       # relu: a = ReLU(1 - d / radius)
     readout: str = "softmax"
+    adaptive: bool = False     # a Meta-k network beside the datastore picks k per step (knn/adaptive.py)
 
     def check(self) -> "KnnOptions":
         if self.k < 1:
@@ -53,10 +55,12 @@ class KnnOptions:
         """The same values as :class:`reluformer_mt.inference.DocumentTranslator` keywords (= the
         --knn-* options of reluformer-translate)."""
         return {"knn_k": self.k, "knn_lambda": self.lam, "knn_readout": self.readout,
-                "knn_temperature": self.temperature, "knn_radius": self.radius}
+                "knn_temperature": self.temperature, "knn_radius": self.radius, "knn_adaptive": self.adaptive}
 
     def describe(self) -> str:
         spread = f"radius {self.radius:g}" if self.readout == "relu" else f"T {self.temperature:g}"
+        if self.adaptive:
+            return f"adaptive kNN-MT (a Meta-k network picks k and the share per step; the datastore's {FILE_NAME})"
         return f"{self.readout} read-out of k={self.k}, lambda {self.lam:g}, {spread}"
 
 
@@ -151,7 +155,16 @@ class KnnMixer:
     def __init__(self, recorder: StateRecorder, options: KnnOptions):
         self.recorder, self.options = recorder, options.check()
         self.store = None  # FullDatastore or PerInputDatastores, set before generating
+        self.adaptive: Optional[MetaK] = None  # with options.adaptive: the full datastore's Meta-k network
         self.stats: Counter = Counter()
+
+    def use_datastore(self, datastore) -> "KnnMixer":
+        """Search ``datastore`` (a loaded :class:`reluformer_mt.knn.datastore.Datastore`); with
+        ``options.adaptive`` its Meta-k network (trained by the tuner) decides each step's mixture."""
+        self.store = FullDatastore(datastore)
+        if self.options.adaptive:
+            self.adaptive = MetaK.load(datastore.directory, datastore.meta["fingerprint"])
+        return self
 
     def mix(self, lprobs: Tensor, sources: Tensor, eos: Optional[int] = None, eos_as: Optional[Tensor] = None,
             sentences: Optional[Tensor] = None) -> Tensor:
@@ -160,20 +173,26 @@ class KnnMixer:
         votes for in each row -- in a document segment, a row with sentences still to write takes an
         entry that ended its sentence (a single-sentence match, a training segment's last sentence)
         as a vote for the separator, else the vote would go to an EOS the constraint forbids."""
-        if self.store is None or self.options.lam == 0:
+        if self.store is None or (self.options.lam == 0 and self.adaptive is None):
             return lprobs
         o = self.options
-        distances, values, trust = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, o.k,
+        k = self.adaptive.config.k_max if self.adaptive is not None else o.k
+        distances, values, trust = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, k,
                                                          sentences)
         if eos_as is not None:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
-        weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
-        if trust is not None:  # per-input entries: the mass the voting matches' fuzzy scores allow
-            mass = mass * (weights * trust).sum(dim=1)
-        probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
-        mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)
+        if self.adaptive is not None:
+            mixed = adaptive_mix(lprobs, distances, values, self.adaptive)
+            mass = (mixed.exp() - lprobs.exp()).abs().sum(dim=1).cpu()  # > 0 where the neighbours took a share
+        else:
+            weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
+            if trust is not None:  # per-input entries: the mass the voting matches' fuzzy scores allow
+                mass = mass * (weights * trust).sum(dim=1)
+            probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
+            mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)
         self.stats["knn: beam steps"] += lprobs.size(0)
-        self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
+        self.stats["knn: beam steps with kNN mass"] += int((mass > 1e-6).sum() if self.adaptive is not None
+                                                           else (mass > 0).sum())
         # the steps where the neighbours decided the token: the best next token changed
         self.stats["knn: beam steps whose best token the neighbours changed"] += int(
             (mixed.argmax(dim=1) != lprobs.argmax(dim=1)).sum())

@@ -70,6 +70,9 @@ class DocumentTranslationConfig(TranslationConfig):
     knn_lambda: Optional[float] = field(default=None, metadata={"help": "kNN-MT: largest share of the neighbours"})
     knn_temperature: Optional[float] = field(default=None, metadata={"help": "kNN-MT: T of the softmax read-out"})
     knn_radius: Optional[float] = field(default=None, metadata={"help": "kNN-MT: radius of the relu read-out"})
+    knn_adaptive: Optional[bool] = field(default=None, metadata={
+        "help": "kNN-MT: the Meta-k network beside the datastore picks k and the share per step (adaptive kNN-MT, "
+                "Zheng et al. 2021; trained by reluformer-memory tune); default: as tuned"})
     knn_readout: Optional[str] = field(default=None, metadata={"help": "kNN-MT: softmax, relu, sparsemax or entmax15"})
 
 
@@ -265,16 +268,15 @@ class DocumentTranslationTask(TranslationTask):
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
         if getattr(self.cfg, "knn_datastore", None) and hasattr(generator, "search"):
             from reluformer_mt.knn.datastore import Datastore, model_fingerprint
-            from reluformer_mt.knn.search import FullDatastore, KnnMixer, KnnOptions, StateRecorder, knn_beam_search
+            from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder, knn_beam_search
 
             store = Datastore.load(self.cfg.knn_datastore, fingerprint=model_fingerprint(models[0]))
             values = {k: v for k, v in store.meta.get("tuned", {}).get("full", {}).items()
                       if k in KnnOptions.__dataclass_fields__}
             given = {"k": self.cfg.knn_k, "lam": self.cfg.knn_lambda, "temperature": self.cfg.knn_temperature,
-                     "radius": self.cfg.knn_radius, "readout": self.cfg.knn_readout}
+                     "radius": self.cfg.knn_radius, "readout": self.cfg.knn_readout, "adaptive": self.cfg.knn_adaptive}
             values.update({k: v for k, v in given.items() if v is not None})
-            mixer = KnnMixer(StateRecorder(models[0].decoder), KnnOptions(**values))
-            mixer.store = FullDatastore(store)
+            mixer = KnnMixer(StateRecorder(models[0].decoder), KnnOptions(**values)).use_datastore(store)
             generator.search = search = knn_beam_search(self.target_dictionary, mixer)
             logger.info(f"kNN-MT: {search.knn.options.describe()} over {store.describe()}")
         return generator

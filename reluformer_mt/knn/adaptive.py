@@ -1,0 +1,210 @@
+"""Adaptive kNN-MT: a small network chooses, at every step, how many neighbours to trust.
+
+Zheng et al., "Adaptive Nearest Neighbor Machine Translation", ACL 2021 (arXiv:2105.13022). A
+fixed (k, lambda) treats a step whose neighbours all agree at distance 0 like one whose neighbours
+are far and disagree. The Meta-k network reads, for the ``k_max`` nearest entries of a step, their
+distances and the number of distinct target tokens among the first 1, 2, ..., k_max of them, and
+puts a probability on each choice of k in {0, 1, 2, 4, ..., k_max} (0 = the model alone). The
+step's distribution is
+
+    p(y) = w_0 p_model(y) + sum_j w_j [m_j p_knn^(k_j)(y) + (1 - m_j) p_model(y)]
+
+where p_knn^(k) is the read-out (:mod:`reluformer_mt.knn.readout`) of the first k neighbours and m_j
+its mass: 1 for softmax (the paper), the closest neighbour's ReLU weight for the relu read-out, so
+the network can also learn when a ReLU read-out of many slots helps. The model keeps at least
+``MODEL_SHARE`` (as in the fixed mixer).
+
+Training needs no decoding: the model is frozen, so each validation token's p_model(reference) and
+every choice's p_knn^(k_j)(reference) are computed once, and the network (2 k_max inputs, one tanh
+layer of 32 units as in the paper) minimises the tokens' negative log-likelihood under the mixture in
+seconds. One fifth of the validation segments is held out for early stopping; the held-out NLL is
+reported beside the best fixed setting's. Our choices where the paper leaves room: distances are
+divided by the median nearest-entry distance (the tuner's scale) so that one network suits every
+family's state norms; the read-out's temperature / radius are the tuner's best for that read-out.
+"""
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from reluformer_mt.knn.readout import MODEL_SHARE, knn_probabilities, neighbour_weights
+
+FILE_NAME = "adaptive.pt"
+HELD_OUT_EVERY = 5  # segments whose id % 5 == 0 are the early-stopping set
+
+
+class AdaptiveError(ValueError):
+    """A one-line problem with the adaptive network's file."""
+
+
+@dataclass
+class MetaKConfig:
+    k_max: int = 16
+    hidden: int = 32
+    readout: str = "softmax"
+    temperature: float = 10.0  # in distance units (already times the scale)
+    radius: float = 10.0
+    scale: float = 1.0         # distances are divided by this for the features
+
+    @property
+    def choices(self) -> Tuple[int, ...]:
+        """0 (the model alone) and the powers of two up to k_max."""
+        return (0,) + tuple(2 ** i for i in range(int(math.log2(self.k_max)) + 1))
+
+
+def distinct_counts(values: Tensor) -> Tensor:
+    """(rows, k): the number of distinct values among each row's first 1, 2, ..., k entries."""
+    k = values.size(1)
+    earlier = torch.triu(torch.ones(k, k, dtype=torch.bool, device=values.device), diagonal=1)  # [i, j]: i < j
+    same = values.unsqueeze(2) == values.unsqueeze(1)  # [row, i, j]
+    repeated = (same & earlier).any(dim=1)  # value j already seen at an earlier i
+    new = (~repeated) & (values >= 0)
+    return torch.cumsum(new.long(), dim=1).float()
+
+
+class MetaK(nn.Module):
+    """The Meta-k network: features of a step's neighbours -> weights over :attr:`MetaKConfig.choices`."""
+
+    def __init__(self, config: MetaKConfig):
+        super().__init__()
+        self.config = config
+        self.net = nn.Sequential(nn.Linear(2 * config.k_max, config.hidden), nn.Tanh(),
+                                 nn.Linear(config.hidden, len(config.choices)))
+
+    def features(self, distances: Tensor, values: Tensor) -> Tensor:
+        d = distances[:, :self.config.k_max].float() / self.config.scale
+        d = torch.nan_to_num(d, posinf=1e3).clamp(max=1e3)  # a missing neighbour: far away
+        return torch.cat([d, distinct_counts(values[:, :self.config.k_max])], dim=1)
+
+    def forward(self, distances: Tensor, values: Tensor) -> Tensor:
+        """(rows, choices) weights summing to 1, at least MODEL_SHARE on the model alone."""
+        w = torch.softmax(self.net(self.features(distances, values)), dim=1)
+        floor = torch.zeros_like(w)
+        floor[:, 0] = MODEL_SHARE
+        return floor + (1 - MODEL_SHARE) * w
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: Path, fingerprint: str, report: dict) -> Path:
+        path = Path(directory) / FILE_NAME
+        tmp = path.with_suffix(".tmp")
+        torch.save({"config": asdict(self.config), "state": self.state_dict(), "fingerprint": fingerprint,
+                    "report": report}, tmp)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, directory: Path, fingerprint: str) -> "MetaK":
+        path = Path(directory) / FILE_NAME
+        if not path.is_file():
+            raise AdaptiveError(f"{path}: no adaptive network (train it with 'reluformer-memory tune' on the "
+                                "validation split; it is written beside the datastore)")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved.get("fingerprint") != fingerprint:
+            raise AdaptiveError(f"{path}: trained for the datastore of another checkpoint (fingerprint "
+                                f"{saved.get('fingerprint')}, the datastore's {fingerprint}); tune again")
+        net = cls(MetaKConfig(**saved["config"]))
+        net.load_state_dict(saved["state"])
+        return net.eval()
+
+
+# ------------------------------------------------------------------ the mixture
+def choice_distributions(distances: Tensor, values: Tensor, config: MetaKConfig):
+    """For each choice k_j > 0: (weights over the first k_j neighbours, mass) of the read-out."""
+    out = []
+    for k in config.choices[1:]:
+        w, mass = neighbour_weights(distances[:, :k], config.readout, config.temperature, config.radius)
+        out.append((w, mass))
+    return out
+
+
+def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) -> Tensor:
+    """log p of the adaptive mixture for one beam step's rows (ruled-out tokens stay ruled out)."""
+    with torch.no_grad():
+        choice = net(distances, values)  # (rows, J)
+        p_model = lprobs.exp()
+        mixed = choice[:, :1].to(lprobs.dtype) * p_model
+        for j, (w, mass) in enumerate(choice_distributions(distances, values, net.config), start=1):
+            k = w.size(1)
+            p_knn = knn_probabilities(w, values[:, :k], lprobs.size(1)).to(lprobs.device, lprobs.dtype)
+            m = mass.to(lprobs.device, lprobs.dtype).unsqueeze(1)
+            mixed = mixed + choice[:, j:j + 1].to(lprobs.dtype) * (m * p_knn + (1 - m) * p_model)
+        return torch.log(mixed).masked_fill(torch.isneginf(lprobs), float("-inf"))
+
+
+def reference_terms(distances: Tensor, values: Tensor, refs: Tensor, config: MetaKConfig) -> Tuple[Tensor, Tensor]:
+    """(p_knn^(k_j)(reference), m_j) per token and choice j > 0: all that training needs."""
+    p, m = [], []
+    for w, mass in choice_distributions(distances, values, config):
+        hits = values[:, :w.size(1)] == refs.unsqueeze(1)
+        p.append((w * hits).sum(1))
+        m.append(mass)
+    return torch.stack(p, 1).double(), torch.stack(m, 1).double()
+
+
+def mixture_nll(choice: Tensor, p_ref: Tensor, p_knn: Tensor, mass: Tensor) -> Tensor:
+    """Mean NLL of the references under the adaptive mixture (``choice`` (N, J), the rest per token)."""
+    choice = choice.double()
+    p = choice[:, 0] * p_ref + (choice[:, 1:] * (mass * p_knn + (1 - mass) * p_ref.unsqueeze(1))).sum(1)
+    return -torch.log(p.clamp_min(1e-30)).mean()
+
+
+def held_out(examples: Tensor) -> Tensor:
+    """The early-stopping tokens: those of every fifth segment (every fifth token when the split
+    has too few segments for that)."""
+    held = (examples % HELD_OUT_EVERY) == 0
+    if held.all() or not held.any():
+        held = torch.arange(len(examples)) % HELD_OUT_EVERY == 0
+    return held
+
+
+def train_meta_k(distances: Tensor, values: Tensor, refs: Tensor, lp_ref: Tensor, examples: Tensor,
+                 config: MetaKConfig, steps: int = 3000, lr: float = 3e-3, batch: int = 4096,
+                 seed: int = 1) -> Tuple[MetaK, dict]:
+    """Fit the network on the validation tokens (teacher-forced model probabilities ``lp_ref``,
+    each token's nearest entries ``distances``/``values``, its segment ``examples``); early stopping
+    on the held-out segments. Returns the network (best held-out NLL) and a report."""
+    torch.manual_seed(seed)
+    p_ref = lp_ref.double().exp()
+    p_knn, mass = reference_terms(distances, values, refs, config)
+    held = held_out(examples)
+    fit, check = (~held).nonzero().squeeze(1), held.nonzero().squeeze(1)
+    net = MetaK(config)
+    features = net.features(distances, values).detach()
+    optimiser = torch.optim.Adam(net.parameters(), lr=lr)
+
+    def loss_on(idx):
+        w = torch.softmax(net.net(features[idx]), dim=1)
+        w = torch.cat([MODEL_SHARE + (1 - MODEL_SHARE) * w[:, :1], (1 - MODEL_SHARE) * w[:, 1:]], dim=1)
+        return mixture_nll(w, p_ref[idx], p_knn[idx], mass[idx])
+
+    best, best_state, best_step = float("inf"), None, 0
+    for step in range(1, steps + 1):
+        idx = fit[torch.randint(len(fit), (min(batch, len(fit)),))]
+        optimiser.zero_grad()
+        loss_on(idx).backward()
+        optimiser.step()
+        if step % 100 == 0 or step == steps:
+            with torch.no_grad():
+                held_nll = float(loss_on(check))
+            if held_nll < best - 1e-5:
+                best, best_step = held_nll, step
+                best_state = {k: v.clone() for k, v in net.state_dict().items()}
+            elif step - best_step >= 1000:  # no gain for 1,000 steps
+                break
+    net.load_state_dict(best_state)
+    net.eval()
+    with torch.no_grad():
+        w = net(distances[check], values[check])
+        share_by_choice = w.mean(0).tolist()
+    report = {"held_out_nll": best, "held_out_model_nll": float(-lp_ref[check].double().mean()),
+              "fit_tokens": len(fit), "held_out_tokens": len(check), "best_step": best_step,
+              "choices": list(config.choices), "mean_weight_by_choice": [round(x, 4) for x in share_by_choice],
+              "config": asdict(config)}
+    return net, report
+
+
+__all__ = ["AdaptiveError", "MetaK", "MetaKConfig", "adaptive_mix", "distinct_counts", "held_out", "mixture_nll",
+           "train_meta_k"]
