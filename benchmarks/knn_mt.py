@@ -121,34 +121,44 @@ def main(argv=None) -> int:
     p.add_argument("--entries", type=int, default=1_000_000)
     p.add_argument("--queries", type=int, default=2000)
     p.add_argument("--json", help="write the numbers here")
+    p.add_argument("--stages", default="build,decode,search",
+                   help="comma-separated stages to run; without build, the datastore of a previous run in --out is used")
     args = p.parse_args(argv)
+    stages = set(args.stages.split(","))
+    if not stages <= {"build", "decode", "search"}:
+        p.error(f"--stages: expected some of build, decode, search; got {args.stages!r}")
     from reluformer_mt.plugin import register
 
     register()
     one_core()
-    from reluformer_mt.knn.datastore import build_datastore
+    from reluformer_mt.knn.datastore import Datastore, build_datastore
 
     report = {}
-    start = time.perf_counter()
-    store = build_datastore(args.checkpoint, Path(args.out) / "datastore", data=args.data, progress=False, force=True)
-    report["build"] = {"seconds": time.perf_counter() - start, "entries": store.size,
-                       "mib_on_disk": store.meta["bytes"] / 2 ** 20}
-    print(f"build: {store.size:,} entries in {report['build']['seconds']:.1f} s on one core "
-          f"(target <= 60 s on 2 cores), {report['build']['mib_on_disk']:.1f} MiB on disk", flush=True)
-    verses, rows = decode_rates(args.checkpoint, args.data, str(store.directory), args.repeats, args.chapters, args.beam)
-    report["decode"] = {"verses": verses, "rows": rows}
-    targets = {"knn (full datastore)": 0.5, "knn (per-input)": 0.8}
-    for name, r in rows.items():
-        target = f"  (target >= {targets[name]}x)" if name in targets else ""
-        print(f"decode {name:22s} {r['sentences_per_second']:6.1f} sentences/s  {r['ratio_to_plain']:.2f}x plain "
-              f"[{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]{target}", flush=True)
-    report["search"] = search_at_scale(store, args.checkpoint, args.data, args.entries, args.queries, args.out)
-    s = report["search"]
-    print(f"search: {s['entries']:,} entries of dim {s['dim']}; exact {s['exact_queries_per_second']:.0f} queries/s", flush=True)
-    for name in [k for k in s if k.startswith(("ivf", "hnsw"))]:
-        h = s[name]
-        print(f"search: {name}: built in {h['build_seconds']:.0f} s, {h['queries_per_second']:.0f} queries/s, "
-              f"recall@8 {h['recall_at_8']:.3f} (target >= 1,000 queries/s at recall@8 >= 0.9)", flush=True)
+    if "build" in stages:
+        start = time.perf_counter()
+        store = build_datastore(args.checkpoint, Path(args.out) / "datastore", data=args.data, progress=False, force=True)
+        report["build"] = {"seconds": time.perf_counter() - start, "entries": store.size,
+                           "mib_on_disk": store.meta["bytes"] / 2 ** 20}
+        print(f"build: {store.size:,} entries in {report['build']['seconds']:.1f} s on one core "
+              f"(target <= 60 s on 2 cores), {report['build']['mib_on_disk']:.1f} MiB on disk", flush=True)
+    else:
+        store = Datastore.load(Path(args.out) / "datastore")
+    if "decode" in stages:
+        verses, rows = decode_rates(args.checkpoint, args.data, str(store.directory), args.repeats, args.chapters, args.beam)
+        report["decode"] = {"verses": verses, "rows": rows}
+        targets = {"knn (full datastore)": 0.5, "knn (per-input)": 0.8}
+        for name, r in rows.items():
+            target = f"  (target >= {targets[name]}x)" if name in targets else ""
+            print(f"decode {name:22s} {r['sentences_per_second']:6.1f} sentences/s  {r['ratio_to_plain']:.2f}x plain "
+                  f"[{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]{target}", flush=True)
+    if "search" in stages:
+        report["search"] = search_at_scale(store, args.checkpoint, args.data, args.entries, args.queries, args.out)
+        s = report["search"]
+        print(f"search: {s['entries']:,} entries of dim {s['dim']}; exact {s['exact_queries_per_second']:.0f} queries/s", flush=True)
+        for name in [k for k in s if k.startswith(("ivf", "hnsw"))]:
+            h = s[name]
+            print(f"search: {name}: built in {h['build_seconds']:.0f} s, {h['queries_per_second']:.0f} queries/s, "
+                  f"recall@8 {h['recall_at_8']:.3f} (target >= 1,000 queries/s at recall@8 >= 0.9)", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

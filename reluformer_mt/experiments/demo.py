@@ -660,13 +660,16 @@ def knn_table(results: Dict[str, dict]) -> str:
             c = t["chosen"][mode]
             o = c["options"]
             spread = f"radius {o['radius']:.3g}" if o["readout"] == "relu" else f"T {o['temperature']:.3g}"
-            rows.append([f"{family} ({'full datastore' if mode == 'full' else 'per-input'})", o["readout"], o["k"],
-                         o["lam"], spread, c["by_readout"]["softmax"], c["by_readout"]["relu"],
+            adaptive = c.get("adaptive_s_bleu")
+            rows.append([f"{family} ({'full datastore' if mode == 'full' else 'per-input'})",
+                         o["readout"] + (" (adaptive)" if o.get("adaptive") else ""),
+                         "Meta-k" if o.get("adaptive") else o["k"], "Meta-k" if o.get("adaptive") else o["lam"], spread,
+                         c["by_readout"]["softmax"], c["by_readout"]["relu"], "" if adaptive is None else adaptive,
                          c["s_bleu_with_pieces"]])
     if not rows:
         return ""
     return format_table(["model (datastore)", "read-out", "k", "lambda", "T / radius", "valid: softmax read-out",
-                         "valid: relu read-out", "valid: + pieces"], rows)
+                         "valid: relu read-out", "valid: adaptive", "valid: + pieces"], rows)
 
 
 # Published points of comparison (other corpora and model sizes: for orientation, not for a match).

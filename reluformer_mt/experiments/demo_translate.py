@@ -40,9 +40,9 @@ def datastore_dir(out: Path, family: str) -> Path:
 
 def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
     """The family's full datastore (built once per checkpoint) and the tuner's choices on the
-    validation chapters (``report/tune_FAMILY.json``, rerun when missing)."""
+    validation chapters (``report/tune_FAMILY.json``, rerun when missing or written by an older tuner)."""
     from reluformer_mt.knn.datastore import Datastore, DatastoreError, build_datastore, model_fingerprint
-    from reluformer_mt.experiments.knn_tune import tune
+    from reluformer_mt.experiments.knn_tune import TUNER_VERSION, tune
 
     store_dir = datastore_dir(o.out, family)
     report_path = o.out / "report" / f"tune_{family.replace('+', '_')}.json"
@@ -54,9 +54,8 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
     except DatastoreError:  # none yet, or another checkpoint's: build it, and tune again
         store = build_datastore(checkpoint, store_dir, data=data_dir, device=o.device, progress=False, force=True)
         report_path.unlink(missing_ok=True)
-    if report_path.is_file() and not o.force:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    else:
+    report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() and not o.force else {}
+    if report.get("tuner_version") != TUNER_VERSION:  # none yet, or tuned by an older tuner
         # the tuner decodes the first eval_chapters / tune_chapters validation chapters (the smaller given)
         documents = min((c for c in (o.eval_chapters, o.tune_chapters) if c), default=0)
         report = tune(checkpoint, data=data_dir, datastore=store_dir, split="valid", device=o.device, beam=o.beam,

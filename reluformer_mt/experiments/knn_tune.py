@@ -35,6 +35,7 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 
 logger = logging.getLogger(__name__)
 
+TUNER_VERSION = 2  # 2: adaptive kNN-MT; a report of another version is stale (the demo tunes again)
 GRID_K = (4, 16, 64, 256)
 GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
@@ -272,7 +273,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     started = time.time()
     loaded = load_model(checkpoint, data, device=device)
     model, task, data_dir = loaded.model, loaded.task, Path(loaded.data_dir)
-    report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": split, "fingerprint": model_fingerprint(model)}
+    report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": split, "fingerprint": model_fingerprint(model),
+              "tuner_version": TUNER_VERSION}
     store = None
     if datastore is not None:
         store = Datastore.load(datastore, fingerprint=report["fingerprint"], checkpoint=str(checkpoint))
@@ -362,14 +364,16 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                 if s > s_best:
                     s_best, options = s, candidate
         if mode == "full" and adaptive is not None:  # the Meta-k network against the best fixed setting
-            candidate = KnnOptions(**{**options.as_dict(), "readout": adaptive.readout, "adaptive": True})
-            s = run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
+            candidate = KnnOptions(**{**options.as_dict(), "readout": adaptive.readout, "temperature": adaptive.temperature,
+                                      "radius": adaptive.radius, "adaptive": True})
+            s = adaptive_s_bleu = run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
             if s > s_best:
                 s_best, options = s, candidate
-        with_pieces = run(f"knn {mode} {readout} + pieces", knn=options, pieces_k=pieces_k, **chosen_pieces, **kw)
+        with_pieces = run(f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''} + pieces", knn=options, pieces_k=pieces_k, **chosen_pieces, **kw)
         best[mode] = {"options": options.as_dict(), "s_bleu": s_best,
                       "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
-                      "by_readout": {r: s for r, (s, _) in scores.items()}}
+                      "by_readout": {r: s for r, (s, _) in scores.items()},
+                      **({"adaptive_s_bleu": adaptive_s_bleu} if mode == "full" and adaptive is not None else {})}
     report["decodes"], report["chosen"] = decodes, best
     if store is not None:
         store.set_tuned("full", {**best["full"]["options"], "tuned_on": f"{data_dir} ({split})"})
