@@ -67,3 +67,31 @@ def test_tmx_placeholders_option_of_translate(doc_checkpoint, prepared_doc_data,
                                 "--memory-matches", matches, "--tmx-placeholders", mode, "--quiet", *FAST], capsys)
     assert code == 0, err
     assert matches.read_text(encoding="utf-8").splitlines()[0].split("\t")[2] == target
+
+
+# ---------------------------------------------------------------- case 16: a write error names its file
+
+@pytest.mark.parametrize("option", ["--json", "--html"])
+def test_eval_write_error_names_the_file(tmp_path, capsys, option):
+    """On main: 'cannot write None: No space left on device' (the flush of a file object names no file)."""
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("a b c\n", encoding="utf-8")
+    code, err = eval_main(["bleu", "--hyp", hyp, "--ref", hyp, "--levels", "s", option, "/dev/full"], capsys)
+    one_line(code, err, r"error: cannot write /dev/full: No space left on device")
+
+
+def test_atomic_writes_name_the_file_they_were_asked_for(tmp_path):
+    """rekey --json, prepare's stamps and the reports write through replace_atomically: a failed
+    write there named no file ('cannot write None' in reluformer-memory)."""
+    import errno
+
+    from reluformer_mt.cli.checks import write_error
+    from reluformer_mt.data.textfiles import replace_atomically
+
+    def full(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError) as e:
+        replace_atomically(tmp_path / "r.json", full)
+    assert write_error(e.value) == f"cannot write {tmp_path / 'r.json'}: No space left on device"
+    assert list(tmp_path.iterdir()) == []  # nor a temporary file left behind

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
                                      OneLineParser, add_device_option, check_distinct_files, check_output_file,
-                                     positive_int, resolve_device)
+                                     positive_int, resolve_device, write_error)
 from reluformer_mt.data.textfiles import write_text_atomically
 
 
@@ -139,7 +139,8 @@ def main(argv=None) -> int:
         print(f"reluformer-memory: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
-        print(f"reluformer-memory: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        print(f"reluformer-memory: error: {write_error(e, getattr(args, 'json', None) or getattr(args, 'data', None))}",
+              file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("reluformer-memory: interrupted", file=sys.stderr)
