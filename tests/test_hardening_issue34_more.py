@@ -13,6 +13,7 @@ import torch
 from helpers import USER_DIR, run_fairseq, tiny_train_args
 from test_bad_input_commands import eval_main
 from test_hardening_issue34 import one_line
+from test_learned_keys import key_checkpoint, key_data  # noqa: F401 (fixtures)
 from test_tm_readers_issue34 import HEADER, tu
 from test_translate import FAST, translate_main
 
@@ -95,3 +96,64 @@ def test_atomic_writes_name_the_file_they_were_asked_for(tmp_path):
         replace_atomically(tmp_path / "r.json", full)
     assert write_error(e.value) == f"cannot write {tmp_path / 'r.json'}: No space left on device"
     assert list(tmp_path.iterdir()) == []  # nor a temporary file left behind
+
+
+# ---------------------------------------------------------------- cases 3, 8, 17, 6: fairseq-train
+
+def test_rerun_of_a_finished_run_trains_no_update_more(sentence_data, tmp_path):
+    """On main the rerun trained update 3 of a --max-update 2 run (fairseq checks the limit only
+    after an update)."""
+    args = tiny_train_args(sentence_data["bin"], tmp_path, max_update=2, extra=["--disable-validation", "--cpu"])
+
+    def updates():
+        return torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]["num_updates"]
+
+    run_fairseq("train", args)
+    assert updates() == 2
+    run_fairseq("train", args)
+    assert updates() == 2
+
+
+def test_resume_without_the_memory_options_names_them(key_checkpoint, key_data, tmp_path):  # noqa: F811
+    """On main: fairseq's 'Cannot load model parameters ...; please ensure that the architectures
+    match' (a traceback naming no option)."""
+    from reluformer_mt.fairseq_compat import FairseqInputError, one_line_error
+    from test_translation_memory import TRAIN_TM
+
+    shutil.copy(key_checkpoint, tmp_path / "checkpoint_last.pt")
+    argv = [key_data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TM, "--save-dir", tmp_path]
+    argv[argv.index("--max-update") + 1] = "6"
+    with pytest.raises(FairseqInputError) as e:
+        run_fairseq("train", argv)
+    line = one_line_error(e.value)
+    assert line.startswith(f"--save-dir checkpoint {tmp_path / 'checkpoint_last.pt'}: trained with "
+                           "--tm-fusion attention (this run: none)"), line
+    assert "give the options it was trained with" in line and "\n" not in line
+
+
+def test_document_task_without_a_split_metadata_is_one_line(prepared_doc_data, tmp_path):
+    """On main: a FileNotFoundError without errno, which fairseq-train printed as a traceback."""
+    from conftest import TRAIN_FAST
+    from reluformer_mt.fairseq_compat import one_line_error
+    from reluformer_mt.tasks.document_translation import DocumentDataError
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_doc_data["doc"], data)
+    (data / "valid.segments.tsv").unlink()
+    with pytest.raises(DocumentDataError) as e:
+        run_fairseq("train", [data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_FAST,
+                              "--max-update", "1", "--save-dir", tmp_path / "save"])
+    assert one_line_error(e.value).startswith(f"{data / 'valid.segments.tsv'}: missing; --task document_translation "
+                                              "needs the segment metadata"), one_line_error(e.value)
+    assert not (tmp_path / "save" / "checkpoint_last.pt").exists()
+
+
+def test_train_with_attn_impl_triton_on_the_cpu_is_refused_first(sentence_data, tmp_path):
+    """On main: RuntimeError in the first forward (a traceback)."""
+    from reluformer_mt.fairseq_compat import FairseqInputError
+
+    with pytest.raises(FairseqInputError, match=r"^--attn-impl triton: the Triton kernel trains on CUDA GPUs only "
+                                                r"\(--cpu is given\); use --attn-impl auto"):
+        run_fairseq("train", tiny_train_args(sentence_data["bin"], tmp_path / "save", max_update=1,
+                                             extra=["--disable-validation", "--cpu", "--attn-impl", "triton"]))
+    assert not (tmp_path / "save").exists()
