@@ -157,3 +157,29 @@ def test_train_with_attn_impl_triton_on_the_cpu_is_refused_first(sentence_data, 
         run_fairseq("train", tiny_train_args(sentence_data["bin"], tmp_path / "save", max_update=1,
                                              extra=["--disable-validation", "--cpu", "--attn-impl", "triton"]))
     assert not (tmp_path / "save").exists()
+
+
+@pytest.fixture
+def triton_checkpoint(doc_checkpoint, tmp_path):
+    """doc_checkpoint whose header says --attn-impl triton (as trained on a GPU)."""
+    state = torch.load(doc_checkpoint, weights_only=False)
+    model = state["cfg"]["model"]
+    if isinstance(model, dict) or hasattr(model, "keys"):
+        model["attn_impl"] = "triton"
+    else:
+        model.attn_impl = "triton"
+    path = tmp_path / "triton.pt"
+    torch.save(state, path)
+    return path
+
+
+def test_a_triton_checkpoint_runs_the_default_route_off_cuda(triton_checkpoint, prepared_doc_data, tmp_path, capsys):
+    """On main: translate and eval cxmi died with a RuntimeError traceback in the first forward."""
+    code, err = translate_main(["-c", triton_checkpoint, "--data", prepared_doc_data["doc"], "-i", source_file(tmp_path),
+                                "-o", tmp_path / "out.de", *FAST], capsys)
+    assert code == 0, err
+    assert f"{triton_checkpoint} was trained with --attn-impl triton, which runs on CUDA only: on cpu its attention " \
+           "runs the default route" in err, err
+    code, err = eval_main(["cxmi", "--checkpoint", triton_checkpoint, "--data", prepared_doc_data["doc"], "--limit-docs",
+                           "1", "--bootstrap", "10", "--no-progress"], capsys)
+    assert code == 0 and "Traceback" not in err, err
