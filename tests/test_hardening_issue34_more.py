@@ -183,3 +183,50 @@ def test_a_triton_checkpoint_runs_the_default_route_off_cuda(triton_checkpoint, 
     code, err = eval_main(["cxmi", "--checkpoint", triton_checkpoint, "--data", prepared_doc_data["doc"], "--limit-docs",
                            "1", "--bootstrap", "10", "--no-progress"], capsys)
     assert code == 0 and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- case 9: a memory prepared with another SentencePiece model
+
+@pytest.fixture(scope="module")
+def other_spm_memory(tmp_path_factory):
+    """Sentence-level IWSLT talks prepared with neighbours and a SentencePiece model of their own
+    (800 pieces like the fixtures' model, trained on other talks: another model, same size)."""
+    from conftest import iwslt_files
+    from reluformer_mt.data.prepare import PrepareConfig
+    from reluformer_mt.memory.neighbours import prepare_with_memory
+
+    out = tmp_path_factory.mktemp("other_spm") / "sent"
+    prepare_with_memory(PrepareConfig(out=str(out), fmt="docmt", src="en", tgt="de",
+                                      train=[[str(p) for p in iwslt_files("test")]], valid_from_train=1, limit_docs=4,
+                                      segment_tokens=0, vocab_size=800, joined_dictionary=True, progress=False,
+                                      memory_k=2))
+    return out
+
+
+@pytest.mark.parametrize("reader", ["pieces", "attention"])
+def test_translate_refuses_a_memory_of_another_sentencepiece_model(reader, other_spm_memory, doc_checkpoint,
+                                                                   prepared_doc_data, key_checkpoint, key_data,  # noqa: F811
+                                                                   tmp_path, capsys):
+    """On main both were accepted: 13.6 % of the memory's pieces became <unk> (or other tokens)."""
+    checkpoint, data, extra = ((doc_checkpoint, prepared_doc_data["doc"], ["--pieces-weight", "1"]) if reader == "pieces"
+                               else (key_checkpoint, key_data, []))
+    code, err = translate_main(["-c", checkpoint, "--data", data, "-i", source_file(tmp_path), "-o", tmp_path / "o.de",
+                                "--memory", other_spm_memory, *extra, *FAST], capsys)
+    one_line(code, err, rf"--memory {re.escape(str(other_spm_memory))}: prepared with another SentencePiece model "
+                        rf"than {re.escape(str(data))} \(.*spm\.model is not the source model")
+    assert not (tmp_path / "o.de").exists()
+
+
+def test_rekey_refuses_a_directory_of_another_sentencepiece_model(other_spm_memory, key_checkpoint, key_data,  # noqa: F811
+                                                                  tmp_path, capsys):
+    import numpy as np
+
+    from reluformer_mt.cli.memory import main
+
+    data = tmp_path / "data"
+    shutil.copytree(other_spm_memory, data)
+    before = np.load(data / "memory" / "train.ids.npy")
+    code = main([str(a) for a in ["rekey", "-c", key_checkpoint, "--data", data, "--quiet"]])
+    one_line(code, capsys.readouterr().err, rf"--data {re.escape(str(data))}: prepared with another SentencePiece "
+                                            rf"model than {re.escape(str(key_checkpoint))}'s training data")
+    assert np.array_equal(np.load(data / "memory" / "train.ids.npy"), before)

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES, check_complete
+from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES, check_complete, check_same_sentencepiece
 from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
 from reluformer_mt.memory.tm_data import encode_entries, match_tokens
 
@@ -67,6 +67,8 @@ class MemoryLookup:
         training_memory = spec is None or (Path(spec).is_dir() and Path(spec).resolve() == Path(data_dir).resolve())
         if training_memory or Path(spec).is_dir():  # a killed rekey leaves its keys and neighbours apart
             check_complete(data_dir if training_memory else spec)
+        if not training_memory and Path(spec).is_dir():
+            check_same_sentencepiece(spec, sp_src, sp_tgt, "--memory", data_dir)
         if training_memory:
             # the training memory: entry tokens exactly as the task built them in training
             self.entries = read_prepared(data_dir)

@@ -43,6 +43,27 @@ def check_complete(directory) -> None:
                                      "re-run that command (or reluformer-prepare --force) before using it")
 
 
+def check_same_sentencepiece(directory, sp_src, sp_tgt, what: str, reference: str) -> None:
+    """One line when ``directory`` was prepared with other SentencePiece models than ``sp_src`` /
+    ``sp_tgt`` (the processors of ``reference``, the model's side): its entries are pieces of
+    another model, which the model's dictionary reads as other tokens or ``<unk>``, whatever the
+    dictionaries' sizes. Compared by content (the models' bytes), not by file name."""
+    from reluformer_mt.data.prepared import Prepared
+
+    prepared = Prepared.load_if_present(directory)
+    if prepared is None:
+        return
+    for side, path, sp in zip(("source", "target"), prepared.spm_paths(), (sp_src, sp_tgt)):
+        if sp is None or not path.is_file():
+            continue
+        if path.read_bytes() != sp.serialized_model_proto():
+            raise TranslationMemoryError(
+                f"{what} {directory}: prepared with another SentencePiece model than {reference} ({path} is not the "
+                f"{side} model of the checkpoint's pieces); its entries would be pieces the model does not know: "
+                f"re-prepare it with reluformer-prepare --spm-model (the checkpoint's model), or give its text as a "
+                f"TSV or TMX file")
+
+
 def mark_rewriting(directory, what: str) -> Path:
     marker = rewriting_marker(directory)
     marker.parent.mkdir(exist_ok=True)
