@@ -230,3 +230,38 @@ def test_rekey_refuses_a_directory_of_another_sentencepiece_model(other_spm_memo
     one_line(code, capsys.readouterr().err, rf"--data {re.escape(str(data))}: prepared with another SentencePiece "
                                             rf"model than {re.escape(str(key_checkpoint))}'s training data")
     assert np.array_equal(np.load(data / "memory" / "train.ids.npy"), before)
+
+
+# ---------------------------------------------------------------- case 12: TER on lines that are whole talks
+
+def test_ter_on_whole_talks_skips_the_shift_search_and_says_so(tmp_path, capsys):
+    """On main every line went through TER's shift search: 134 s for one 3,000-word line (the
+    audit's talks: 354 s), where its edit distance alone takes 0.35 s."""
+    import time
+
+    from reluformer_mt.cli import eval as eval_cli
+
+    words = [f"w{i % 997}" for i in range(3000)]
+    hyp_words = [w for i, w in enumerate(words) if i % 10] + ["extra"] * 5
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text(" ".join(hyp_words) + "\nthe cat sat on the mat\n", encoding="utf-8")
+    ref.write_text(" ".join(words) + "\nthe cat sat on a mat\n", encoding="utf-8")
+    started = time.time()
+    code = eval_cli.main([str(a) for a in ["bleu", "--hyp", hyp, "--ref", ref, "--levels", "s", "-m", "bleu", "ter",
+                                           "--json", tmp_path / "r.json"]])
+    out = capsys.readouterr().out
+    assert code == 0 and time.time() - started < 60
+    assert "note: s-TER: 1 of 2 sentences have more than 300 words: scored without TER's shift search" in out, out
+    ter = json.loads((tmp_path / "r.json").read_text())["ter"]["sentence"]
+    assert ter["unshifted"] == 1 and ter["max_words"] == 300
+    assert ter["score"] == pytest.approx(100 * (300 + 5 + 1) / (3000 + 6), abs=0.01)  # deletions, insertions, 1 sub
+
+
+def test_ter_of_sentences_is_sacrebleus(tmp_path):
+    from sacrebleu.metrics import TER
+
+    from reluformer_mt.evaluation.bleu import corpus_ter
+
+    hyps, refs = ["a b c d e f", "the cat sat on the mat"], ["a c b d e g", "on the mat the cat sat"]
+    result = corpus_ter(hyps, refs, "sentence")
+    assert result.unshifted == 0 and result.score == TER().corpus_score(hyps, [refs]).score
