@@ -265,3 +265,42 @@ def test_ter_of_sentences_is_sacrebleus(tmp_path):
     hyps, refs = ["a b c d e f", "the cat sat on the mat"], ["a c b d e g", "on the mat the cat sat"]
     result = corpus_ter(hyps, refs, "sentence")
     assert result.unshifted == 0 and result.score == TER().corpus_score(hyps, [refs]).score
+
+
+# ---------------------------------------------------------------- case 15: long matches, a k beyond the memory
+
+def test_a_match_longer_than_the_model_positions_is_cut_and_counted(key_checkpoint, key_data, tmp_path,  # noqa: F811
+                                                                    capsys, monkeypatch):
+    """On main a 3,000-word entry reached the 1,024-position memory encoder uncut and uncounted."""
+    from reluformer_mt.tasks.document_translation import DocumentTranslationTask
+
+    tsv = tmp_path / "tm.tsv"
+    tsv.write_text("Thank you very much.\t" + " ".join(["Vielen Dank, meine Damen und Herren."] * 500) + "\n"
+                   "A story.\tEine Geschichte.\n", encoding="utf-8")
+    fed, real = [], DocumentTranslationTask.dataset_with_matches
+
+    def spy(self, dataset, matches):  # what the model is given
+        fed.extend(len(m) for m in matches)
+        return real(self, dataset, matches)
+
+    monkeypatch.setattr(DocumentTranslationTask, "dataset_with_matches", spy)
+    code, err = translate_main(["-c", key_checkpoint, "--data", key_data, "-i", source_file(tmp_path, "Thank you very much.\n"),
+                                "-o", tmp_path / "o.de", "--memory", tsv, *FAST], capsys)
+    assert code == 0, err
+    assert "memory: segments whose matches were cut to the model's 1024 positions: 1" in err, err
+    assert fed and max(fed) == 1024
+
+
+def test_memory_k_beyond_the_memory_is_said(prepared_doc_data, tmp_path, caplog):
+    """On main --memory-k 5000 over 127 entries was accepted without a word."""
+    import logging
+
+    from conftest import prepare_iwslt_with_memory
+    from reluformer_mt.data.prepared import Prepared
+
+    caplog.set_level(logging.WARNING)
+    out = prepare_iwslt_with_memory(tmp_path / "d", prepared_doc_data["doc"] / "spm.model", segment_tokens=0, memory_k=600)
+    memory = Prepared.load(out).memory
+    assert memory["note"].startswith(f"--memory-k 600: the memory has {memory['entries']} entries, so a sentence gets "
+                                     f"at most {memory['entries']} neighbours"), memory
+    assert any("--memory-k 600: the memory has" in r.getMessage() for r in caplog.records)

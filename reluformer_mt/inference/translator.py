@@ -485,7 +485,7 @@ class DocumentTranslator:
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
         if matches is not None:
-            dataset = self.task.dataset_with_matches(dataset, matches)
+            dataset = self.task.dataset_with_matches(dataset, self._fit_matches(sources, matches))
         if self.constraint is not None and self.constraint.separator is not None:
             # looked up by sample["id"], i.e. the index into ``sources``
             self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
@@ -524,6 +524,22 @@ class DocumentTranslator:
             if progress is not None:
                 progress.update(len(batch))
         return results
+
+    def _fit_matches(self, sources, matches):
+        """Each source's memory tokens cut to the model's source positions (with concat fusion, the
+        room the source leaves): a long match (a TM entry of thousands of words) would otherwise
+        reach positions the model never saw in training. Counted in the summary."""
+        limit = self.model.max_positions()
+        limit = int(limit[0] if isinstance(limit, (tuple, list)) else limit)
+        concat = getattr(self.task.cfg, "tm_fusion", "none") == "concat"
+        fitted = []
+        for src, tokens in zip(sources, matches):
+            room = limit - (len(src) if concat else 0)
+            if len(tokens) > room:
+                self.stats[f"memory: segments whose matches were cut to the model's {limit} positions"] += 1
+                tokens = tokens[:max(room, 0)]
+            fitted.append(tokens)
+        return fitted
 
     def _per_input_datastores(self, entries_of_sources):
         """SK-MT's per-input datastores: each sentence's memory matches force-decoded (cached per

@@ -13,6 +13,7 @@ holds training pairs only, never a valid or test sentence.
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Dict, Sequence, Tuple
@@ -106,6 +107,11 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = P
     retriever = Retriever(memory, dim=dim, candidates=candidates)
     info = {"entries": len(memory), "k": k, "keys": f"tfidf-char2-4-svd{retriever.keys.svd.n_components}",
             "candidates": candidates, "splits": {}}
+    if k >= len(memory):  # kept as asked (training reads the first --tm-k columns); said, not silent
+        info["note"] = (f"--memory-k {k}: the memory has {len(memory)} entries, so a sentence gets at most {len(memory)} "
+                        f"neighbours ({len(memory) - 1} for a training sentence, which never retrieves itself); the "
+                        "rest of each row is -1 (none)")
+        logging.getLogger(__name__).warning("%s: %s", directory, info["note"])
     marker = mark_rewriting(directory, "reluformer-prepare's memory step")
     for split in prepared.splits:
         queries = memory.sources if split == "train" else read_prepared(directory, split).sources
