@@ -14,6 +14,7 @@ and the refused type, never loaded with ``weights_only=False``.
 The data directory is ``data`` when given, else the first of the checkpoint's folder and the
 directory it was trained on (``task.data``) that holds both dictionaries.
 """
+import argparse
 import logging
 import pickle
 import re
@@ -295,6 +296,7 @@ class OpenedCheckpoint:
         ``need_attention``: refuse a model without ``ReluformerAttention`` cross-attention."""
         device = pick_device(device)
         spm_src, spm_tgt = sentencepiece_for(self.data, spm_models, self.separator if check_separator else None)
+        _run_triton_elsewhere(self.path, self.state, device)
         model, cfg, task = _build(self.path, self.state, self.data, quiet)
         model = model.to(device).eval()
         modules = attention_modules(model)
@@ -305,6 +307,26 @@ class OpenedCheckpoint:
                            prepared=self.data.prepared, spm_src=spm_src, spm_tgt=spm_tgt, device=device,
                            modules=modules, src_lang=self.data.src_lang, tgt_lang=self.data.tgt_lang,
                            separator=self.separator)
+
+
+def _run_triton_elsewhere(path: Path, state: dict, device: str) -> None:
+    """A model trained with --attn-impl triton (CUDA only) loaded on another device: its attention
+    takes the default route (the same function, computed by another kernel), said once, instead of
+    a RuntimeError in its first forward."""
+    from omegaconf import open_dict
+
+    model_cfgs = [state["cfg"].model] + ([state["args"]] if state.get("args") is not None else [])
+    if device.startswith("cuda") or not any(_get(m, "attn_impl") == "triton" for m in model_cfgs):
+        return
+    for m in model_cfgs:
+        if isinstance(m, argparse.Namespace):
+            m.attn_impl = "auto"
+        else:
+            with open_dict(m):
+                m.attn_impl = "auto"
+    logging.getLogger(__name__).warning(
+        "%s was trained with --attn-impl triton, which runs on CUDA only: on %s its attention runs the default "
+        "route (--attn-impl auto; the same weights and function)", path, device)
 
 
 def open_checkpoint(path, data=None) -> OpenedCheckpoint:

@@ -15,7 +15,11 @@
    :func:`check_train_config` / :func:`check_generate_config` refuse such input with a
    :class:`FairseqInputError`, and a failed checkpoint save becomes one as well; in fairseq's
    console commands :func:`install_one_line_errors` prints these, and the plugin's own option
-   errors, as one line instead of a traceback.
+   errors, as one line instead of a traceback. So does a resume whose options build another
+   model than the checkpoint's (fairseq: "please ensure that the architectures match") and
+   ``--attn-impl triton`` without CUDA.
+4. fairseq-train resumed from a checkpoint that already reached ``--max-update`` trains one
+   more update before it checks the limit; it stops at once instead.
 """
 import argparse
 import collections
@@ -191,12 +195,120 @@ def _restore_problem(checkpoint) -> typing.Optional[str]:
     return None
 
 
+def _device_problem(cfg) -> typing.Optional[str]:
+    """The Triton kernel runs CUDA tensors only: without CUDA every attention call would raise."""
+    if _get(cfg, "model", "attn_impl") == "triton" and (_get(cfg, "common", "cpu") or not torch.cuda.is_available()):
+        why = "--cpu is given" if _get(cfg, "common", "cpu") else "torch sees no CUDA device here"
+        return (f"--attn-impl triton: the Triton kernel trains on CUDA GPUs only ({why}); "
+                "use --attn-impl auto (or fused, blocked) on the CPU")
+    return None
+
+
 def check_train_config(cfg) -> None:
     """fairseq-train's input, before the data, the model or the trainer are built."""
     for problem in (precision_problem(_get(cfg, "common")), _data_problem(_get(cfg, "task", "data")),
-                    _restore_problem(_get(cfg, "checkpoint"))):
+                    _restore_problem(_get(cfg, "checkpoint")), _device_problem(cfg)):
         if problem:
             raise FairseqInputError(problem)
+
+
+# options that name files or runs, not the model: a resume may change them freely
+_NOT_MODEL_OPTIONS = {"data", "_name", "user_dir", "eval_bleu", "eval_bleu_args", "eval_bleu_detok",
+                      "eval_bleu_detok_args", "eval_bleu_print_samples", "eval_tokenized_bleu", "eval_bleu_remove_bpe"}
+
+
+def _options(section) -> dict:
+    if section is None:
+        return {}
+    if isinstance(section, argparse.Namespace):
+        return dict(vars(section))
+    from omegaconf import OmegaConf
+
+    try:
+        return dict(OmegaConf.to_container(section, resolve=True)) if OmegaConf.is_config(section) else dict(section)
+    except Exception:  # a config that does not resolve: nothing to compare
+        return {}
+
+
+def changed_model_options(saved, current) -> typing.List[str]:
+    """'--option saved (this run: current)' for each task or model option of ``current`` (a
+    fairseq-train config) that differs in ``saved`` (the checkpoint's). fairseq-train's model
+    section is a Namespace of every option: those of the other sections are left out."""
+    elsewhere = set()
+    for name in ("common", "common_eval", "distributed_training", "dataset", "optimization", "checkpoint",
+                 "bmuf", "generation", "eval_lm", "interactive", "criterion", "optimizer", "lr_scheduler",
+                 "scoring", "bpe", "tokenizer", "ema"):
+        elsewhere |= set(_options(_get(current, name)))
+    out = []
+    for section in ("task", "model"):
+        old, new = _options(_get(saved, section)), _options(_get(current, section))
+        for key in new:
+            if key in _NOT_MODEL_OPTIONS or (section == "model" and key in elsewhere) or key not in old:
+                continue
+            if old[key] != new[key] and str(old[key]) != str(new[key]):
+                out.append(f"--{key.replace('_', '-')} {old[key]} (this run: {new[key]})")
+    return list(dict.fromkeys(out))
+
+
+def _explained_load(load_checkpoint):
+    """fairseq's Trainer.load_checkpoint, whose "please ensure that the architectures match"
+    (a traceback, naming nothing) becomes one line naming the checkpoint and the options that
+    differ, e.g. a memory-attention run resumed without --tm-fusion attention."""
+
+    def load(self, filename, *args, **kwargs):
+        try:
+            return load_checkpoint(self, filename, *args, **kwargs)
+        except Exception as e:
+            if type(e) is not Exception or "architectures match" not in str(e):
+                raise
+            from fairseq import checkpoint_utils
+
+            try:
+                saved = checkpoint_utils.load_checkpoint_to_cpu(filename).get("cfg")
+            except Exception:  # not readable a second time: fairseq's own message
+                raise e from None
+            changed = changed_model_options(saved, self.cfg)
+            what = ("trained with " + ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")) if changed else \
+                "its parameters do not fit the model these options build"
+            restore = _get(self.cfg, "checkpoint", "restore_file") or "checkpoint_last.pt"
+            option = "--save-dir checkpoint" if os.path.basename(restore) == "checkpoint_last.pt" else "--restore-file"
+            raise FairseqInputError(f"{option} {filename}: {what}; give the options it was trained with to resume it, "
+                                    "or another --save-dir to start a new run") from None
+
+    setattr(load, _PATCHED_ATTR, True)
+    return load
+
+
+def _stopping_at_max_update(train):
+    """fairseq_cli.train.train, which checks --max-update only after an update: a rerun of a
+    finished run (or a resume past the limit) would train one update more."""
+
+    def train_unless_done(cfg, trainer, task, epoch_itr):
+        limit = _get(cfg, "optimization", "max_update")
+        if limit and trainer.get_num_updates() >= limit:
+            logging.getLogger("fairseq_cli.train").info(
+                f"the checkpoint has {trainer.get_num_updates()} updates, --max-update {limit}: nothing to train")
+            return [None], True
+        return train(cfg, trainer, task, epoch_itr)
+
+    train_unless_done.__wrapped__ = train
+    setattr(train_unless_done, _PATCHED_ATTR, True)
+    return train_unless_done
+
+
+def check_resumes() -> None:
+    import importlib
+
+    from fairseq.trainer import Trainer
+
+    if not getattr(Trainer.load_checkpoint, _PATCHED_ATTR, False):
+        Trainer.load_checkpoint = _explained_load(Trainer.load_checkpoint)
+    try:
+        cli = importlib.import_module("fairseq_cli.train")
+    except ImportError:
+        return
+    if not getattr(cli.train, _PATCHED_ATTR, False):
+        cli.train = _stopping_at_max_update(cli.train)
 
 
 def check_generate_config(cfg) -> None:
@@ -312,3 +424,4 @@ def apply():
     keep_every_sentence()
     check_fairseq_commands()
     one_line_saves()
+    check_resumes()

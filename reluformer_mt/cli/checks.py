@@ -288,7 +288,7 @@ def check_distinct_files(outputs, inputs) -> None:
 
 def write_error(e: OSError, path=None) -> str:
     """One line for a failed write: the file the error names, else ``path``."""
-    return f"cannot write {e.filename or path}: {e.strerror or e}"
+    return f"cannot write {e.filename or path or 'an output file'}: {e.strerror or e}"
 
 
 @contextmanager

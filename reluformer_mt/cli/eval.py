@@ -69,6 +69,10 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--metrics", nargs="+", default=["bleu"], choices=["bleu", "chrf", "chrf++", "ter"],
                    help="metrics, as sacreBLEU's -m; chrf++ (not a sacreBLEU name) = chrf with --chrf-word-order 2, "
                         "so chrF and chrF++ can be asked together; TER is slow on long items: never over whole documents")
+    p.add_argument("--ter-max-words", type=non_negative_int, default=bleu_lib.TER_MAX_WORDS, metavar="N",
+                   help="TER: a line of more than N words (a whole talk on a line) is scored without TER's shift "
+                        "search, its edit distance alone (an upper bound; said in a note); 0: the shift search on "
+                        "every line, as sacreBLEU (minutes per line of thousands of words)")
     p.add_argument("--chrf-word-order", type=int, default=0, choices=[0, 2],
                    help="chrF's word n-grams: 2 = chrF++ (as sacreBLEU's --chrf-word-order)")
     p.add_argument("-w", "--width", type=int, default=1, metavar="N", help="decimals of the printed scores (sacreBLEU's -w)")
@@ -144,7 +148,7 @@ def print_bleu_report(report: dict, width: int = 2) -> None:
 def paired_bootstrap(reports: Sequence[dict], names: Sequence[str], args) -> dict:
     """sacreBLEU's paired bootstrap resampling (``sacrebleu.significance.PairedTest``) of each
     system against the first, per level; returns {level: rows} and prints the table."""
-    from sacrebleu.metrics import BLEU, CHRF, TER
+    from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
     out = {}
@@ -160,7 +164,7 @@ def paired_bootstrap(reports: Sequence[dict], names: Sequence[str], args) -> dic
         for m in _metric_keys(args):  # fresh metric objects: PairedTest caches the references in them
             metrics[m] = (BLEU(tokenize=args.tokenize, lowercase=args.lowercase) if m == "scores" else
                           CHRF(lowercase=args.lowercase, word_order=2 if m == "chrf++" else 0) if m.startswith("chrf")
-                          else TER())
+                          else bleu_lib.BoundedTER(args.ter_max_words))
         test = PairedTest([(n, r["items"][level][0]) for n, r in zip(names, reports)], metrics, refs,
                           test_type="bs", n_samples=args.paired_bs_n)
         signatures, results = test()
@@ -214,7 +218,7 @@ def run_bleu(args) -> dict:
             separator=args.separator, pieces=args.pieces, ref_from_generate=args.ref_from_generate, levels=levels,
             match=args.match_docs_by, allow_mismatch=args.allow_mismatch, tokenize=args.tokenize,
             lowercase=args.lowercase, detokenize=args.detokenize, detokenize_lang=args.detokenize_lang,
-            more_refs=refs[1:], metrics=[k if k != "scores" else "bleu" for k in keys]))
+            more_refs=refs[1:], metrics=[k if k != "scores" else "bleu" for k in keys], ter_max_words=args.ter_max_words))
     for name, report in zip(names, reports):
         if args.score_only:  # scores in the order asked; a level that could not be scored prints nothing
             numbers = [f"{report[key][level].score:.{args.width}f}" for key in keys for level in levels

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
                                      OneLineParser, add_device_option, check_distinct_files, check_output_file,
-                                     positive_int, resolve_device)
+                                     positive_int, resolve_device, write_error)
 from reluformer_mt.data.textfiles import write_text_atomically
 
 
@@ -106,9 +106,10 @@ def run_tune(args) -> str:
 
 
 def run_rekey(args) -> dict:
-    from reluformer_mt.checkpoints import load_model
+    from reluformer_mt.checkpoints import open_checkpoint
     from reluformer_mt.data.prepared import Prepared
     from reluformer_mt.evaluation.rekey import rekey
+    from reluformer_mt.memory.neighbours import check_same_sentencepiece
 
     data = Path(args.data)
     if args.json:  # before the neighbours are rewritten, not after
@@ -119,7 +120,13 @@ def run_rekey(args) -> dict:
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
-    loaded = load_model(args.checkpoint, data, device=resolve_device(args.device))
+    opened = open_checkpoint(args.checkpoint, data)
+    trained_on = Path(str(opened.cfg.task.get("data") or "")) if opened.cfg.task.get("data") else None
+    if trained_on is not None and Prepared.exists(trained_on) and trained_on.resolve() != data.resolve():
+        # the model's pieces are those of the directory it was trained on: --data's must be the same
+        sp_src, sp_tgt = Prepared.load(trained_on).sentencepiece(check_separator=False)
+        check_same_sentencepiece(data, sp_src, sp_tgt, "--data", f"{args.checkpoint}'s training data {trained_on}")
+    loaded = opened.load(device=resolve_device(args.device))
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)
 
@@ -145,7 +152,8 @@ def main(argv=None) -> int:
         print(f"reluformer-memory: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
-        print(f"reluformer-memory: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        print(f"reluformer-memory: error: {write_error(e, getattr(args, 'json', None) or getattr(args, 'data', None))}",
+              file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("reluformer-memory: interrupted", file=sys.stderr)

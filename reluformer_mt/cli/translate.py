@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
                          "(default: the training split of the checkpoint's data directory); 'none' translates without "
                          "matches")
+    tm.add_argument("--tmx-placeholders", choices=["space", "text"], default=D["tmx_placeholders"],
+                    help="a TMX memory's placeholders (<ph>, <ut>): a space where they stood between words, or their "
+                         "own text (Value<ph>{0}</ph>here: 'Value here' or 'Value {0} here')")
     tm.add_argument("--pieces-weight", type=pieces_weight, default=D["pieces_weight"], metavar="W",
                     help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
                          "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
@@ -364,8 +367,8 @@ def run(args) -> str:
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
         fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
-        knn_temperature=args.knn_temperature, knn_radius=args.knn_radius,
-        knn_adaptive=args.knn_adaptive)
+        knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
+        tmx_placeholders=args.tmx_placeholders)
     if args.memory_matches and translator.memory is None:
         raise ValueError(f"--memory-matches: {args.checkpoint[0]} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")

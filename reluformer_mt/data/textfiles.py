@@ -60,19 +60,25 @@ def replace_atomically(path, write) -> Path:
     import os
 
     path = Path(path)
-    if path.exists() and not path.is_file():
-        with open(path, "wb") as f:
-            write(f)
-        return path
-    target = path.resolve() if path.is_symlink() else path
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        with open(partial, "wb") as f:
-            write(f)
-        os.replace(partial, target)
-    finally:
-        if partial.exists():
-            partial.unlink()
+        if path.exists() and not path.is_file():
+            with open(path, "wb") as f:
+                write(f)
+            return path
+        target = path.resolve() if path.is_symlink() else path
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            with open(partial, "wb") as f:
+                write(f)
+            os.replace(partial, target)
+        finally:
+            if partial.exists():
+                partial.unlink()
+    except OSError as e:
+        # a failed write or flush names no file (and a failed rename the temporary one): name
+        # the file the caller asked for, so the error line is 'cannot write PATH', not 'None'
+        e.filename, e.filename2 = str(path), None
+        raise
     return path
 
 

@@ -155,6 +155,8 @@ class TerResult:
     signature: str
     level: str
     n_items: int
+    unshifted: int = 0  # items longer than max_words, scored without the shift search
+    max_words: int = 0
 
     @property
     def name(self) -> str:
@@ -164,27 +166,66 @@ class TerResult:
         return {**asdict(self), "name": self.name}
 
 
+# TER's shift search costs seconds per line of a few hundred words and minutes for a whole talk on
+# a line (a 3,000-word line: 134 s, its edit distance alone 0.35 s); sentences stay far below this
+TER_MAX_WORDS = 300
+
+
+class BoundedTER(TER):
+    """sacreBLEU's TER, except that an item longer than ``max_words`` words (hypothesis or a
+    reference) is scored without the shift search: its edits are TER's beam edit distance
+    alone, an upper bound of TER's edits (a shift can only save edits). ``unshifted`` counts
+    those items; ``max_words`` 0 searches shifts everywhere (sacreBLEU's TER exactly)."""
+
+    def __init__(self, max_words: int = TER_MAX_WORDS, **kwargs):
+        super().__init__(**kwargs)
+        self.max_words, self.unshifted = int(max_words), 0
+
+    def _compute_segment_statistics(self, hypothesis: str, ref_kwargs: dict) -> list:
+        words_hyp, refs = hypothesis.split(), ref_kwargs["ref_words"]
+        if not self.max_words or max([len(words_hyp)] + [len(r) for r in refs]) <= self.max_words:
+            return super()._compute_segment_statistics(hypothesis, ref_kwargs)
+        from sacrebleu.metrics.lib_ter import BeamEditDistance
+
+        self.unshifted += 1
+        edits = [BeamEditDistance(r)(words_hyp)[0] if r else len(words_hyp) for r in refs]
+        return [min(edits), sum(len(r) for r in refs) / len(refs)]
+
+
 def corpus_ter(hyps: Sequence[Union[str, Sequence[str]]], refs: Sequence[Union[str, Sequence[str]]],
-               level: str = "document", lowercase: bool = False, more_refs=()) -> TerResult:
+               level: str = "document", lowercase: bool = False, more_refs=(), max_words: int = TER_MAX_WORDS) -> TerResult:
     """Corpus TER over sentences or whole documents; equal to ``sacrebleu REF -i HYP -m ter``
-    (which, unlike BLEU and chrF, ignores case unless told otherwise: ``lowercase`` changes nothing)."""
+    (which, unlike BLEU and chrF, ignores case unless told otherwise: ``lowercase`` changes nothing)
+    where no item has more than ``max_words`` words (:class:`BoundedTER`; 0: no bound)."""
     for other in [refs, *more_refs]:
         if len(hyps) != len(other):
             raise ValueError(f"{len(hyps)} hypotheses but {len(other)} references")
-    metric = TER()
+    metric = BoundedTER(max_words)
     r = metric.corpus_score([_join(h) for h in hyps], [[_join(x) for x in other] for other in [refs, *more_refs]])
-    return TerResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps))
+    return TerResult(score=r.score, signature=str(metric.get_signature()), level=level, n_items=len(hyps),
+                     unshifted=metric.unshifted, max_words=metric.max_words)
+
+
+def ter_note(result: TerResult) -> Optional[str]:
+    """The line that says which items were scored without TER's shift search, if any."""
+    if not result.unshifted:
+        return None
+    return (f"{result.name}: {result.unshifted} of {result.n_items} {result.level}s have more than {result.max_words} "
+            "words: scored without TER's shift search (its edit distance alone, an upper bound of their edits; "
+            "--ter-max-words 0 searches shifts on every line, minutes for a whole talk)")
 
 
 def ter_scores(pairs, levels=("sentence",), mismatched: bool = False, lowercase: bool = False,
-               more_pairs=()) -> Dict[str, TerResult]:
+               more_pairs=(), max_words: int = TER_MAX_WORDS) -> Dict[str, TerResult]:
     """s-TER of paired documents (``pair_documents``). Never over whole documents: TER's shift
     search grows faster than quadratically with the item's length (a TED talk of 2,000 words took
-    minutes), and d-TER is not what other work reports."""
+    minutes), and d-TER is not what other work reports; lines longer than ``max_words`` words
+    (whole talks on a line) skip the shift search (:class:`BoundedTER`)."""
     out: Dict[str, TerResult] = {}
     if "sentence" in levels and not mismatched:
         out["sentence"] = corpus_ter([s for _, hs, _ in pairs for s in hs], [s for _, _, rs in pairs for s in rs],
-                                     "sentence", lowercase, [[s for _, _, rs in more for s in rs] for more in more_pairs])
+                                     "sentence", lowercase, [[s for _, _, rs in more for s in rs] for more in more_pairs],
+                                     max_words)
     return out
 
 
@@ -549,7 +590,7 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
                     allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
                     detokenize: str = "none", detokenize_lang: str = "en", more_refs: Sequence = (),
-                    metrics: Sequence[str] = METRICS) -> dict:
+                    metrics: Sequence[str] = METRICS, ter_max_words: int = TER_MAX_WORDS) -> dict:
     """Load hypothesis and reference (``<d>`` files, plain files with doc-id files, or
     fairseq-generate output split with ``segments`` = a ``{split}.segments.tsv`` path or list),
     check the sentence counts per document and score. Any input may be ``-`` (standard input) or
@@ -573,7 +614,8 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
             report = _bleu_from_paths(
                 files["--hyp"], files["--ref"], hyp_format, ref_format, files["--hyp-doc-ids"], files["--ref-doc-ids"],
                 segments, separator, pieces, ref_from_generate, levels, match, allow_mismatch, tokenize, lowercase,
-                detokenize, detokenize_lang, [files[f"reference {k + 2}"] for k in range(len(more_refs))], metrics)
+                detokenize, detokenize_lang, [files[f"reference {k + 2}"] for k in range(len(more_refs))], metrics,
+                ter_max_words)
             report["references"] = [names.get(r, r) for r in report["references"]]
             report["hypothesis"] = names.get(report["hypothesis"], report["hypothesis"])
             return report
@@ -588,7 +630,8 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
                     allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
-                    detokenize: str = "none", detokenize_lang: str = "en", more_refs=(), metrics=METRICS) -> dict:
+                    detokenize: str = "none", detokenize_lang: str = "en", more_refs=(), metrics=METRICS,
+                    ter_max_words: int = TER_MAX_WORDS) -> dict:
     """:func:`bleu_from_files` once every input is a regular file."""
     if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
         segments = read_segment_metadata(segments)
@@ -660,7 +703,8 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         if "bleu" in metrics else {}
     chrf = chrf_scores(pairs, levels, mism, lowercase, more_pairs=more_pairs) if "chrf" in metrics else {}
     chrf_pp = chrf_scores(pairs, levels, mism, lowercase, word_order=2, more_pairs=more_pairs) if "chrf++" in metrics else {}
-    ter = ter_scores(pairs, levels, mism, lowercase, more_pairs) if "ter" in metrics else {}
+    ter = ter_scores(pairs, levels, mism, lowercase, more_pairs, ter_max_words) if "ter" in metrics else {}
+    notes += [n for n in map(ter_note, ter.values()) if n]
     items = {}
     if "sentence" in levels and not mism:
         items["sentence"] = ([s for _, hs, _ in pairs for s in hs], [[s for _, _, rs in p for s in rs] for p in [pairs, *more_pairs]])

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES, check_complete
+from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES, check_complete, check_same_sentencepiece
 from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
 from reluformer_mt.memory.tm_data import encode_entries, match_tokens
 
@@ -58,23 +58,27 @@ def cached_retriever(entries, candidates: int) -> Retriever:
 
 
 class MemoryLookup:
-    def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt, model=None, sp_src=None):
-        self.k = int(task.cfg.tm_k)
+    def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt, model=None, sp_src=None,
+                 placeholders: str = "space"):
+        # a model trained without a memory (any task, fairseq's plain translation too) has no
+        # --tm-k: it is guided by pieces only, whose k is the translator's --pieces-k
+        self.k = int(getattr(task.cfg, "tm_k", 1))
         self.bos = task.src_dict.bos()
         training_memory = spec is None or (Path(spec).is_dir() and Path(spec).resolve() == Path(data_dir).resolve())
         if training_memory or Path(spec).is_dir():  # a killed rekey leaves its keys and neighbours apart
             check_complete(data_dir if training_memory else spec)
+        if not training_memory and Path(spec).is_dir():
+            check_same_sentencepiece(spec, sp_src, sp_tgt, "--memory", data_dir)
         if training_memory:
             # the training memory: entry tokens exactly as the task built them in training
             self.entries = read_prepared(data_dir)
-            self.tokens = task.memory_entries(str(data_dir))
         else:
-            self.entries = read_memory(spec, src_lang, tgt_lang)
-            if Path(spec).is_dir():
-                self.tokens = task.memory_entries(str(spec))
-            else:
-                pieces = [" ".join(p) for p in sp_tgt.encode(self.entries.targets, out_type=str)]
-                self.tokens = encode_entries(pieces, task.tgt_dict)
+            self.entries = read_memory(spec, src_lang, tgt_lang, placeholders)
+        if Path(data_dir if training_memory else spec).is_dir() and hasattr(task, "memory_entries"):
+            self.tokens = task.memory_entries(str(data_dir if training_memory else spec))
+        else:  # a file, or a task without the document task's memory (pieces for any model)
+            pieces = [" ".join(p) for p in sp_tgt.encode(self.entries.targets, out_type=str)]
+            self.tokens = encode_entries(pieces, task.tgt_dict)
         rerank = learned_key_rerank(task, data_dir) if model is not None and sp_src is not None else None
         if rerank is None:
             # one retrieval: the candidates that preparation reranked for the training neighbours

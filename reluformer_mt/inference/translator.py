@@ -175,7 +175,8 @@ class DocumentTranslator:
                  pieces_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_memory_k: int = 8,
                  knn_k: Optional[int] = None, knn_lambda: Optional[float] = None, knn_readout: Optional[str] = None,
                  knn_temperature: Optional[float] = None, knn_radius: Optional[float] = None,
-                 knn_adaptive: Optional[bool] = None, nbest: int = 1, fp16: bool = False, bf16: bool = False, **renamed):
+                 knn_adaptive: Optional[bool] = None, nbest: int = 1, fp16: bool = False, bf16: bool = False,
+                 tmx_placeholders: str = "space", **renamed):
         pieces_weight, pieces_k, pieces_max_n = _renamed_options(renamed, pieces_weight, pieces_k, pieces_max_n)
         if beam < 1 or batch_size < 1 or max_tokens < 1:
             raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
@@ -256,7 +257,7 @@ class DocumentTranslator:
             from reluformer_mt.inference.memory import MemoryLookup
 
             self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
-                                       model=self.model, sp_src=self.sp_src)
+                                       model=self.model, sp_src=self.sp_src, placeholders=tmx_placeholders)
         elif memory not in (None, "none"):
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "
@@ -489,7 +490,7 @@ class DocumentTranslator:
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
         if matches is not None:
-            dataset = self.task.dataset_with_matches(dataset, matches)
+            dataset = self.task.dataset_with_matches(dataset, self._fit_matches(sources, matches))
         if self.constraint is not None and self.constraint.separator is not None:
             # looked up by sample["id"], i.e. the index into ``sources``
             self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
@@ -528,6 +529,22 @@ class DocumentTranslator:
             if progress is not None:
                 progress.update(len(batch))
         return results
+
+    def _fit_matches(self, sources, matches):
+        """Each source's memory tokens cut to the model's source positions (with concat fusion, the
+        room the source leaves): a long match (a TM entry of thousands of words) would otherwise
+        reach positions the model never saw in training. Counted in the summary."""
+        limit = self.model.max_positions()
+        limit = int(limit[0] if isinstance(limit, (tuple, list)) else limit)
+        concat = getattr(self.task.cfg, "tm_fusion", "none") == "concat"
+        fitted = []
+        for src, tokens in zip(sources, matches):
+            room = limit - (len(src) if concat else 0)
+            if len(tokens) > room:
+                self.stats[f"memory: segments whose matches were cut to the model's {limit} positions"] += 1
+                tokens = tokens[:max(room, 0)]
+            fitted.append(tokens)
+        return fitted
 
     def _per_input_datastores(self, entries_of_sources):
         """SK-MT's per-input datastores: each sentence's memory matches force-decoded (cached per

@@ -13,6 +13,7 @@ holds training pairs only, never a valid or test sentence.
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Dict, Sequence, Tuple
@@ -41,6 +42,27 @@ def check_complete(directory) -> None:
         what = marker.read_text(encoding="utf-8", errors="replace").strip() or "a rewrite"
         raise TranslationMemoryError(f"{marker}: {directory}'s memory was left half rewritten ({what}); "
                                      "re-run that command (or reluformer-prepare --force) before using it")
+
+
+def check_same_sentencepiece(directory, sp_src, sp_tgt, what: str, reference: str) -> None:
+    """One line when ``directory`` was prepared with other SentencePiece models than ``sp_src`` /
+    ``sp_tgt`` (the processors of ``reference``, the model's side): its entries are pieces of
+    another model, which the model's dictionary reads as other tokens or ``<unk>``, whatever the
+    dictionaries' sizes. Compared by content (the models' bytes), not by file name."""
+    from reluformer_mt.data.prepared import Prepared
+
+    prepared = Prepared.load_if_present(directory)
+    if prepared is None:
+        return
+    for side, path, sp in zip(("source", "target"), prepared.spm_paths(), (sp_src, sp_tgt)):
+        if sp is None or not path.is_file():
+            continue
+        if path.read_bytes() != sp.serialized_model_proto():
+            raise TranslationMemoryError(
+                f"{what} {directory}: prepared with another SentencePiece model than {reference} ({path} is not the "
+                f"{side} model of the checkpoint's pieces); its entries would be pieces the model does not know: "
+                f"re-prepare it with reluformer-prepare --spm-model (the checkpoint's model), or give its text as a "
+                f"TSV or TMX file")
 
 
 def mark_rewriting(directory, what: str) -> Path:
@@ -85,6 +107,11 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = P
     retriever = Retriever(memory, dim=dim, candidates=candidates)
     info = {"entries": len(memory), "k": k, "keys": f"tfidf-char2-4-svd{retriever.keys.svd.n_components}",
             "candidates": candidates, "splits": {}}
+    if k >= len(memory):  # kept as asked (training reads the first --tm-k columns); said, not silent
+        info["note"] = (f"--memory-k {k}: the memory has {len(memory)} entries, so a sentence gets at most {len(memory)} "
+                        f"neighbours ({len(memory) - 1} for a training sentence, which never retrieves itself); the "
+                        "rest of each row is -1 (none)")
+        logging.getLogger(__name__).warning("%s: %s", directory, info["note"])
     marker = mark_rewriting(directory, "reluformer-prepare's memory step")
     for split in prepared.splits:
         queries = memory.sources if split == "train" else read_prepared(directory, split).sources

@@ -34,6 +34,11 @@ from reluformer_mt.memory.tm_data import TM_FUSIONS, MemoryPairDataset, encode_e
 logger = logging.getLogger(__name__)
 
 
+class DocumentDataError(ValueError):
+    """A data directory the document task cannot read (a missing metadata file): one line in
+    fairseq's commands too, where a FileNotFoundError without errno was a traceback."""
+
+
 @dataclass
 class DocumentTranslationConfig(TranslationConfig):
     separator: str = field(default=SEPARATOR, metadata={"help": "separator token between the sentences of a segment"})
@@ -156,7 +161,7 @@ class DocumentTranslationTask(TranslationTask):
         data_dir = utils.split_paths(self.cfg.data)[0]
         path = metadata_path(data_dir, split)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing; --task document_translation needs the segment metadata written by "
+            raise DocumentDataError(f"{path}: missing; --task document_translation needs the segment metadata written by "
                                     "reluformer-prepare (use --task translation for plain sentence-level data)")
         infos = read_segment_metadata(path)
         if len(infos) != len(dataset):
@@ -178,7 +183,7 @@ class DocumentTranslationTask(TranslationTask):
 
             path = os.path.join(data_dir, "text", f"train.{self.cfg.target_lang}")
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path}: missing; --tm-fusion reads the memory's targets from the prepared text")
+                raise DocumentDataError(f"{path}: missing; --tm-fusion reads the memory's targets from the prepared text")
             with open(path, encoding="utf-8") as f:
                 pieces = split_sentences_of(f, self.cfg.separator)
             self._memory_entries = encode_entries(pieces, self.tgt_dict)
