@@ -102,7 +102,7 @@ def run_tune(args) -> str:
 def run_rekey(args) -> dict:
     from reluformer_mt.checkpoints import load_model
     from reluformer_mt.data.prepared import Prepared
-    from reluformer_mt.evaluation.rekey import rekey
+    from reluformer_mt.memory.maintenance.rekey import rekey
 
     data = Path(args.data)
     if args.json:  # before the neighbours are rewritten, not after
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("reluformer-memory: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    from reluformer_mt.evaluation.rekey import format_report
+    from reluformer_mt.memory.maintenance.rekey import format_report
 
     print(format_report(report))
     return EXIT_OK

@@ -152,7 +152,7 @@ def one_run(data: Path, variant: str, slots: int, o: SweepOptions) -> dict:
     """Train one (variant, slots) model, then BLEU on test and diagnostics on valid."""
     # torch and fairseq: only when a run starts
     from reluformer_mt.checkpoints import checkpoint_info  # the one loader and its weights_only policy
-    from reluformer_mt.evaluation.memory_stats import memory_stats_report
+    from reluformer_mt.memory.maintenance.stats import memory_stats_report
 
     save = o.out / "checkpoints" / f"{variant}_{slots}"
     seconds, train_loss, valid_loss = train(data, save, variant, slots, o)

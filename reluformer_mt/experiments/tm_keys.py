@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--bible-root", default=None)
     args = p.parse_args(argv)
     from reluformer_mt.checkpoints import load_model
-    from reluformer_mt.evaluation.rekey import format_report, rekey
+    from reluformer_mt.memory.maintenance.rekey import format_report, rekey
     from reluformer_mt.plugin import register
 
     register()
