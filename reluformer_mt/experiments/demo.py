@@ -240,17 +240,22 @@ def train_phase(o: DemoOptions, argv: List[str], save_dir: Path, log_file: Path)
     (save_dir / "train_cpu_seconds.txt").write_text(f"{process_cpu_seconds() - cpu_start:.1f}\n")
 
 
+def phase_files(o: DemoOptions, family: str, run: TrainingRun) -> List[tuple]:
+    """(phase, checkpoint folder, fairseq log) of each phase of a family's run: one folder and log
+    per phase when there are two (``checkpoints/FAMILY/sentence``, ``logs/FAMILY.sentence.log``)."""
+    root, several = o.out / "checkpoints" / family, len(run.phases) > 1
+    return [(phase, root / phase.name if several else root,
+             o.out / "logs" / (f"{family}.{phase.name}.log" if several else f"{family}.log")) for phase in run.phases]
+
+
 def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
     """Train (or reuse) one family: optional sentence-level phase, then document segments.
     Returns the checkpoint, training seconds and the learning curve (minutes across both phases)."""
     run = family_run(o, family)
-    root, log_dir = o.out / "checkpoints" / family, o.out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    max_positions, several = positions(dirs), len(run.phases) > 1
+    (o.out / "logs").mkdir(parents=True, exist_ok=True)
+    max_positions = positions(dirs)
     init_from, curve, seconds, cpu, total_updates = None, {"train": [], "valid": []}, 0.0, 0.0, 0
-    for phase in run.phases:
-        save_dir = root / phase.name if several else root
-        log_file = log_dir / (f"{family}.{phase.name}.log" if several else f"{family}.log")
+    for phase, save_dir, log_file in phase_files(o, family, run):
         data_dir = dirs["sentence" if phase.level == "sentence" else "doc"]
         train_phase(o, train_args(run, phase, data_dir, save_dir, log_file, max_positions, init_from), save_dir, log_file)
         add_phase_curve(curve, phase.name, read_learning_curve(log_file), offset=seconds)
@@ -286,13 +291,13 @@ def training_progress(o: "DemoOptions", families: List[str]):
     when the console is not a terminal (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
     from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
 
-    phases = (["sentence", "document"] if o.sentence_updates > 0 and not o.budget_minutes else [None])
-    readers = [updates_in_file(o.out / "logs" / (f"{f}.{p}.log" if p else f"{f}.log")) for f in families for p in phases]
+    phases = [entry for f in families for entry in phase_files(o, f, family_run(o, f))]
+    readers = [updates_in_file(log_file) for _, _, log_file in phases]
 
     def done():
         return sum(r() or 0 for r in readers)
 
-    total = None if o.budget_minutes else len(families) * (o.max_update + (o.sentence_updates if phases[0] else 0))
+    total = None if o.budget_minutes else sum(phase.updates for phase, _, _ in phases)
     return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None)
 
 

@@ -22,14 +22,14 @@ from reluformer_mt.evaluation.bleu import corpus_sbleu
 from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, family_run, limit_chapters,
                                             prepare_corpus, read_split_documents)
 from reluformer_mt.experiments.demo_translate import bands_of_modes
-from reluformer_mt.experiments.run import Phase, train_args
+from reluformer_mt.experiments.run import Phase, TrainingRun, train_args
 from reluformer_mt.fairseq_runner import run_fairseq
 
 HEADERS = ["read-out", "k", "train min", "s-BLEU", "without memory", "copy of the match", "gain",
            "s-BLEU fuzzy >= 50", "n >= 50"]
 
 
-def memory_study_run(o: DemoOptions, family: str, updates: int, extra: List[str]):
+def memory_study_run(o: DemoOptions, family: str, updates: int, extra: List[str]) -> TrainingRun:
     """The demo's run of ``family`` (a memory family), on sentences only for ``updates`` updates."""
     run = family_run(o, family)
     return replace(run, phases=(Phase("sentence", "sentence", updates),), extra=run.extra + tuple(extra))
