@@ -166,12 +166,12 @@ def test_demo_plan_counts_every_stage():
     assert 26 * 60 < sum(seconds for _, seconds in default) < 34 * 60
     without_knn = demo_plan(DemoOptions(out=Path("x"), families=list(DEFAULT_FAMILIES), knn=False, pieces_weight=10.0))
     assert sum(seconds for _, seconds in without_knn) < sum(seconds for _, seconds in default)
-    # one row per `with stages.stage(...)` of run_demo: prepare, the families (side by side, or one
-    # stage each), decode, evaluate, translate
+    # one row per `with stages.stage(...)` of run_demo: prepare, the families (train_stage: side by
+    # side, or one stage each), decode, evaluate, translate
     import inspect
 
-    from reluformer_mt.experiments.demo import run_demo
-    calls = inspect.getsource(run_demo).count("stages.stage(")
+    from reluformer_mt.experiments.demo import run_demo, train_stage
+    calls = (inspect.getsource(run_demo) + inspect.getsource(train_stage)).count("stages.stage(")
     assert calls == 6, "a stage was added to run_demo: give it a row in progress.demo_plan"
 
 

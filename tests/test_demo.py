@@ -145,12 +145,14 @@ def test_document_phase_learning_rate(tmp_path):
 
     data = Path(tmp_path)
 
-    def lr_of(argv, init_from):
+    def lr_of(argv, phase):
         options = demo.options_from_args(demo.build_parser().parse_args(argv), ["softmax"])
-        train = demo_lib.train_argv(options, "softmax", data, data, data / "log", 256, 10, init_from)
+        run = demo_lib.family_run(options, "softmax")
+        assert [p.name for p in run.phases] == ["sentence", "document"]
+        train = demo_lib.train_args(run, run.phases[phase], data, data, data / "log", 256, data / "checkpoint_last.pt")
         return float(train[train.index("--lr") + 1])
 
     lr = demo.PRESETS["quick"]["lr"]
-    assert lr_of([], None) == lr_of([], data / "checkpoint_last.pt") == lr
-    assert lr_of(["--document-lr", "3e-4"], None) == lr  # the sentence phase keeps --lr
-    assert lr_of(["--document-lr", "3e-4"], data / "checkpoint_last.pt") == 3e-4
+    assert lr_of([], 0) == lr_of([], 1) == lr
+    assert lr_of(["--document-lr", "3e-4"], 0) == lr  # the sentence phase keeps --lr
+    assert lr_of(["--document-lr", "3e-4"], 1) == 3e-4

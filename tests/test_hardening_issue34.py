@@ -131,7 +131,7 @@ def test_a_killed_rekey_leaves_a_directory_that_translation_refuses(key_checkpoi
                                                                     monkeypatch):
     """On main a killed rekey left the training neighbours rewritten while prepared.json still said
     TF-IDF, and nothing marked the directory: training and translation mixed the two."""
-    from reluformer_mt.evaluation import rekey as rekey_lib
+    from reluformer_mt.memory.maintenance import rekey as rekey_lib
     from reluformer_mt.inference import DocumentTranslator
     from reluformer_mt.memory.neighbours import load_neighbours
     from reluformer_mt.memory.tm import TranslationMemoryError

@@ -6,12 +6,14 @@ from pathlib import Path
 from helpers import REPO
 
 PACKAGE = REPO / "reluformer_mt"
-# lowest first; a unit is a subpackage or a module of the package root ("" is the root __init__)
+# lowest first; a unit is a subpackage or a module of the package root ("" is the root __init__),
+# or one of NESTED_UNITS
 LAYERS = [
     {"fairseq_compat", "data", "attention", "cpu_memory"},
     {"memory"},
     {"models", "criteria", "checkpoints"},
     {"evaluation", "knn", "averaging"},
+    {"memory.maintenance"},  # rekeying, memory statistics, bands: they load checkpoints and score BLEU
     {"tasks", "inference"},
     {"plugin"},
     {""},  # the package __init__: registers itself when fairseq's --user-dir imports it
@@ -48,9 +50,14 @@ def graph():
     return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
 
 
+# subpackages with a layer of their own, above their parent's (issue 35: memory/ owns its upkeep)
+NESTED_UNITS = {"memory.maintenance"}
+
+
 def unit(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
+    nested = ".".join(parts[1:3])
+    return nested if nested in NESTED_UNITS else parts[1] if len(parts) > 1 else ""
 
 
 def layer(module: str) -> int:

@@ -1,4 +1,4 @@
-"""EMAT's learned keys for the translation memory (reluformer_mt.memory.learned_keys, reluformer_mt.evaluation.rekey):
+"""EMAT's learned keys for the translation memory (reluformer_mt.memory.learned_keys, memory.maintenance.rekey):
 keys, the in-batch retrieval loss, positives, re-keying without leakage, the refresh during
 training and bad input; tiny models trained a few updates on real IWSLT2017 talks."""
 import json
@@ -64,7 +64,7 @@ def test_positives_are_the_best_target_match_among_the_candidates(key_data):
 
 def test_keys_are_unit_norm_deterministic_and_independent_of_batching(key_checkpoint, key_data):
     from reluformer_mt.memory.learned_keys import encode_keys
-    from reluformer_mt.evaluation.rekey import source_tokens
+    from reluformer_mt.memory.maintenance.rekey import source_tokens
 
     model = loaded(key_checkpoint, key_data).model
     assert model.encoder.tm_key_proj.out_features == 16 and model.encoder.tm_key_layers == 1
@@ -119,7 +119,7 @@ def test_rekey_never_leaks_and_reports_both_keys(key_checkpoint, key_data, tmp_p
     from reluformer_mt.data.prepared import Prepared
     from reluformer_mt.memory.learned_keys import positives_of
     from reluformer_mt.memory.neighbours import load_neighbours
-    from reluformer_mt.evaluation.rekey import rekey
+    from reluformer_mt.memory.maintenance.rekey import rekey
 
     data = tmp_path / "data"
     shutil.copytree(key_data, data)
@@ -175,7 +175,7 @@ def test_translation_retrieves_with_the_keys_the_model_was_trained_on(key_checkp
     """A TF-IDF-keyed directory gives TF-IDF retrieval; after re-keying (or with a model trained
     with --tm-refresh-epochs) the translator retrieves with the model's keys, never the sentence
     itself from a memory without it."""
-    from reluformer_mt.evaluation.rekey import rekey
+    from reluformer_mt.memory.maintenance.rekey import rekey
     from reluformer_mt.inference import DocumentTranslator
     from reluformer_mt.memory.learned_keys import LearnedRetriever
     from reluformer_mt.memory.tm import read_prepared

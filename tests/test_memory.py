@@ -8,7 +8,7 @@ import torch
 from reluformer_mt.plugin import register
 from reluformer_mt.memory import (MemoryOptionError, MipsFfn, TopKMemory, check_memory_options,
                                   parse_memory_layers, topk_read)
-from reluformer_mt.evaluation.memory_stats import anisotropy, memory_stats_report, top_score_ratio
+from reluformer_mt.memory.maintenance.stats import anisotropy, memory_stats_report, top_score_ratio
 
 from helpers import USER_DIR, needs_shared_data, run_fairseq
 

@@ -5,12 +5,12 @@ import json
 import pytest
 
 from reluformer_mt.experiments.curves import read_learning_curve
-from reluformer_mt.experiments.study import RUNS, StudyRun, run_study
+from reluformer_mt.experiments.study import RUNS, run_study, study_run
 
 
 def test_study_of_one_tiny_run_writes_curves_table_and_plot(tmp_path):
     pytest.importorskip("bible_alignments")
-    run = StudyRun("toy", vocab=1000, embed=32, ffn=64, layers=1, heads=2, validate_every=4, lr=1e-3)
+    run = study_run("toy", vocab=1000, embed_dim=32, ffn_dim=64, layers=1, heads=2, validate_every=4, lr=1e-3)
     report = run_study(tmp_path, [run], budget_minutes=10, max_update=8)
     summary = report["runs"][0]
     assert summary["updates"] == 8
@@ -31,7 +31,7 @@ def test_study_of_one_tiny_run_writes_curves_table_and_plot(tmp_path):
 
 def test_every_configuration_describes_itself():
     for name, run in RUNS.items():
-        assert run.name == name and run.family in run.describe()
+        assert run.name == name and run.training.family in run.describe()
 
 
 def test_learning_curve_gives_validation_points_the_wall_time_after_them(tmp_path):

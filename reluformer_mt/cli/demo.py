@@ -12,8 +12,8 @@ from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
                                      check_input_folder, check_output_folder, import_quietly, non_negative_float,
-                                     non_negative_int, positive_float, positive_int, probability, segment_tokens,
-                                     resolve_device, shell_words, unit_interval)
+                                     non_negative_int, positive_int, segment_tokens, resolve_device, unit_interval)
+from reluformer_mt.cli.run_options import add_run_options
 
 # the stages import fairseq, whose imports would print log lines before --help's usage
 _demo = import_quietly("reluformer_mt.experiments.demo")
@@ -37,9 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
                    help="comma-separated model families (see the README's table; every registered family works); "
                         "FAMILY+tm adds a translation memory with --tm-fusion (FAMILY+concat, FAMILY+attention name one)")
-    p.add_argument("--tm-fusion", choices=["concat", "attention"], default=None,
-                   help="fusion of the +tm families (default: the preset's)")
-    p.add_argument("--tm-k", type=positive_int, default=None, help="memory matches per sentence of the +tm families")
     p.add_argument("--pieces-weight", type=non_negative_float, default=None,
                    help="translation pieces' weight for every family (reluformer-translate --pieces-weight; 0 = skip); "
                         "default: weight and fuzzy floor tuned on the validation chapters (reluformer-memory tune)")
@@ -59,31 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "thread, so two side by side finish about twice as fast); 1 = one after the other")
     p.add_argument("--size", default=None, choices=["tiny", "iwslt_de_en", "base"],
                    help="an architecture size instead of the preset's dimensions (e.g. iwslt_de_en with --device cuda)")
-    p.add_argument("--embed-dim", type=positive_int, help="model width" + PRESET_DEFAULT)
-    p.add_argument("--ffn-dim", type=positive_int, help="feed-forward width" + PRESET_DEFAULT)
-    p.add_argument("--layers", type=positive_int, help="encoder and decoder layers (each)" + PRESET_DEFAULT)
-    p.add_argument("--heads", type=positive_int, help="attention heads" + PRESET_DEFAULT)
     p.add_argument("--segment-tokens", type=segment_tokens_text,
                    help="document segment length N in subword tokens" + PRESET_DEFAULT)
     p.add_argument("--vocab-size", type=positive_int, help="joint SentencePiece vocabulary size" + PRESET_DEFAULT)
-    p.add_argument("--sentence-updates", type=non_negative_int,
-                   help="first train this many updates on sentences, then fine-tune on document segments "
-                        "(G-Transformer's recipe); 0 = document segments only" + PRESET_DEFAULT)
-    p.add_argument("--max-update", type=positive_int,
-                   help="training updates per model on document segments (the same for all)" + PRESET_DEFAULT)
-    p.add_argument("--budget-minutes", type=non_negative_float, default=0,
-                   help="instead of the update counts: wall-clock minutes per model (not reproducible across machines)")
-    p.add_argument("--max-tokens", type=positive_int, help="tokens per batch" + PRESET_DEFAULT)
-    p.add_argument("--lr", type=positive_float, help="peak learning rate (inverse square root schedule)" + PRESET_DEFAULT)
-    p.add_argument("--document-lr", type=positive_float,
-                   help="peak learning rate of the document phase (default: --lr, with a fresh schedule)")
-    p.add_argument("--warmup-updates", type=positive_int, help="learning-rate warm-up updates" + PRESET_DEFAULT)
-    p.add_argument("--dropout", type=probability, help="dropout" + PRESET_DEFAULT)
+    # the training run's options (reluformer_mt.cli.run_options): None = the preset's
+    add_run_options(p, dict(embed_dim=None, ffn_dim=None, layers=None, heads=None, sentence_updates=None,
+                            max_update=None, budget_minutes=DemoOptions.budget_minutes, max_tokens=None, lr=None,
+                            document_lr=None, warmup_updates=None, dropout=None, validations=None,
+                            seed=DemoOptions.seed, tm_fusion=DemoOptions.tm_fusion, tm_k=DemoOptions.tm_k,
+                            train_args=""), unset=PRESET_DEFAULT)
     p.add_argument("--beam", type=positive_int, help="beam size of the evaluation and the translated chapter" + PRESET_DEFAULT)
-    p.add_argument("--validations", type=positive_int, help="validations (greedy s-BLEU) per training phase" + PRESET_DEFAULT)
     p.add_argument("--eval-chapters", type=non_negative_int, default=0,
                    help="evaluate on the first K held-out chapters only (0 = all 13)")
-    p.add_argument("--seed", type=non_negative_int, default=1, help="training seed (of the first run with --seeds)")
     p.add_argument("--seeds", type=positive_int, default=1,
                    help="train and evaluate every family with N seeds (--seed, --seed+1, ...: OUT/ and "
                         "OUT/seeds/seed-S/), then report mean ± std and min–max of every quality column and "
@@ -93,9 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
     add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
                               "or cuda", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--train-args", type=shell_words, default="",
-                   help="further fairseq-train options for every family, quoted, e.g. "
-                        "--train-args=--relu-no-length-scale (the ablation of ReLUFormer's length factor)")
     return p
 
 
@@ -107,9 +88,8 @@ def options_from_args(args, families) -> DemoOptions:
     return DemoOptions(out=Path(args.out), families=families, preset=args.preset, size=args.size,
                        segment_tokens=str(values.pop("segment_tokens")), budget_minutes=args.budget_minutes,
                        document_lr=args.document_lr, eval_chapters=args.eval_chapters, seed=args.seed,
-                       bible_root=args.bible_root,
-                       **{name: getattr(args, name) for name in ("tm_fusion", "tm_k") if getattr(args, name) is not None},
-                       jobs=args.jobs, pieces_weight=args.pieces_weight, pieces_k=args.pieces_k,
+                       bible_root=args.bible_root, tm_fusion=args.tm_fusion, tm_k=args.tm_k, jobs=args.jobs,
+                       pieces_weight=args.pieces_weight, pieces_k=args.pieces_k,
                        pieces_floor=args.pieces_floor, knn=args.knn, knn_memory_k=args.knn_memory_k,
                        tune_chapters=args.tune_chapters, no_progress=args.no_progress,
                        force=args.force, device=args.device, train_args=list(args.train_args), **values)

@@ -540,7 +540,7 @@ def add_memory_stats_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_memory_stats(args) -> dict:
-    from reluformer_mt.evaluation.memory_stats import memory_stats_report
+    from reluformer_mt.memory.maintenance.stats import memory_stats_report
 
     return memory_stats_report(args.checkpoint, args.data, args.split, args.top_percent, max_tokens=args.max_tokens,
                                max_batches=args.max_batches, max_rows=args.max_rows, device=args.device)

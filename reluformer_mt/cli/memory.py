@@ -108,7 +108,7 @@ def run_tune(args) -> str:
 def run_rekey(args) -> dict:
     from reluformer_mt.checkpoints import open_checkpoint
     from reluformer_mt.data.prepared import Prepared
-    from reluformer_mt.evaluation.rekey import rekey
+    from reluformer_mt.memory.maintenance.rekey import rekey
     from reluformer_mt.memory.neighbours import check_same_sentencepiece
 
     data = Path(args.data)
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("reluformer-memory: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    from reluformer_mt.evaluation.rekey import format_report
+    from reluformer_mt.memory.maintenance.rekey import format_report
 
     print(format_report(report))
     return EXIT_OK

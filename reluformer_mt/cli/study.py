@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     add_device_option, check_input_folder, check_output_folder, non_negative_float,
-                                     non_negative_int, positive_int, resolve_device)
+                                     add_device_option, check_input_folder, check_output_folder, resolve_device)
+from reluformer_mt.cli.run_options import add_run_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,9 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
-    p.add_argument("--budget-minutes", type=non_negative_float, default=20, help="wall-clock minutes of training per run")
-    p.add_argument("--max-update", type=non_negative_int, default=0, help="also stop after this many updates (0 = no limit)")
-    p.add_argument("--threads", type=positive_int, default=1, help="threads of each training process")
+    add_run_options(p, dict(budget_minutes=20, update_limit=0, threads=1))
     add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
                               "or cuda", choices=["auto", "cpu", "cuda"])
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")

@@ -17,9 +17,9 @@ for _noisy in ("fairseq.tasks.text_to_speech", "matplotlib"):
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_input_folder,
-                                     check_output_folder, non_negative_int, percent_list, positive_float, positive_int,
-                                     positive_int_list)
-from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, SweepOptions, run_sweep
+                                     check_output_folder, percent_list, positive_int, positive_int_list)
+from reluformer_mt.cli.run_options import add_run_options
+from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, SweepOptions, run_sweep, sweep_training
 from reluformer_mt.memory.ffn import FFN_VARIANTS
 
 
@@ -50,11 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nwords", type=positive_int, default=8000, help="size of the joint fairseq dictionary (words, no BPE)")
     p.add_argument("--max-words", type=positive_int, default=40, help="drop pairs with longer sentences")
     p.add_argument("--arch", default="softmax_tiny", help="reluformer architecture (FFN width is set by --slots)")
-    p.add_argument("--max-update", type=positive_int, default=2000, help="the fixed budget of every run")
-    p.add_argument("--max-tokens", type=positive_int, default=2000, help="tokens per batch")
-    p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate (inverse square root schedule)")
-    p.add_argument("--warmup", type=positive_int, default=200, help="learning-rate warm-up updates")
-    p.add_argument("--seed", type=non_negative_int, default=1, help="seed of every run")
+    run = sweep_training()  # the fixed budget of every run and its schedule
+    add_run_options(p, dict(max_update=run.phases[0].updates, max_tokens=run.max_tokens, lr=run.lr,
+                            warmup_updates=run.warmup_updates, seed=run.seed))
     p.add_argument("--beam", type=positive_int, default=4, help="beam size of the test translation")
     p.add_argument("--top-percent", type=percent_list, default="1",
                    help="comma list of p for the top-p%% ratio (the first is tabled)")
@@ -71,10 +69,11 @@ def options_from_args(args) -> SweepOptions:
     return SweepOptions(
         out=Path(args.out), variants=args.variants, slots=args.slots,
         data_bin=Path(args.data_bin) if args.data_bin else None, corpus=Path(args.corpus), valid_size=args.valid_size,
-        test_size=args.test_size, nwords=args.nwords, max_words=args.max_words, arch=args.arch,
-        max_update=args.max_update, max_tokens=args.max_tokens, lr=args.lr, warmup=args.warmup, seed=args.seed,
+        test_size=args.test_size, nwords=args.nwords, max_words=args.max_words,
+        training=sweep_training(args.arch, args.max_update, max_tokens=args.max_tokens, lr=args.lr,
+                                warmup_updates=args.warmup_updates, seed=args.seed, extra=tuple(args.extra)),
         beam=args.beam, top_percent=args.top_percent, stats_batches=args.stats_batches,
-        keep_checkpoints=args.keep_checkpoints, extra=args.extra, progress=False if args.no_progress else None)
+        keep_checkpoints=args.keep_checkpoints, progress=False if args.no_progress else None)
 
 
 def check_args(args) -> None:

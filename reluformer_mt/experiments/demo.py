@@ -29,7 +29,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -53,13 +53,12 @@ from reluformer_mt.evaluation.plots import plot_curves_against_minutes, plot_wor
 from reluformer_mt.evaluation.reports import format_table, write_json, write_table_files
 from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
-from reluformer_mt.experiments.model_args import size_args
 from reluformer_mt.experiments.progress import Stages, demo_plan
 from reluformer_mt.experiments.report_page import write_report_page
+from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train_args
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # reluformer+tm (the ReLU read-out of the memory) is in the read-out study (docs/TRANSLATION_MEMORY.md):
 # at the demo's 2,500 updates it gained less than softmax+tm and took the longest, so the default
 # demo keeps one memory-attention family and guides every family by translation pieces
@@ -67,7 +66,6 @@ DEFAULT_FAMILIES = ("reluformer", "rela", "softmax", "softmax+tm")
 # a family with a translation memory: "softmax+concat", "reluformer+attention"; "+tm" = ``tm_fusion``
 MEMORY_SUFFIXES = ("tm", "concat", "attention")
 NEIGHBOURS_K = 16  # neighbours computed per sentence at preparation (the study reads up to 16)
-TM_POSITIONS = 1024  # positions of a concat model: the source followed by its matches
 
 # Options a preset fills when the command line does not give them. ``quick`` (``make demo``) comes
 # from the quality study (docs/QUALITY_STUDY.md): on 2 CPU cores the 64-dim 2+2 model on a
@@ -199,94 +197,84 @@ def document_phase_lr(o: DemoOptions) -> float:
     return o.document_lr or o.lr
 
 
-def train_argv(o: DemoOptions, family: str, data_dir: Path, save_dir: Path, log_file: Path, max_positions: int,
-               max_update: int, init_from: Optional[Path] = None) -> List[str]:
-    size = o.size or "tiny"
-    family, fusion = split_family(family, o.tm_fusion)
-    if fusion == "concat":
-        max_positions = max(max_positions, TM_POSITIONS)
-    argv = [str(data_dir), "--user-dir", str(PACKAGE_DIR), "--task", "document_translation",
-            "--arch", f"{family}_{size}", "--share-all-embeddings", "--dropout", str(o.dropout),
-            "--max-source-positions", str(max_positions), "--max-target-positions", str(max_positions),
-            "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1",
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-            "--lr", str(document_phase_lr(o) if init_from is not None else o.lr),
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(o.warmup_updates),
-            "--max-tokens", str(o.max_tokens), "--seed", str(o.seed), "--num-workers", "0",
-            "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
-            "--log-format", "json", "--log-interval", "20", "--log-file", str(log_file)]
-    if o.size is None:  # the preset's dimensions on top of the tiny architecture
-        argv += size_args(o.embed_dim, o.ffn_dim, o.layers, o.heads)
-    # validate (greedy s-BLEU costs seconds) and save only every `interval` updates, not also at
-    # every epoch end as fairseq does by default (a sentence-level epoch here is ~116 updates)
-    interval = 200 if o.budget_minutes else max(1, max_update // max(1, o.validations))
-    argv += ["--validate-interval", "1000000", "--save-interval", "1000000",
-             "--validate-interval-updates", str(interval), "--save-interval-updates", str(interval),
-             "--keep-interval-updates", "1"]
-    if o.budget_minutes:
-        argv += ["--stop-time-hours", str(o.budget_minutes / 60), "--max-update", "1000000"]
-    else:
-        argv += ["--max-update", str(max_update)]
-    if init_from is not None:  # G-Transformer's recipe: sentence-level weights, fresh optimizer and schedule
-        argv += ["--finetune-from-model", str(init_from)]
-    if o.device == "cpu":
-        argv.append("--cpu")
-    if fusion:
-        argv += ["--tm-fusion", fusion, "--tm-k", str(o.tm_k)]
-    return argv + list(o.train_args)
+def family_run(o: DemoOptions, family: str) -> TrainingRun:
+    """The training run of one family (``softmax``, ``softmax+tm``, ...) with the demo's options:
+    sentences first when ``sentence_updates`` (not with a time budget), then document segments."""
+    arch_family, fusion = split_family(family, o.tm_fusion)
+    document = Phase("document", o.segment_tokens, 0 if o.budget_minutes else o.max_update)
+    phases = (document,)
+    if o.sentence_updates > 0 and not o.budget_minutes:  # the document phase restarts at document_lr
+        phases = (Phase("sentence", "sentence", o.sentence_updates), replace(document, lr=o.document_lr))
+    dimensions = {} if o.size else dict(embed_dim=o.embed_dim, ffn_dim=o.ffn_dim, layers=o.layers, heads=o.heads)
+    # validate (greedy s-BLEU costs seconds) and save only every few updates, not also at every
+    # epoch end as fairseq does by default (a sentence-level epoch here is ~116 updates)
+    return TrainingRun(arch=f"{arch_family}_{o.size or 'tiny'}", **dimensions, phases=phases, lr=o.lr,
+                       warmup_updates=o.warmup_updates, max_tokens=o.max_tokens, dropout=o.dropout,
+                       budget_minutes=o.budget_minutes, seed=o.seed, device=o.device,
+                       validate_every=200 if o.budget_minutes else None, validations=o.validations,
+                       only_at_intervals=True, tm_fusion=fusion, tm_k=o.tm_k, extra=tuple(o.train_args))
+
+
+def train_phase(o: DemoOptions, argv: List[str], save_dir: Path, log_file: Path) -> None:
+    """fairseq-train in this process, unless the phase finished before (then skipped, unless
+    ``force``); writes its wall and CPU seconds, and resumes the time of an interrupted start."""
+    checkpoint, finished = save_dir / "checkpoint_last.pt", save_dir / "train_seconds.txt"
+    if not o.force and finished.exists():
+        print(f"  {checkpoint} is finished: skipped (use --force to retrain)")
+        return
+    resumed = save_dir / "seconds_before_resume.txt"
+    if o.force or not checkpoint.exists():  # a fresh start; otherwise fairseq resumes checkpoint_last.pt
+        for stale in (log_file, resumed):
+            stale.unlink(missing_ok=True)
+    before = float(resumed.read_text()) if resumed.exists() else 0.0
+    start, cpu_start = time.time(), process_cpu_seconds()
+    try:
+        run_fairseq("train", argv)
+    except BaseException:  # interrupted: remember the time spent, resume on the next call
+        save_dir.mkdir(parents=True, exist_ok=True)
+        resumed.write_text(f"{before + time.time() - start:.1f}\n")
+        raise
+    finished.write_text(f"{before + time.time() - start:.1f}\n")
+    # CPU seconds of this process (training runs in-process): unlike wall minutes, they do not
+    # depend on which family trained beside it or on other jobs of the machine
+    (save_dir / "train_cpu_seconds.txt").write_text(f"{process_cpu_seconds() - cpu_start:.1f}\n")
+
+
+def phase_files(o: DemoOptions, family: str, run: TrainingRun) -> List[tuple]:
+    """(phase, checkpoint folder, fairseq log) of each phase of a family's run: one folder and log
+    per phase when there are two (``checkpoints/FAMILY/sentence``, ``logs/FAMILY.sentence.log``)."""
+    root, several = o.out / "checkpoints" / family, len(run.phases) > 1
+    return [(phase, root / phase.name if several else root,
+             o.out / "logs" / (f"{family}.{phase.name}.log" if several else f"{family}.log")) for phase in run.phases]
 
 
 def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
     """Train (or reuse) one family: optional sentence-level phase, then document segments.
     Returns the checkpoint, training seconds and the learning curve (minutes across both phases)."""
-    root = o.out / "checkpoints" / family
-    log_dir = o.out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    run = family_run(o, family)
+    (o.out / "logs").mkdir(parents=True, exist_ok=True)
     max_positions = positions(dirs)
-    phases = []
-    if o.sentence_updates > 0 and not o.budget_minutes:
-        phases.append(("sentence", dirs["sentence"], o.sentence_updates))
-    phases.append(("document", dirs["doc"], o.max_update))
-    init_from, curve, offset, seconds, cpu, total_updates = None, {"train": [], "valid": []}, 0.0, 0.0, 0.0, 0
-    for name, data_dir, updates in phases:
-        save_dir = root / name if len(phases) > 1 else root
-        log_file = log_dir / (f"{family}.{name}.log" if len(phases) > 1 else f"{family}.log")
-        checkpoint, finished = save_dir / "checkpoint_last.pt", save_dir / "train_seconds.txt"
-        if o.force or not finished.exists():
-            if o.force or not checkpoint.exists():  # a fresh start; otherwise fairseq resumes checkpoint_last.pt
-                for stale in (log_file, save_dir / "seconds_before_resume.txt"):
-                    stale.unlink(missing_ok=True)
-            before = float((save_dir / "seconds_before_resume.txt").read_text()) if (
-                save_dir / "seconds_before_resume.txt").exists() else 0.0
-            start, cpu_start = time.time(), process_cpu_seconds()
-            try:
-                run_fairseq("train", train_argv(o, family, data_dir, save_dir, log_file, max_positions, updates, init_from))
-            except BaseException:  # interrupted: remember the time spent, resume on the next call
-                save_dir.mkdir(parents=True, exist_ok=True)
-                (save_dir / "seconds_before_resume.txt").write_text(f"{before + time.time() - start:.1f}\n")
-                raise
-            finished.write_text(f"{before + time.time() - start:.1f}\n")
-            # CPU seconds of this process (training runs in-process): unlike wall minutes, they do not
-            # depend on which family trained beside it or on other jobs of the machine
-            (save_dir / "train_cpu_seconds.txt").write_text(f"{process_cpu_seconds() - cpu_start:.1f}\n")
-        else:
-            print(f"  {checkpoint} is finished: skipped (use --force to retrain)")
-        phase_curve = read_learning_curve(log_file)
-        curve.setdefault("phase_starts", {})[name] = offset  # seconds; the plot marks where each phase begins
-        for part in ("train", "valid"):
-            for point in phase_curve[part]:
-                curve[part].append({**point, "phase": name,
-                                    "wall": None if point["wall"] is None else point["wall"] + offset})
-        phase_seconds = float(finished.read_text())
-        offset += phase_seconds
-        seconds += phase_seconds
+    init_from, curve, seconds, cpu, total_updates = None, {"train": [], "valid": []}, 0.0, 0.0, 0
+    for phase, save_dir, log_file in phase_files(o, family, run):
+        data_dir = dirs["sentence" if phase.level == "sentence" else "doc"]
+        train_phase(o, train_args(run, phase, data_dir, save_dir, log_file, max_positions, init_from), save_dir, log_file)
+        add_phase_curve(curve, phase.name, read_learning_curve(log_file), offset=seconds)
+        seconds += float((save_dir / "train_seconds.txt").read_text())
         cpu_file = save_dir / "train_cpu_seconds.txt"
         cpu = None if cpu is None or not cpu_file.exists() else cpu + float(cpu_file.read_text())
-        total_updates += updates
-        init_from = checkpoint
+        total_updates += phase.updates
+        init_from = save_dir / "checkpoint_last.pt"
     return {"checkpoint": init_from, "train_seconds": round(seconds, 1), "learning_curve": curve,
             "train_cpu_seconds": None if cpu is None else round(cpu, 1),
             "cpu_seconds_per_update": None if cpu is None or o.budget_minutes else round(cpu / max(1, total_updates), 3)}
+
+
+def add_phase_curve(curve: dict, phase: str, phase_curve: dict, offset: float) -> None:
+    """A phase's points into the run's curve, its wall times after the phases before (``offset`` s)."""
+    curve.setdefault("phase_starts", {})[phase] = offset  # seconds; the plot marks where each phase begins
+    for part in ("train", "valid"):
+        for point in phase_curve[part]:
+            curve[part].append({**point, "phase": phase, "wall": None if point["wall"] is None else point["wall"] + offset})
 
 
 def process_cpu_seconds() -> float:
@@ -303,13 +291,13 @@ def training_progress(o: "DemoOptions", families: List[str]):
     when the console is not a terminal (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
     from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
 
-    phases = (["sentence", "document"] if o.sentence_updates > 0 and not o.budget_minutes else [None])
-    readers = [updates_in_file(o.out / "logs" / (f"{f}.{p}.log" if p else f"{f}.log")) for f in families for p in phases]
+    phases = [entry for f in families for entry in phase_files(o, f, family_run(o, f))]
+    readers = [updates_in_file(log_file) for _, _, log_file in phases]
 
     def done():
         return sum(r() or 0 for r in readers)
 
-    total = None if o.budget_minutes else len(families) * (o.max_update + (o.sentence_updates if phases[0] else 0))
+    total = None if o.budget_minutes else sum(phase.updates for phase, _, _ in phases)
     return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None)
 
 
@@ -720,78 +708,77 @@ def collect_translations(o: DemoOptions, results: Dict[str, dict], translated: D
     return hypotheses
 
 
-def run_demo(o: DemoOptions) -> dict:
-    """Every stage; returns the report (also written to ``OUT/report/``)."""
-    register()  # the models, criteria and task, and the fairseq fixes
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq leaves the root logger at DEBUG
-
-    report_dir = o.out / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
-    stages = Stages(plan=demo_plan(o), log_file=o.out / "logs" / "demo.log")  # one console line per stage
-    stages.announce()
-    started = time.time()
-
-    with stages.stage("prepare the bible corpus (Greek -> English, chapters as documents)"):
-        dirs = prepare_corpus(o)
-
-    results, checkpoints, curves = {}, {}, {}
+def train_stage(o: DemoOptions, stages: Stages, dirs: Dict[str, Path]) -> tuple:
+    """Every family trained: one stage with the families side by side (one thread each), or a
+    stage per family. Returns the checkpoints and each family's first results (time, curve)."""
     budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
         (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
-    if training_jobs(o) > 1:  # one stage: the families train side by side, one thread each
+    if training_jobs(o) > 1:
         with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"), \
                 training_progress(o, o.families):
-            trained_families = train_in_parallel(o, dirs)
+            trained = train_in_parallel(o, dirs)
     else:
-        trained_families = {}
+        trained = {}
         for family in o.families:
             with stages.stage(f"train {family} ({budget})"), training_progress(o, [family]):
-                trained_families[family] = train_family(o, family, dirs)
+                trained[family] = train_family(o, family, dirs)
+    results = {}
     for family in o.families:
-        trained = trained_families[family]
-        checkpoints[family] = trained["checkpoint"]
-        curves[family] = trained["learning_curve"]
-        document_valid = [p for p in curves[family]["valid"] if p["phase"] == "document"]
-        results[family] = {"train_seconds": trained["train_seconds"], "train_cpu_seconds": trained.get("train_cpu_seconds"),
-                           "cpu_seconds_per_update": trained.get("cpu_seconds_per_update"),
+        t = trained[family]
+        document_valid = [p for p in t["learning_curve"]["valid"] if p["phase"] == "document"]
+        results[family] = {"train_seconds": t["train_seconds"], "train_cpu_seconds": t.get("train_cpu_seconds"),
+                           "cpu_seconds_per_update": t.get("cpu_seconds_per_update"),
                            "valid_loss": document_valid[-1]["loss"] if document_valid else float("nan"),
-                           "learning_curve": curves[family]}
+                           "learning_curve": t["learning_curve"]}
+    return {family: trained[family]["checkpoint"] for family in o.families}, results
 
-    what = ("kNN-MT datastores, tuning on the validation chapters, " if needs_tuning(o) else "") + "every decoding mode"
-    with stages.stage(f"translate the held-out chapters ({what})"):
-        base = baselines(o, dirs["doc"])
-        translated = translate_families(o, checkpoints, dirs["doc"])
-        hypotheses = collect_translations(o, results, translated, base, dirs["doc"])
 
-    with stages.stage("evaluate: AER vs gold, attention statistics, the report's plots"):
-        for family, checkpoint in checkpoints.items():
-            info = checkpoint_info(checkpoint)
-            results[family]["params"], results[family]["updates"] = info.parameters, info.updates
-            # the document phase counts its own updates (fresh optimizer); the sentence phase's come first
-            results[family]["sentence_updates"] = o.sentence_updates if not o.budget_minutes else 0
-        evaluation = alignment_and_stats(o, checkpoints, dirs["doc"], report_dir)
-        for family in o.families:
-            results[family]["aer"] = evaluation["aer"]["models"][family]["aer_per_layer"]
-            cross = evaluation["attn_stats"]["models"][family]["stats"]["cross"]["all"]
-            results[family]["cross_sparsity"] = cross["sparsity"]
-            results[family]["cross_null"] = cross["null_rate"]
-            results[family]["attention_statistics"] = evaluation["attn_stats"]["models"][family]["stats"]
-        plot_curves_against_minutes(curves, report_dir / "learning_curves.png",
-                                    title=f"{o.preset} preset, {', '.join(o.families)}")
-        plot_verse_alignment(o, checkpoints, {f: results[f]["aer"] for f in o.families}, dirs["doc"],
-                             report_dir / "attention_heatmaps.png")
-        chapter = next(iter(hypotheses["constrained"][o.families[0]]))
-        side_by_side(chapter, read_split_documents(dirs["doc"], "test", "grc")[chapter],
-                     read_split_documents(dirs["doc"], "test", "en")[chapter],
-                     {f: hypotheses["constrained"][f][chapter] for f in o.families},
-                     report_dir / f"chapter_{chapter}.side_by_side.md")
+def translate_stage(o: DemoOptions, checkpoints: Dict[str, Path], results: Dict[str, dict], data_dir: Path) -> tuple:
+    """The baselines, then every family in every decoding mode (into ``results``); returns the
+    baselines and the hypotheses (``{mode: {family: {chapter: verses}}}``)."""
+    base = baselines(o, data_dir)
+    translated = translate_families(o, checkpoints, data_dir)
+    return base, collect_translations(o, results, translated, base, data_dir)
 
-    with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
-        translated = translate_one_chapter(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
-        print(f"  chapter {translated['chapter']}: {translated['verses']} verses in {translated['seconds']} s -> "
-              f"{translated['translation']}")
 
-    total = time.time() - started
-    reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
+def evaluate_stage(o: DemoOptions, checkpoints: Dict[str, Path], results: Dict[str, dict],
+                   hypotheses: Dict[str, Dict[str, dict]], data_dir: Path, report_dir: Path) -> None:
+    """Sizes, AER against the gold alignments and attention statistics into ``results``; the
+    learning curves, the attention of one verse and one chapter beside its reference."""
+    for family, checkpoint in checkpoints.items():
+        info = checkpoint_info(checkpoint)
+        results[family]["params"], results[family]["updates"] = info.parameters, info.updates
+        # the document phase counts its own updates (fresh optimizer); the sentence phase's come first
+        results[family]["sentence_updates"] = o.sentence_updates if not o.budget_minutes else 0
+    evaluation = alignment_and_stats(o, checkpoints, data_dir, report_dir)
+    for family in o.families:
+        results[family]["aer"] = evaluation["aer"]["models"][family]["aer_per_layer"]
+        cross = evaluation["attn_stats"]["models"][family]["stats"]["cross"]["all"]
+        results[family]["cross_sparsity"] = cross["sparsity"]
+        results[family]["cross_null"] = cross["null_rate"]
+        results[family]["attention_statistics"] = evaluation["attn_stats"]["models"][family]["stats"]
+    plot_curves_against_minutes({f: results[f]["learning_curve"] for f in o.families}, report_dir / "learning_curves.png",
+                                title=f"{o.preset} preset, {', '.join(o.families)}")
+    plot_verse_alignment(o, checkpoints, {f: results[f]["aer"] for f in o.families}, data_dir,
+                         report_dir / "attention_heatmaps.png")
+    chapter = next(iter(hypotheses["constrained"][o.families[0]]))
+    side_by_side(chapter, read_split_documents(data_dir, "test", "grc")[chapter],
+                 read_split_documents(data_dir, "test", "en")[chapter],
+                 {f: hypotheses["constrained"][f][chapter] for f in o.families},
+                 report_dir / f"chapter_{chapter}.side_by_side.md")
+
+
+def chapter_stage(o: DemoOptions, checkpoint: Path, data_dir: Path, report_dir: Path) -> dict:
+    """One held-out chapter translated with ``reluformer-translate``, as a user would."""
+    translated = translate_one_chapter(o, checkpoint, data_dir, report_dir)
+    print(f"  chapter {translated['chapter']}: {translated['verses']} verses in {translated['seconds']} s -> "
+          f"{translated['translation']}")
+    return translated
+
+
+def demo_table(results: Dict[str, dict], base: dict, reference: Optional[dict]) -> str:
+    """The console's and report.json's table: the comparison (beside the reference run's rows),
+    every decoding mode, the tuned values and the fuzzy bands."""
     table = format_table(TABLE_HEADERS, comparison_rows(results, base, reference))
     table += ("\n\ns-BLEU of every decoding mode of the test chapters (* = the mode chosen on the validation "
               "chapters):\n" + modes_table(results, base, "s_bleu"))
@@ -801,10 +788,20 @@ def run_demo(o: DemoOptions) -> dict:
                         ("s-BLEU by the best memory match's fuzzy-match band:", band_table(results))):
         if part:
             table += f"\n\n{title}\n{part}"
+    return table
+
+
+def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypotheses: Dict[str, Dict[str, dict]],
+                 checkpoints: Dict[str, Path], translated: dict, dirs: Dict[str, Path], stage_seconds,
+                 total: float) -> dict:
+    """summary.json, report.json, table.md, the hypothesis files and index.html; prints the table."""
+    report_dir = o.out / "report"
+    reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
+    table = demo_table(results, base, reference)
     write_json(report_dir / "summary.json", summary(results, o, total, base))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
     options["document_phase_lr"] = document_phase_lr(o)  # the value used, also when document_lr is unset
-    report = {"options": options, "versions": versions(), "stage_seconds": stages.times,
+    report = {"options": options, "versions": versions(), "stage_seconds": stage_seconds,
               "total_seconds": round(total, 1), "data": {k: str(v) for k, v in dirs.items()},
               "definitions": DEFINITIONS, "baselines": base, "models": results, "translated_chapter": translated,
               "table": table}
@@ -822,6 +819,28 @@ def run_demo(o: DemoOptions) -> dict:
           f"aer_per_layer.png, sparsity_per_layer.png, chapter_{translated['chapter']}.side_by_side.md, "
           f"{Path(translated['translation']).name}); total {total / 60:.1f} min")
     return report
+
+
+def run_demo(o: DemoOptions) -> dict:
+    """Every stage; returns the report (also written to ``OUT/report/``)."""
+    register()  # the models, criteria and task, and the fairseq fixes
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq leaves the root logger at DEBUG
+    report_dir = o.out / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    stages = Stages(plan=demo_plan(o), log_file=o.out / "logs" / "demo.log")  # one console line per stage
+    stages.announce()
+    started = time.time()
+    with stages.stage("prepare the bible corpus (Greek -> English, chapters as documents)"):
+        dirs = prepare_corpus(o)
+    checkpoints, results = train_stage(o, stages, dirs)
+    what = ("kNN-MT datastores, tuning on the validation chapters, " if needs_tuning(o) else "") + "every decoding mode"
+    with stages.stage(f"translate the held-out chapters ({what})"):
+        base, hypotheses = translate_stage(o, checkpoints, results, dirs["doc"])
+    with stages.stage("evaluate: AER vs gold, attention statistics, the report's plots"):
+        evaluate_stage(o, checkpoints, results, hypotheses, dirs["doc"], report_dir)
+    with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
+        translated = chapter_stage(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
+    return report_stage(o, results, base, hypotheses, checkpoints, translated, dirs, stages.times, time.time() - started)
 
 
 __all__ = ["DemoOptions", "PRESETS", "run_demo"]

@@ -118,7 +118,7 @@ def translate_modes(o, family: str, checkpoint: Path, data_dir: Path, reads_memo
 def bands_of_modes(references: List[str], results: Dict[str, dict]) -> Optional[dict]:
     """s-BLEU of every mode by the best memory match's fuzzy band, beside copying the match (None
     when no mode consulted the memory)."""
-    from reluformer_mt.evaluation.memory_bands import band_scores
+    from reluformer_mt.memory.maintenance.bands import band_scores
 
     matches = next((r["matches"] for r in results.values() if r.get("matches")), None)
     if matches is None:

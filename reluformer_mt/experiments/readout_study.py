@@ -100,7 +100,7 @@ def study_family(run_dir: Path, family: str, data_dir: Path, ks: Sequence[int], 
 def decode_family(run_dir: Path, family: str, data_dir: Path, settings: List[dict], beam: int, device: str = "cpu",
                   progress=print) -> dict:
     """s-BLEU per band of the test chapters decoded with each setting, beside the plain model and copying the match."""
-    from reluformer_mt.evaluation.memory_bands import band_scores
+    from reluformer_mt.memory.maintenance.bands import band_scores
     from reluformer_mt.experiments.knn_tune import split_documents
     from reluformer_mt.inference.translator import DocumentTranslator
     from reluformer_mt.knn.search import KnnOptions

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -29,49 +29,52 @@ from reluformer_mt.evaluation.align import run_align
 from reluformer_mt.evaluation.baselines import diagonal_aer as diagonal
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.curves import read_learning_curve
-from reluformer_mt.experiments.model_args import size_args
+from reluformer_mt.experiments.run import Phase, TrainingRun, train_args
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+# What every run of the study shares: the tiny architecture resized, seed 1, and a validation
+# (greedy BLEU) with a checkpoint every 150 updates, all kept: the AER curve scores each of them
+STUDY_TRAINING = TrainingRun(embed_dim=64, ffn_dim=128, layers=2, heads=4, lr=3e-3, warmup_updates=100,
+                             validate_every=150, log_interval=25, progress_bar=False)
 
 
 @dataclass(frozen=True)
 class StudyRun:
-    """One configuration. ``level``: "sentence" or a segment length in subword tokens."""
+    """One configuration: the corpus (``level``: "sentence" or a segment length in subword tokens;
+    ``vocab``: SentencePiece pieces) and the training run (its budget comes from :func:`run_study`)."""
 
     name: str
-    family: str = "softmax"
     level: str = "sentence"
     vocab: int = 4000
-    embed: int = 64
-    ffn: int = 128
-    layers: int = 2
-    heads: int = 4
-    lr: float = 3e-3
-    warmup: int = 100
-    max_tokens: int = 4096
-    dropout: float = 0.1
-    label_smoothing: float = 0.1
-    validate_every: int = 150
-    extra: tuple = ()  # further fairseq-train options
+    training: TrainingRun = STUDY_TRAINING
 
     def describe(self) -> str:
-        return (f"{self.family} {self.embed}d/{self.ffn} {self.layers}+{self.layers} {self.heads}h, "
+        t = self.training
+        return (f"{t.family} {t.embed_dim}d/{t.ffn_dim} {t.layers}+{t.layers} {t.heads}h, "
                 f"{'sentences' if self.level == 'sentence' else self.level + '-token segments'}, "
-                f"vocab {self.vocab}, lr {self.lr:g}, warmup {self.warmup}, {self.max_tokens} tok/batch, "
-                f"dropout {self.dropout:g}" + (f", {' '.join(self.extra)}" if self.extra else ""))
+                f"vocab {self.vocab}, lr {t.lr:g}, warmup {t.warmup_updates}, {t.max_tokens} tok/batch, "
+                f"dropout {t.dropout:g}" + (f", {' '.join(t.extra)}" if t.extra else ""))
+
+
+def study_run(name: str, level: str = "sentence", vocab: int = 4000, family: str = "softmax", **training) -> StudyRun:
+    """A configuration: ``training`` changes :data:`STUDY_TRAINING` (fields of :class:`TrainingRun`)."""
+    return StudyRun(name, level, vocab, replace(STUDY_TRAINING, arch=f"{family}_tiny", **training))
 
 
 # The configurations of the study in docs/QUALITY_STUDY.md ("demo" = the demo's defaults before it).
 RUNS: Dict[str, StudyRun] = {run.name: run for run in [
-    StudyRun("demo-old", level="128", vocab=4000, embed=64, ffn=128, layers=2, lr=3e-3, warmup=100),
-    StudyRun("tiny-sent-v2k", vocab=2000, embed=64, ffn=128, layers=2, lr=3e-3, warmup=100),
-    StudyRun("small-sent-v2k", vocab=2000, embed=128, ffn=512, layers=3, lr=2e-3, warmup=200, dropout=0.2),
-    StudyRun("small-sent-v4k", vocab=4000, embed=128, ffn=512, layers=3, lr=2e-3, warmup=200, dropout=0.2),
-    StudyRun("small-doc128-v2k", level="128", vocab=2000, embed=128, ffn=512, layers=3, lr=2e-3, warmup=200,
-             dropout=0.2),
-    StudyRun("tiny-sent-v1k", vocab=1000, embed=64, ffn=128, layers=2, lr=3e-3, warmup=100),
-    StudyRun("tiny-sent-v2k-lr5", vocab=2000, embed=64, ffn=128, layers=2, lr=5e-3, warmup=200),
-    StudyRun("base256-sent-v2k", vocab=2000, embed=256, ffn=1024, layers=3, lr=1e-3, warmup=400, dropout=0.3),
+    study_run("demo-old", level="128", vocab=4000, embed_dim=64, ffn_dim=128, layers=2, lr=3e-3, warmup_updates=100),
+    study_run("tiny-sent-v2k", vocab=2000, embed_dim=64, ffn_dim=128, layers=2, lr=3e-3, warmup_updates=100),
+    study_run("small-sent-v2k", vocab=2000, embed_dim=128, ffn_dim=512, layers=3, lr=2e-3, warmup_updates=200,
+              dropout=0.2),
+    study_run("small-sent-v4k", vocab=4000, embed_dim=128, ffn_dim=512, layers=3, lr=2e-3, warmup_updates=200,
+              dropout=0.2),
+    study_run("small-doc128-v2k", level="128", vocab=2000, embed_dim=128, ffn_dim=512, layers=3, lr=2e-3,
+              warmup_updates=200, dropout=0.2),
+    study_run("tiny-sent-v1k", vocab=1000, embed_dim=64, ffn_dim=128, layers=2, lr=3e-3, warmup_updates=100),
+    study_run("tiny-sent-v2k-lr5", vocab=2000, embed_dim=64, ffn_dim=128, layers=2, lr=5e-3, warmup_updates=200),
+    study_run("base256-sent-v2k", vocab=2000, embed_dim=256, ffn_dim=1024, layers=3, lr=1e-3, warmup_updates=400,
+              dropout=0.3),
 ]}
 
 
@@ -92,39 +95,24 @@ def prepare_bible(work: Path, level: str, vocab: int, bible_root: Optional[str] 
     return doc_dir
 
 
-def train_argv(run: StudyRun, data_dir: Path, save_dir: Path, log_file: Path, budget_minutes: float,
-               max_update: int = 0, device: str = "cpu") -> List[str]:
-    positions = Prepared.load(data_dir).positions
-    argv = [str(data_dir), "--user-dir", str(PACKAGE_DIR), "--task", "document_translation",
-            "--arch", f"{run.family}_tiny", "--share-all-embeddings",
-            *size_args(run.embed, run.ffn, run.layers, run.heads),
-            "--dropout", str(run.dropout), "--max-source-positions", str(positions),
-            "--max-target-positions", str(positions),
-            "--criterion", "reluformer_cross_entropy", "--label-smoothing", str(run.label_smoothing),
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", str(run.lr),
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(run.warmup),
-            "--max-tokens", str(run.max_tokens), "--seed", "1", "--num-workers", "0",
-            "--validate-interval-updates", str(run.validate_every), "--save-interval-updates", str(run.validate_every),
-            "--no-epoch-checkpoints", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}',
-            "--save-dir", str(save_dir), "--log-format", "json", "--log-interval", "25", "--log-file", str(log_file),
-            "--no-progress-bar"]
-    if budget_minutes:
-        argv += ["--stop-time-hours", f"{budget_minutes / 60:.4f}"]
-    argv += ["--max-update", str(max_update or 1_000_000)]
-    if device == "cpu":
-        argv.append("--cpu")
-    return argv + list(run.extra)
+def training_run(run: StudyRun, budget_minutes: float, threads: int, max_update: int = 0,
+                 device: str = "cpu") -> TrainingRun:
+    """The run's training with the study's budget: ``budget_minutes`` of wall clock (and at most
+    ``max_update`` updates when > 0) with ``threads`` threads."""
+    return replace(run.training, phases=(Phase(run.name, run.level, max_update),), budget_minutes=budget_minutes,
+                   threads=threads, device=device)
 
 
 def train(run: StudyRun, data_dir: Path, run_dir: Path, budget_minutes: float, threads: int,
           max_update: int = 0, device: str = "cpu", progress: Optional[bool] = None) -> Path:
     """fairseq-train in a child process with ``threads`` threads (so minutes are comparable);
     resumes from the run's last checkpoint if there is one."""
+    training = training_run(run, budget_minutes, threads, max_update, device)
     save_dir, log_file = run_dir / "checkpoints", run_dir / "train.log"
     save_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(training.threads), MKL_NUM_THREADS=str(training.threads))
     command = [str(Path(sys.executable).parent / "fairseq-train"),
-               *train_argv(run, data_dir, save_dir, log_file, budget_minutes, max_update, device)]
+               *train_args(training, training.phases[0], data_dir, save_dir, log_file, Prepared.load(data_dir).positions)]
     (run_dir / "command.txt").write_text(" ".join(command) + "\n", encoding="utf-8")
     from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
 
@@ -260,4 +248,4 @@ def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: 
     return result
 
 
-__all__ = ["RUNS", "StudyRun", "prepare_bible", "run_study", "read_learning_curve"]
+__all__ = ["RUNS", "STUDY_TRAINING", "StudyRun", "study_run", "training_run", "prepare_bible", "run_study", "read_learning_curve"]

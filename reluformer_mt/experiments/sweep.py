@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -23,11 +23,21 @@ from reluformer_mt.fairseq_runner import run_fairseq
 from reluformer_mt.data.readers import Report, read_docmt
 from reluformer_mt.evaluation.bleu import corpus_sbleu, read_fairseq_generate, read_lines
 from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train_args
 from reluformer_mt.memory.ffn import FFN_VARIANTS, MemoryOptionError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = Path(os.environ.get("RELUFORMER_SHARED_DATA", REPO.parent / "shared" / "data")) / "docmt_ende" / "IWSLT2017"
-USER_DIR = str(Path(__file__).resolve().parents[1])
+USER_DIR = str(PACKAGE_DIR)
+
+
+def sweep_training(arch: str = "softmax_tiny", max_update: int = 2000, **fields) -> TrainingRun:
+    """The training of every sweep run: fairseq's translation task on the word-level pairs, one
+    validation at the end of ``max_update`` updates; ``fields`` change the rest (lr, seed, ...)."""
+    fields = {**dict(lr=2e-3, warmup_updates=200, max_tokens=2000), **fields}
+    return TrainingRun(arch=arch, phases=(Phase("sweep", "sentence", max_update),), task="translation",
+                       langs=("en", "de"), share_embeddings=False, device="auto", validations=1, eval_bleu=False,
+                       save_at_validation=False, log_interval=max(1, max_update // 5), progress_bar=False, **fields)
 
 
 @dataclass
@@ -41,25 +51,23 @@ class SweepOptions:
     test_size: int = 500
     nwords: int = 8000
     max_words: int = 40
-    arch: str = "softmax_tiny"
-    max_update: int = 2000
-    max_tokens: int = 2000
-    lr: float = 2e-3
-    warmup: int = 200
-    seed: int = 1
+    training: TrainingRun = field(default_factory=sweep_training)  # each run adds its FFN variant and slots
     beam: int = 4
     top_percent: Sequence[float] = (1.0,)
     stats_batches: int = 10
     keep_checkpoints: bool = False
-    extra: Sequence[str] = field(default_factory=list)
     progress: Optional[bool] = None  # a training bar on a terminal; False: none (--no-progress)
+
+    @property
+    def max_update(self) -> int:
+        return self.training.phases[0].updates
 
     def check(self) -> None:
         for v in self.variants:
             if v not in FFN_VARIANTS:
                 raise MemoryOptionError(f"--variants: got {v!r}, expected a comma list of {', '.join(FFN_VARIANTS)}")
-        if self.warmup >= self.max_update:  # a budget shorter than the warm-up would never reach the lr
-            self.warmup = max(1, self.max_update // 4)
+        if self.training.warmup_updates >= self.max_update:  # a budget shorter than the warm-up would never reach the lr
+            self.training = replace(self.training, warmup_updates=max(1, self.max_update // 4))
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -106,18 +114,6 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def train_args(data: Path, save: Path, variant: str, slots: int, o: SweepOptions) -> list:
-    return [data, "--user-dir", USER_DIR, "--arch", o.arch, "--ffn-variant", variant, "--ffn-slots", slots,
-            "--task", "translation", "--source-lang", "en", "--target-lang", "de",
-            "--criterion", "reluformer_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", o.lr, "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", o.warmup, "--clip-norm", "1.0", "--max-tokens", o.max_tokens,
-            "--max-update", o.max_update, "--num-workers", "0", "--seed", o.seed, "--save-dir", save,
-            "--no-epoch-checkpoints", "--validate-interval-updates", o.max_update,
-            "--log-format", "json", "--log-interval", max(1, o.max_update // 5), "--no-progress-bar",
-            *o.extra]
-
-
 def train(data: Path, save: Path, variant: str, slots: int, o: SweepOptions) -> Tuple[float, List[float], List[float]]:
     """Train one model; (seconds, train losses, valid losses) read from fairseq's json log lines."""
     capture = _Capture()
@@ -128,7 +124,8 @@ def train(data: Path, save: Path, variant: str, slots: int, o: SweepOptions) -> 
     try:  # fairseq's json log lines, captured here, say how far it is
         with TrainingProgress(lambda: last_updates("\n".join(capture.lines[-20:])), o.max_update,
                               f"train {variant} {slots}", enabled=o.progress):
-            run_fairseq("train", train_args(data, save, variant, slots, o))
+            run = replace(o.training, ffn_variant=variant, ffn_slots=slots)
+            run_fairseq("train", train_args(run, run.phases[0], data, save))
     finally:
         logging.getLogger().removeHandler(capture)
     seconds = time.perf_counter() - start
@@ -155,7 +152,7 @@ def one_run(data: Path, variant: str, slots: int, o: SweepOptions) -> dict:
     """Train one (variant, slots) model, then BLEU on test and diagnostics on valid."""
     # torch and fairseq: only when a run starts
     from reluformer_mt.checkpoints import checkpoint_info  # the one loader and its weights_only policy
-    from reluformer_mt.evaluation.memory_stats import memory_stats_report
+    from reluformer_mt.memory.maintenance.stats import memory_stats_report
 
     save = o.out / "checkpoints" / f"{variant}_{slots}"
     seconds, train_loss, valid_loss = train(data, save, variant, slots, o)
@@ -189,7 +186,8 @@ def write_report(o: SweepOptions, results: List[dict]) -> str:
     from reluformer_mt.evaluation.plots import plot_sweep  # matplotlib: only for the report
 
     p0 = str(o.top_percent[0])
-    settings = (f"arch {o.arch}, {o.max_update} updates of <= {o.max_tokens} tokens, lr {o.lr}, "
+    t = o.training
+    settings = (f"arch {t.arch}, {o.max_update} updates of <= {t.max_tokens} tokens, lr {t.lr}, "
                 f"beam {o.beam}; data {o.data_bin or o.corpus}")
     text = table(results, p0)
     (o.out / "results.md").write_text(f"# FFN-as-memory sweep\n\n{settings}\n\n```\n{text}\n```\n", encoding="utf-8")

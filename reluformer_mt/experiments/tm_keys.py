@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from reluformer_mt.evaluation.reports import write_json
-from reluformer_mt.experiments.demo import PRESETS, DemoOptions, prepare_corpus, train_argv
+from reluformer_mt.experiments.demo import PRESETS, DemoOptions, prepare_corpus
+from reluformer_mt.experiments.run import train_args
+from reluformer_mt.experiments.tm_study import memory_study_run
 from reluformer_mt.fairseq_runner import run_fairseq
 
 
@@ -25,7 +27,8 @@ def train(o: DemoOptions, data_dir: Path, name: str, updates: int, extra) -> Pat
     log.parent.mkdir(parents=True, exist_ok=True)
     if not (save / "train_seconds.txt").exists():
         start = time.time()
-        run_fairseq("train", train_argv(o, "softmax+attention", data_dir, save, log, 1024, updates) + extra)
+        run = memory_study_run(o, "softmax+attention", updates, extra)
+        run_fairseq("train", train_args(run, run.phases[0], data_dir, save, log, positions=1024))
         (save / "train_seconds.txt").write_text(f"{time.time() - start:.1f}\n")
     return save / "checkpoint_last.pt"
 
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--bible-root", default=None)
     args = p.parse_args(argv)
     from reluformer_mt.checkpoints import load_model
-    from reluformer_mt.evaluation.rekey import format_report, rekey
+    from reluformer_mt.memory.maintenance.rekey import format_report, rekey
     from reluformer_mt.plugin import register
 
     register()

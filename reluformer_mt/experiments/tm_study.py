@@ -13,18 +13,26 @@ chapters verse by verse with its memory, without it, and beside copying the best
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List
 
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.evaluation.bleu import corpus_sbleu
-from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, limit_chapters, prepare_corpus,
-                                            read_split_documents, train_argv)
+from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, family_run, limit_chapters,
+                                            prepare_corpus, read_split_documents)
 from reluformer_mt.experiments.demo_translate import bands_of_modes
+from reluformer_mt.experiments.run import Phase, TrainingRun, train_args
 from reluformer_mt.fairseq_runner import run_fairseq
 
 HEADERS = ["read-out", "k", "train min", "s-BLEU", "without memory", "copy of the match", "gain",
            "s-BLEU fuzzy >= 50", "n >= 50"]
+
+
+def memory_study_run(o: DemoOptions, family: str, updates: int, extra: List[str]) -> TrainingRun:
+    """The demo's run of ``family`` (a memory family), on sentences only for ``updates`` updates."""
+    run = family_run(o, family)
+    return replace(run, phases=(Phase("sentence", "sentence", updates),), extra=run.extra + tuple(extra))
 
 
 def run_one(o: DemoOptions, family: str, k: int, updates: int, data_dir: Path, extra: List[str]) -> dict:
@@ -33,7 +41,8 @@ def run_one(o: DemoOptions, family: str, k: int, updates: int, data_dir: Path, e
     log = o.out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     o.tm_k = k
-    argv = train_argv(o, f"{family}+attention", data_dir, save, log, 1024, updates) + extra
+    run = memory_study_run(o, f"{family}+attention", updates, extra)
+    argv = train_args(run, run.phases[0], data_dir, save, log, positions=1024)
     start = time.time()
     if not (save / "checkpoint_last.pt").exists() or not (save / "train_seconds.txt").exists():
         run_fairseq("train", argv)
