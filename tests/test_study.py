@@ -45,3 +45,24 @@ def test_learning_curve_gives_validation_points_the_wall_time_after_them(tmp_pat
     curve = read_learning_curve(log)
     assert curve["train"] == [{"update": 25, "loss": 9.0, "wall": 10.0}, {"update": 50, "loss": 8.5, "wall": 30.0}]
     assert curve["valid"][0]["wall"] == 30.0 and curve["valid"][0]["s_bleu"] == 1.5
+
+
+def test_seeds_expand_each_configuration_and_the_table_gives_their_spread():
+    """--seeds 3: seed 1 keeps the configuration's name and folder, seeds 2 and 3 are NAME-seedS runs
+    that differ only in their seed; the seed table gives mean ± std (min–max) per configuration."""
+    import dataclasses
+
+    from reluformer_mt.experiments.study import RUNS, seed_table, seeded_runs
+
+    runs = seeded_runs([RUNS["tiny-sent-v2k"], RUNS["demo-old"]], 3)
+    assert [r.name for r in runs] == ["tiny-sent-v2k", "tiny-sent-v2k-seed2", "tiny-sent-v2k-seed3",
+                                      "demo-old", "demo-old-seed2", "demo-old-seed3"]
+    assert [r.training.seed for r in runs] == [1, 2, 3, 1, 2, 3]
+    assert dataclasses.replace(runs[2].training, seed=1) == RUNS["tiny-sent-v2k"].training
+    summaries = [{"run": r.name, "config": dataclasses.asdict(r), "best_s_bleu": b, "last_d_bleu": 2 * b,
+                  "best_aer": 0.7, "best_aer_head_average": None}
+                 for r, b in zip(runs, [3.0, 4.0, 5.0, 1.0, 1.0, 1.0])]
+    table = seed_table(summaries, 3)
+    line = next(l for l in table.splitlines() if l.startswith("tiny-sent-v2k"))
+    assert "4.00 ± 1.00 (3.00–5.00)" in line and "8.00 ± 2.00 (6.00–10.00)" in line and "n/a" in line
+    assert "1.00 ± 0.00 (1.00–1.00)" in next(l for l in table.splitlines() if l.startswith("demo-old"))

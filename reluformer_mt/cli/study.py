@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     add_device_option, check_input_folder, check_output_folder, resolve_device)
+                                     add_device_option, check_input_folder, check_output_folder, positive_int,
+                                     resolve_device)
 from reluformer_mt.cli.run_options import add_run_options
 
 
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p, dict(budget_minutes=20, update_limit=0, threads=1))
     add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
                               "or cuda", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--seeds", type=positive_int, default=1,
+                   help="train each configuration with seeds 1..N (seed S > 1 as NAME-seedS) and report mean ± "
+                        "standard deviation and min–max of every quality column over them")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
     p.add_argument("--no-progress", action="store_true",
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
     try:
         run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
                   args.bible_root, args.skip_alignment, report=not args.no_report,
-                  progress=False if args.no_progress else None)
+                  progress=False if args.no_progress else None, seeds=args.seeds)
     except ValueError as error:  # bad input: the convention of reluformer_mt.cli.checks
         print(f"reluformer-study: error: {error}", file=sys.stderr)
         return EXIT_USAGE

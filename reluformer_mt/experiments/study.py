@@ -209,15 +209,46 @@ def plot_study(summaries: Sequence[dict], diagonal: float, path: Path) -> Path:
     return path
 
 
+def seeded_runs(runs: Sequence[StudyRun], seeds: int) -> List[StudyRun]:
+    """Each run with seeds 1..``seeds``: seed 1 keeps its name (and folder), seed S is NAME-seedS."""
+    return [run if seed == 1 else StudyRun(f"{run.name}-seed{seed}", run.level, run.vocab,
+                                           replace(run.training, seed=seed))
+            for run in runs for seed in range(1, seeds + 1)]
+
+
+SEED_COLUMNS = (("best_s_bleu", "best s-BLEU (greedy)", 2), ("last_d_bleu", "d-BLEU (last)", 2),
+                ("best_aer", "AER best head", 3), ("best_aer_head_average", "AER head avg", 3))
+
+
+def seed_table(summaries: Sequence[dict], seeds: int) -> str:
+    """Mean ± standard deviation (min–max) of each quality column over a configuration's seeds."""
+    from reluformer_mt.experiments.seeds import cell, spread
+
+    groups: Dict[str, List[dict]] = {}
+    for s in summaries:
+        base = s["run"].rsplit("-seed", 1)[0] if s["config"]["training"]["seed"] != 1 else s["run"]
+        groups.setdefault(base, []).append(s)
+    rows = []
+    for name, group in groups.items():
+        cells = []
+        for key, _, places in SEED_COLUMNS:
+            values = [g[key] for g in group if g.get(key) is not None]
+            cells.append(cell(spread(values), places) if values else "n/a")
+        rows.append([name, len(group)] + cells)
+    return (f"Spread over {seeds} training seeds: mean ± standard deviation (min–max)\n"
+            + format_table(["run", "seeds"] + [label for _, label, _ in SEED_COLUMNS], rows))
+
+
 def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: float, threads: int = 1, max_update: int = 0,
               device: str = "cpu", bible_root: Optional[str] = None, skip_alignment: bool = False,
-              report: bool = True, progress: Optional[bool] = None) -> dict:
-    """Train every named run not trained yet, score its checkpoints, and (``report``) write
-    study.json / study.md / study.png over the named runs. Several processes may train different
-    runs of one ``out`` at once (``report=False``); a last call with every name writes the report."""
+              report: bool = True, progress: Optional[bool] = None, seeds: int = 1) -> dict:
+    """Train every named run not trained yet (each with seeds 1..``seeds``), score its checkpoints,
+    and (``report``) write study.json / study.md / study.png over the named runs, with the spread
+    over seeds when ``seeds`` > 1. Several processes may train different runs of one ``out`` at
+    once (``report=False``); a last call with every name writes the report."""
     out.mkdir(parents=True, exist_ok=True)
     summaries = []
-    runs = [RUNS[n] if isinstance(n, str) else n for n in names]
+    runs = seeded_runs([RUNS[n] if isinstance(n, str) else n for n in names], seeds)
     for run in runs:
         name = run.name
         run_dir = out / "runs" / name
@@ -239,6 +270,8 @@ def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: 
     table = format_table(TABLE_HEADERS, table_rows(summaries))
     result = {"budget_minutes": budget_minutes, "threads": threads, "diagonal_aer_valid": diagonal,
               "runs": summaries, "table": table}
+    if seeds > 1:
+        result["seed_table"] = table = table + "\n\n" + seed_table(summaries, seeds)
     write_json(out / "study.json", result, command=" ".join(sys.argv))
     (out / "study.md").write_text(table + f"\n\ndiagonal-baseline AER on the same gold links: {diagonal:.3f}\n",
                                   encoding="utf-8")
