@@ -36,6 +36,7 @@ def a_file(tmp_path):
 
 
 DEMO_CASES = [  # (argv, what the one line says)
+    (["--seeds", "0"], "argument --seeds: expected a positive integer, got '0'"),
     (["--max-update", "-5"], "argument --max-update: expected a positive integer, got '-5'"),
     (["--max-update", "0"], "argument --max-update: expected a positive integer, got '0'"),
     (["--sentence-updates", "-1"], "argument --sentence-updates: expected an integer >= 0, got '-1'"),
@@ -110,6 +111,7 @@ def test_demo_and_study_refuse_bad_paths_and_devices(tmp_path, capsys, no_work, 
 
 
 STUDY_CASES = [
+    (["--seeds", "-1"], "argument --seeds: expected a positive integer, got '-1'"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--budget-minutes", "-1"], "argument --budget-minutes: expected a finite number >= 0, got '-1'"),
     (["--max-update", "-2"], "argument --max-update: expected an integer >= 0, got '-2'"),

@@ -210,7 +210,7 @@ def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, t
     # adaptive kNN-MT: a Meta-k network per read-out trained on the split, the better one beside the datastore
     adaptive = report["adaptive"]
     assert set(adaptive["by_readout"]) == {"softmax", "relu"} and math.isfinite(adaptive["kept"]["held_out_nll"])
-    assert (store / "adaptive.pt").is_file() and "adaptive  relu" in format_report(report)
+    assert (store / "adaptive.npz").is_file() and "adaptive  relu" in format_report(report)
     from reluformer_mt.inference import DocumentTranslator, TranslationError
     from reluformer_mt.knn.adaptive import AdaptiveError, MetaK
 

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-decode", action="store_true", help="only the teacher-forced grid (seconds), no validation decodes")
     t.add_argument("--adaptive-k", type=positive_int, default=16,
                    help="with --knn: the largest k of the adaptive kNN-MT network (Zheng et al. 2021), trained on "
-                        "the split and written beside the datastore (adaptive.pt); a power of two")
+                        "the split and written beside the datastore (adaptive.npz); a power of two")
     add_device_option(t, help="torch device: " + DEVICE_HELP)
     t.add_argument("--json", help="write the whole report (grid, decodes, chosen values) here")
     return p

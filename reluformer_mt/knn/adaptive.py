@@ -22,17 +22,19 @@ reported beside the best fixed setting's. Our choices where the paper leaves roo
 divided by the median nearest-entry distance (the tuner's scale) so that one network suits every
 family's state norms; the read-out's temperature / radius are the tuner's best for that read-out.
 """
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from reluformer_mt.knn.readout import MODEL_SHARE, knn_probabilities, neighbour_weights
 
-FILE_NAME = "adaptive.pt"
+FILE_NAME = "adaptive.npz"  # plain arrays and a JSON header: nothing to unpickle
 HELD_OUT_EVERY = 5  # segments whose id % 5 == 0 are the early-stopping set
 
 
@@ -89,9 +91,10 @@ class MetaK(nn.Module):
     # ------------------------------------------------------------------ files
     def save(self, directory: Path, fingerprint: str, report: dict) -> Path:
         path = Path(directory) / FILE_NAME
-        tmp = path.with_suffix(".tmp")
-        torch.save({"config": asdict(self.config), "state": self.state_dict(), "fingerprint": fingerprint,
-                    "report": report}, tmp)
+        tmp = path.with_name(path.name + ".tmp")
+        header = json.dumps({"config": asdict(self.config), "fingerprint": fingerprint, "report": report})
+        with open(tmp, "wb") as f:
+            np.savez(f, header=np.array(header), **{k: v.detach().cpu().numpy() for k, v in self.state_dict().items()})
         tmp.replace(path)
         return path
 
@@ -101,12 +104,17 @@ class MetaK(nn.Module):
         if not path.is_file():
             raise AdaptiveError(f"{path}: no adaptive network (train it with 'reluformer-memory tune' on the "
                                 "validation split; it is written beside the datastore)")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if saved.get("fingerprint") != fingerprint:
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                header = json.loads(str(saved["header"]))
+                state = {k: torch.from_numpy(saved[k]) for k in saved.files if k != "header"}
+        except (OSError, ValueError, KeyError) as e:
+            raise AdaptiveError(f"{path}: not an adaptive network file ({e})") from None
+        if header.get("fingerprint") != fingerprint:
             raise AdaptiveError(f"{path}: trained for the datastore of another checkpoint (fingerprint "
-                                f"{saved.get('fingerprint')}, the datastore's {fingerprint}); tune again")
-        net = cls(MetaKConfig(**saved["config"]))
-        net.load_state_dict(saved["state"])
+                                f"{header.get('fingerprint')}, the datastore's {fingerprint}); tune again")
+        net = cls(MetaKConfig(**header["config"]))
+        net.load_state_dict(state)
         return net.eval()
 
 
