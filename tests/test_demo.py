@@ -156,3 +156,20 @@ def test_document_phase_learning_rate(tmp_path):
     assert lr_of([], 0) == lr_of([], 1) == lr
     assert lr_of(["--document-lr", "3e-4"], 0) == lr  # the sentence phase keeps --lr
     assert lr_of(["--document-lr", "3e-4"], 1) == 3e-4
+
+
+def test_no_knn_leaves_out_every_knn_mode_and_table_row(tmp_path):
+    """--no-knn: the tuner tunes the pieces only, and no kNN-MT mode is decoded (it once decoded them
+    anyway from a tuning that had built the datastores)."""
+    from reluformer_mt.experiments import demo as demo_lib
+    from reluformer_mt.experiments.demo_translate import MODES, best_validation_mode, mode_options
+
+    options = demo_lib.DemoOptions(out=tmp_path, families=["softmax"], knn=False)
+    pieces_only = {"chosen": {"pieces": {"pieces_weight": 5.0, "pieces_floor": 0.0, "s_bleu": 9.0}},
+                   "decodes": [{"name": "plain", "s_bleu": 4.0}]}
+    applicable = [m for m in MODES if m != "without-memory" and mode_options(options, m, pieces_only, tmp_path) is not None]
+    assert applicable == ["constrained", "free", "sentence", "pieces"]
+    with_knn = {**pieces_only, "chosen": {**pieces_only["chosen"], "full": {"options": {"k": 8}}}}
+    assert mode_options(options, "knn", with_knn, tmp_path) is None  # a cached kNN tuning is not used either
+    assert best_validation_mode(pieces_only, {"constrained": {}, "pieces": {}}) == "pieces"
+    assert demo_lib.knn_table({"softmax": {"tuned": pieces_only}}) == ""

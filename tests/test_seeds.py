@@ -95,3 +95,15 @@ def test_demo_seeds_option_runs_each_seed_in_its_folder(tmp_path, monkeypatch, c
     assert all(o.beam == 2 and o.families == ["reluformer", "softmax"] for o in calls)
     assert json.loads((out / "report" / "seeds.json").read_text())["seeds"] == [1, 2, 3]
     assert "Spread over training seeds" in capsys.readouterr().out
+
+
+def test_columns_can_be_left_out_and_mixed_commits_are_said(tmp_path, capsys):
+    runs = [fake_run(tmp_path / f"s{seed}", seed, ["reluformer", "softmax"]) for seed in (1, 2)]
+    summary = json.loads((runs[1] / "report" / "summary.json").read_text())
+    (runs[1] / "report" / "summary.json").write_text(json.dumps({**summary, "commit": "abc1234"}))
+    result = seeds_lib.write_seed_report(runs, exclude=["mode:knn"])
+    assert "mode:knn" not in result["families"]["softmax"] and "mode:sentence" in result["families"]["softmax"]
+    text = seeds_lib.render(result)
+    assert "different commits (None, abc1234)" in text and "left out on request (--exclude): mode:knn" in text
+    assert seeds_lib.main([str(r) for r in runs] + ["--exclude", "mode:nope"]) == 2
+    assert "--exclude: unknown column(s) mode:nope" in capsys.readouterr().err

@@ -532,8 +532,8 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float, base
             "modes": {mode: {"s_bleu": round(m["s_bleu"], 2), "d_bleu": round(m["d_bleu"], 2),
                              "fallbacks": f"{m['fallbacks']}/{m['segments']}", "file": m.get("hypothesis_file")}
                       for mode, m in r.get("modes", {}).items()},
-            **({"knn": {"full": r["tuned"]["chosen"]["full"]["options"],
-                        "per_input": r["tuned"]["chosen"]["per_input"]["options"],
+            **({"knn": {**{mode: r["tuned"]["chosen"][mode]["options"] for mode in ("full", "per_input")
+                           if mode in r["tuned"]["chosen"]},  # none with --no-knn
                         "pieces": {k: v for k, v in r["tuned"]["chosen"]["pieces"].items() if k != "s_bleu"}}}
                if r.get("tuned") else {})}
     baselines = {name: {k: round(v, 2) for k, v in b.items()} for name, b in (base or {}).items()
@@ -645,6 +645,8 @@ def knn_table(results: Dict[str, dict]) -> str:
         if not t:
             continue
         for mode in ("full", "per_input"):
+            if mode not in t["chosen"]:  # --no-knn: only the pieces were tuned
+                continue
             c = t["chosen"][mode]
             o = c["options"]
             spread = f"radius {o['radius']:.3g}" if o["readout"] == "relu" else f"T {o['temperature']:.3g}"

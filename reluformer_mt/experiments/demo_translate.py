@@ -49,25 +49,27 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
     started = time.time()
     from reluformer_mt.checkpoints import load_model
 
-    try:
-        store = Datastore.load(store_dir, fingerprint=model_fingerprint(load_model(checkpoint, data_dir).model))
-    except DatastoreError:  # none yet, or another checkpoint's: build it, and tune again
-        store = build_datastore(checkpoint, store_dir, data=data_dir, device=o.device, progress=False, force=True)
-        report_path.unlink(missing_ok=True)
+    store = None
+    if o.knn:  # --no-knn: no datastore, only the pieces are tuned
+        try:
+            store = Datastore.load(store_dir, fingerprint=model_fingerprint(load_model(checkpoint, data_dir).model))
+        except DatastoreError:  # none yet, or another checkpoint's: build it, and tune again
+            store = build_datastore(checkpoint, store_dir, data=data_dir, device=o.device, progress=False, force=True)
+            report_path.unlink(missing_ok=True)
     report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() and not o.force else {}
-    if report.get("tuner_version") != TUNER_VERSION:  # none yet, or tuned by an older tuner
+    if report.get("tuner_version") != TUNER_VERSION or ("full" in report.get("chosen", {})) != o.knn:
+        # none yet, tuned by an older tuner, or with(out) kNN-MT where this run wants the other
         # the tuner decodes the first eval_chapters / tune_chapters validation chapters (the smaller given)
         documents = min((c for c in (o.eval_chapters, o.tune_chapters) if c), default=0)
-        report = tune(checkpoint, data=data_dir, datastore=store_dir, split="valid", device=o.device, beam=o.beam,
-                      memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=documents,
+        report = tune(checkpoint, data=data_dir, datastore=store_dir if o.knn else None, split="valid", device=o.device,
+                      beam=o.beam, memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=documents, knn=o.knn,
                       progress=lambda line: print(f"  {family}: {line}"))
         report.pop("grid")  # hundreds of rows the demo does not use (reluformer-memory tune --json keeps them)
         report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    meta = store.meta
+    datastore = None if store is None else {"entries": store.meta["size"], "mib": round(store.meta["bytes"] / 2 ** 20, 1),
+                                            "build_seconds": store.meta["build_seconds"], "index": store.meta["index"]["kind"]}
     return {"chosen": report["chosen"], "decodes": report["decodes"], "report": str(report_path),
-            "datastore": {"entries": meta["size"], "mib": round(meta["bytes"] / 2 ** 20, 1),
-                          "build_seconds": meta["build_seconds"], "index": meta["index"]["kind"]},
-            "seconds": round(time.time() - started, 1)}
+            "datastore": datastore, "seconds": round(time.time() - started, 1)}
 
 
 def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Optional[dict]:
@@ -86,7 +88,7 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
     if mode == "pieces":
         return None if pieces is None else {**pieces, "pieces_k": o.pieces_k}
     if mode.startswith("knn"):
-        if tuned is None:
+        if tuned is None or not o.knn:  # --no-knn
             return None
         if mode == "knn-memory":
             return {"knn_memory": True, "knn_memory_k": o.knn_memory_k,
@@ -134,8 +136,9 @@ def best_validation_mode(tuned: Optional[dict], results: Dict[str, dict]) -> str
         return "constrained"
     chosen = tuned["chosen"]
     valid = {"constrained": next((d["s_bleu"] for d in tuned["decodes"] if d["name"] == "plain"), None),
-             "pieces": chosen["pieces"]["s_bleu"], "knn": chosen["full"]["s_bleu"],
-             "knn-memory": chosen["per_input"]["s_bleu"], "knn+pieces": chosen["full"]["s_bleu_with_pieces"]}
+             "pieces": chosen["pieces"]["s_bleu"], "knn": chosen.get("full", {}).get("s_bleu"),
+             "knn-memory": chosen.get("per_input", {}).get("s_bleu"),
+             "knn+pieces": chosen.get("full", {}).get("s_bleu_with_pieces")}
     candidates = {m: s for m, s in valid.items() if m in results and s is not None}
     return max(candidates, key=candidates.get) if candidates else "constrained"
 

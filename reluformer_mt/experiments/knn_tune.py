@@ -258,9 +258,10 @@ def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.T
 
 def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
          memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
-         adaptive_k: int = 16, progress=print) -> dict:
-    """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory)
-    and translation pieces on ``split``; returns the report (grid, decodes, chosen values).
+         adaptive_k: int = 16, knn: bool = True, progress=print) -> dict:
+    """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory;
+    neither with ``knn=False``) and translation pieces on ``split``; returns the report (grid,
+    decodes, chosen values).
     ``documents``: decode only the split's first N documents in stage 2 (0: all)."""
     from reluformer_mt.checkpoints import load_model, pick_device
     from reluformer_mt.inference.translator import DocumentTranslator
@@ -276,7 +277,7 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": split, "fingerprint": model_fingerprint(model),
               "tuner_version": TUNER_VERSION}
     store = None
-    if datastore is not None:
+    if datastore is not None and knn:
         store = Datastore.load(datastore, fingerprint=report["fingerprint"], checkpoint=str(checkpoint))
         report["leakage"] = check_leakage(store, data_dir, split)
     forced = ForcedSplit(model, task, split, max_tokens=max_tokens, device=device)
@@ -289,15 +290,15 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         d, v = store.search(forced.states.numpy(), max(GRID_K))
         full_d, full_v = torch.from_numpy(d), torch.from_numpy(v.astype(np.int64))
         grids["full"], report["full_scale"] = grid_scores(forced, full_d, full_v)
-    # per-input: the memory of the translator (the data directory's training split)
-    probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k)
-    lookup = probe.memory
-    sentence_sources = read_split_sentences(data_dir, split)
-    memory_ids, memory_scores = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
-    lookup.entry_source = probe._entry_source
-    d, v, trust = per_input_neighbours(forced, model, task, memory_ids, memory_scores, lookup, memory_k,
-                                       probe.reads_memory, lookup.k, max_tokens, device)
-    grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v, trust)
+    if knn:  # per-input: the memory of the translator (the data directory's training split)
+        probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k)
+        lookup = probe.memory
+        sentence_sources = read_split_sentences(data_dir, split)
+        memory_ids, memory_scores = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
+        lookup.entry_source = probe._entry_source
+        d, v, trust = per_input_neighbours(forced, model, task, memory_ids, memory_scores, lookup, memory_k,
+                                           probe.reads_memory, lookup.k, max_tokens, device)
+        grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v, trust)
     progress(f"tune: {sum(len(g) for g in grids.values()):,} settings scored by validation NLL ({time.time() - started:.0f} s)")
     report["grid"] = grids
     chosen = {mode: {r: best_options(rows, r).as_dict() for r in TUNE_READOUTS} for mode, rows in grids.items()}

@@ -67,14 +67,17 @@ def read_summaries(run_dirs: Sequence[Path]) -> List[dict]:
     return runs
 
 
-def aggregate(runs: Sequence[dict]) -> dict:
-    """Per family present in every run, per column present in every run of it: :func:`spread`."""
+def aggregate(runs: Sequence[dict], exclude: Sequence[str] = ()) -> dict:
+    """Per family present in every run, per column present in every run of it (and not in
+    ``exclude``): :func:`spread`."""
     families = [f for f in runs[0]["summary"]["families"] if all(f in r["summary"]["families"] for r in runs)]
     left_out = sorted({f for r in runs for f in r["summary"]["families"]} - set(families))
     table = {}
     for family in families:
         columns = {}
         for key, _, _ in COLUMNS:
+            if key in exclude:
+                continue
             values = [column_value(r["summary"]["families"][family], key) for r in runs]
             if all(v is not None for v in values):
                 columns[key] = spread(values)
@@ -153,6 +156,11 @@ def render(result: dict) -> str:
                   f"the paired bootstrap over the test verses of seed {result['seeds'][0]}'s run only.", "",
                   markdown_table(["family", "column", f"Δ vs {result['baseline']}", "over seeds",
                                   "bootstrap over verses (one run)"], rows)]
+    if len(result.get("commits", [])) > 1:
+        lines += ["", f"The runs come from different commits ({', '.join(result['commits'])}): columns whose "
+                  "method changed between them do not measure the seed alone."]
+    if result.get("excluded"):
+        lines += ["", f"Columns left out on request (--exclude): {', '.join(result['excluded'])}."]
     if result["left_out_families"]:
         lines += ["", f"Not in every run, left out: {', '.join(result['left_out_families'])}."]
     return "\n".join(lines) + "\n"
@@ -166,7 +174,7 @@ def replace_section(table_md: Path, section: str) -> None:
 
 
 def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
-                      report_dir: Optional[Path] = None) -> dict:
+                      report_dir: Optional[Path] = None, exclude: Sequence[str] = ()) -> dict:
     """Aggregate the runs, write seeds.json / seeds.md into ``report_dir`` (default: the first run's
     report folder), put the section into its table.md and rebuild its index.html."""
     from reluformer_mt.evaluation.html_report import write_html_report
@@ -175,8 +183,12 @@ def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
         raise ValueError(f"a seed spread needs two runs or more, got {len(run_dirs)}")
     runs = read_summaries(run_dirs)
     report_dir = Path(report_dir) if report_dir else Path(run_dirs[0]) / "report"
-    result = aggregate(runs)
-    result.update(seeds=[r["seed"] for r in runs], runs=[r["dir"] for r in runs], baseline=baseline,
+    unknown = sorted(set(exclude) - {key for key, _, _ in COLUMNS})
+    if unknown:
+        raise ValueError(f"--exclude: unknown column(s) {', '.join(unknown)}; expected some of "
+                         f"{', '.join(key for key, _, _ in COLUMNS)}")
+    result = aggregate(runs, exclude)
+    result.update(commits=sorted({str(r["summary"].get("commit")) for r in runs}), excluded=list(exclude),seeds=[r["seed"] for r in runs], runs=[r["dir"] for r in runs], baseline=baseline,
                   labels={key: label for key, label, _ in COLUMNS}, digits={key: digits(key) for key, _, _ in COLUMNS},
                   baselines=runs[0]["summary"].get("baselines", {}),
                   comparison=compare(result["families"], baseline),
@@ -214,10 +226,13 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", help="folders of finished reluformer-demo runs that differ in --seed")
     parser.add_argument("--baseline", default=BASELINE_FAMILY, help="family the others are compared with")
     parser.add_argument("--report-dir", help="where seeds.json / seeds.md go (default: the first run's report/)")
+    parser.add_argument("--exclude", default="", help="comma-separated columns left out (e.g. mode:knn when the "
+                        "runs decoded kNN-MT differently): " + ", ".join(key for key, _, _ in COLUMNS))
     args = parser.parse_args(argv)
     try:
         result = write_seed_report([Path(r) for r in args.runs], args.baseline,
-                                   Path(args.report_dir) if args.report_dir else None)
+                                   Path(args.report_dir) if args.report_dir else None,
+                                   [c for c in args.exclude.split(",") if c])
     except ValueError as e:
         print(f"seeds: error: {e}", file=sys.stderr)
         return 2
