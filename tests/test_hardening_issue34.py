@@ -207,7 +207,7 @@ def test_refused_prepare_rerun_with_another_memory_k_keeps_the_memory_entry(key_
 def test_tm_study_numbers_are_one_line(argv, message, tmp_path, capsys):
     """On main: a ValueError traceback for 'abc', a run for k = 0, a row for -5 updates and a run
     without end for 0 (fairseq's 'no limit')."""
-    from reluformer_mt.experiments import tm_study
+    from reluformer_mt.cli import tm_study
 
     with pytest.raises(SystemExit) as e:
         tm_study.main(argv + ["--out", str(tmp_path / "out")])

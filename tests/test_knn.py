@@ -338,7 +338,8 @@ def test_adaptive_mixture_is_a_distribution_that_keeps_ruled_out_tokens_out():
     lprobs = torch.log_softmax(logits, dim=1)
     distances = torch.tensor([[0.1, 0.5, 1.0, 3.0], [5.0, 6.0, 7.0, 8.0], [0.0, float("inf"), float("inf"), float("inf")]])
     values = torch.tensor([[3, 3, 4, 2], [5, 6, 7, 8], [9, -1, -1, -1]])
-    mixed = adaptive_mix(lprobs, distances, values, net)
+    mixed, share = adaptive_mix(lprobs, distances, values, net)
+    assert share[1] == 0 and 0 < share[0] < 1  # row 2: no neighbour within the radius takes anything
     assert torch.allclose(mixed.exp().sum(1), torch.ones(3), atol=1e-5)
     assert torch.isneginf(mixed[:, 0]).all()
     # row 2: every neighbour beyond the radius: the relu read-out has no mass, the model's row comes back

@@ -74,8 +74,9 @@ def test_the_memory_studies_train_with_the_arguments_they_had(module, tmp_path, 
 
         monkeypatch.setattr(lib, "run_fairseq", recorded)
         monkeypatch.setattr(lib, "prepare_corpus", lambda o: {"doc": o.out / "data/doc", "sentence": o.out / "data/sentence"})
+        command = importlib.import_module(f"reluformer_mt.cli.{module}") if module == "tm_study" else lib
         with pytest.raises(Stop):
-            lib.main(["--out", str(out), *case["argv"]])
+            command.main(["--out", str(out), *case["argv"]])
         assert [normalise(c, out) for c in calls] == case["train"]
 
 

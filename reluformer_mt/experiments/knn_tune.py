@@ -142,6 +142,13 @@ class ForcedSplit:
         return len(self.refs)
 
 
+def fixed_mixture_nll(p_knn: torch.Tensor, mass: torch.Tensor, lam: float, p_ref: torch.Tensor):
+    """(mean NLL of the references, each token's kNN share) under the fixed mixture, as the mixer
+    computes it: share = lambda x mass, the model keeping at least MODEL_SHARE."""
+    share = (lam * mass.double()).clamp(max=1 - MODEL_SHARE)
+    return float(-torch.log(share * p_knn + (1 - share) * p_ref).clamp_min(-1e30).mean()), share
+
+
 def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, trust=None, readouts=TUNE_READOUTS,
                 ks=GRID_K, lambdas=GRID_LAMBDA) -> Tuple[List[dict], float]:
     """Validation NLL of every grid point (rows of dicts) and the distance scale used."""
@@ -163,8 +170,7 @@ def grid_scores(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tens
                     mass = mass * (w * trust[:, :k]).sum(1)
                 p_knn = (w * hits[:, :k]).sum(1).double()
                 for lam in lambdas:
-                    share = (lam * mass.double()).clamp(max=1 - MODEL_SHARE)  # as the mixer does
-                    nll = float(-torch.log(share * p_knn + (1 - share) * p_ref).clamp_min(-1e30).mean())
+                    nll, share = fixed_mixture_nll(p_knn, mass, lam, p_ref)
                     rows.append({"readout": readout, "k": k, "lam": lam, "spread": spread,
                                  "temperature": value, "radius": value, "nll": nll,
                                  "knn_share": float(share.mean())})
@@ -231,8 +237,7 @@ def fixed_nll(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor
     k = options["k"]
     w, mass = neighbour_weights(distances[rows, :k], options["readout"], options["temperature"], options["radius"])
     p_knn = (w * (values[rows, :k] == forced.refs[rows].unsqueeze(1))).sum(1).double()
-    share = (options["lam"] * mass.double()).clamp(max=1 - MODEL_SHARE)
-    return float(-torch.log(share * p_knn + (1 - share) * forced.lp_ref[rows].double().exp()).mean())
+    return fixed_mixture_nll(p_knn, mass, options["lam"], forced.lp_ref[rows].double().exp())[0]
 
 
 def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, best_fixed: Dict[str, dict],

@@ -8,10 +8,8 @@ attention`` (memory attention with the copy distribution, ``--tm-encoder-layers 
 cost stays linear in the slots) for the same number of updates, and translates the held-out
 chapters verse by verse with its memory, without it, and beside copying the best match.
 
-    python -m reluformer_mt.experiments.tm_study --out runs/tm_study --families softmax,reluformer,rela --ks 1,4,16
+    python -m reluformer_mt.cli.tm_study --out runs/tm_study --families softmax,reluformer,rela --ks 1,4,16
 """
-import argparse
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -59,66 +57,29 @@ def run_one(o: DemoOptions, family: str, k: int, updates: int, data_dir: Path, e
             "bands": bands["bands"], "close": close}
 
 
-def _positive(text) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_list(text) -> List[int]:
-    try:
-        values = [_positive(k) for k in text.split(",") if k.strip()]
-    except argparse.ArgumentTypeError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, got {text!r}")
-    return values
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # one line, as every command of the package (no usage block)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv=None) -> int:
-    p = _OneLineParser(prog="tm_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/tm_study")
-    p.add_argument("--families", default="softmax,reluformer,rela")
-    p.add_argument("--ks", type=_positive_list, default=[1, 4, 16], help="retrieved entries per sentence")
-    # >= 1: fairseq reads --max-update 0 as "no limit" (a run that never ends), and -5 trained nothing
-    p.add_argument("--updates", type=_positive, default=1000, help="sentence-level updates per run")
-    p.add_argument("--bible-root", default=None)
-    args = p.parse_args(argv)
+def run_tm_study(out: Path, families: List[str], ks: List[int], updates: int, bible_root=None) -> List[dict]:
+    """Every (k, family) run, tm_study.json after each, then tm_study.md; the command is
+    ``python -m reluformer_mt.cli.tm_study``."""
     from reluformer_mt.plugin import register
 
     register()
-    families = [f for f in args.families.split(",") if f]
-    ks = args.ks
-    o = DemoOptions(out=Path(args.out), families=[f"{f}+attention" for f in families], tm_fusion="attention",
-                    bible_root=args.bible_root, **PRESETS["quick"])
+    o = DemoOptions(out=out, families=[f"{f}+attention" for f in families], tm_fusion="attention",
+                    bible_root=bible_root, **PRESETS["quick"])
     o.validations = 1
     dirs = prepare_corpus(o)
     extra = ["--tm-encoder-layers", "0", "--disable-validation"]
     results = []
     for k in ks:
         for family in families:
-            r = run_one(o, family, k, args.updates, dirs["sentence"], extra)
+            r = run_one(o, family, k, updates, dirs["sentence"], extra)
             results.append(r)
             print(f"[tm-study] {family} k={k}: s-BLEU {r['s_bleu']:.2f} (without memory {r['without_memory']:.2f}, "
                   f"copy {r['copy']:.2f}) in {r['train_seconds'] / 60:.1f} min", flush=True)
-            write_json(Path(args.out) / "tm_study.json", {"updates": args.updates, "results": results})
+            write_json(out / "tm_study.json", {"updates": updates, "results": results})
     rows = [[r["family"], r["k"], round(r["train_seconds"] / 60, 1), r["s_bleu"], r["without_memory"], r["copy"],
              r["s_bleu"] - r["without_memory"], r["close"]["with memory"] if r["close"]["sentences"] else float("nan"),
              r["close"]["sentences"]] for r in results]
     table = format_table(HEADERS, rows)
-    (Path(args.out) / "tm_study.md").write_text(table + "\n", encoding="utf-8")
+    (out / "tm_study.md").write_text(table + "\n", encoding="utf-8")
     print(table)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

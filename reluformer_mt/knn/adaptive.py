@@ -128,18 +128,21 @@ def choice_distributions(distances: Tensor, values: Tensor, config: MetaKConfig)
     return out
 
 
-def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) -> Tensor:
-    """log p of the adaptive mixture for one beam step's rows (ruled-out tokens stay ruled out)."""
+def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) -> Tuple[Tensor, Tensor]:
+    """(log p of the adaptive mixture for one beam step's rows, ruled-out tokens kept out; each
+    row's share taken by the neighbours)."""
     with torch.no_grad():
         choice = net(distances, values)  # (rows, J)
         p_model = lprobs.exp()
         mixed = choice[:, :1].to(lprobs.dtype) * p_model
+        knn_share = torch.zeros(len(choice))
         for j, (w, mass) in enumerate(choice_distributions(distances, values, net.config), start=1):
             k = w.size(1)
             p_knn = knn_probabilities(w, values[:, :k], lprobs.size(1)).to(lprobs.device, lprobs.dtype)
             m = mass.to(lprobs.device, lprobs.dtype).unsqueeze(1)
             mixed = mixed + choice[:, j:j + 1].to(lprobs.dtype) * (m * p_knn + (1 - m) * p_model)
-        return torch.log(mixed).masked_fill(torch.isneginf(lprobs), float("-inf"))
+            knn_share += choice[:, j].cpu() * mass.cpu()
+        return torch.log(mixed).masked_fill(torch.isneginf(lprobs), float("-inf")), knn_share
 
 
 def reference_terms(distances: Tensor, values: Tensor, refs: Tensor, config: MetaKConfig) -> Tuple[Tensor, Tensor]:

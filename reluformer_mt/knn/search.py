@@ -182,8 +182,7 @@ class KnnMixer:
         if eos_as is not None:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
         if self.adaptive is not None:
-            mixed = adaptive_mix(lprobs, distances, values, self.adaptive)
-            mass = (mixed.exp() - lprobs.exp()).abs().sum(dim=1).cpu()  # > 0 where the neighbours took a share
+            mixed, mass = adaptive_mix(lprobs, distances, values, self.adaptive)  # mass: the neighbours' share
         else:
             weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
             if trust is not None:  # per-input entries: the mass the voting matches' fuzzy scores allow
@@ -191,8 +190,7 @@ class KnnMixer:
             probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
             mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)
         self.stats["knn: beam steps"] += lprobs.size(0)
-        self.stats["knn: beam steps with kNN mass"] += int((mass > 1e-6).sum() if self.adaptive is not None
-                                                           else (mass > 0).sum())
+        self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
         # the steps where the neighbours decided the token: the best next token changed
         self.stats["knn: beam steps whose best token the neighbours changed"] += int(
             (mixed.argmax(dim=1) != lprobs.argmax(dim=1)).sum())
