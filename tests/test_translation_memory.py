@@ -264,6 +264,73 @@ def test_translation_pieces_follow_the_sentence_being_written():
     assert rows[3].abs().sum() == 0  # sentence 1 reached its expected length (2 tokens)
 
 
+def test_translation_pieces_expected_length_follows_the_source():
+    """Issue 32: no bonus past the source's expected length: given the sentence's source length
+    and each match's, the expected length is the longest a match's length ratio predicts, never
+    more than the longest match."""
+    from reluformer_mt.inference.pieces import sentence_pieces
+
+    matches = [(torch.tensor([4, 5, 6, 7, 8, 9, 10, 11]), 0.6, 4), (torch.tensor([4, 5, 6]), 0.5, 3)]
+    assert sentence_pieces(matches).expected_length == 8  # no source lengths: the longest match
+    assert sentence_pieces(matches, source_length=2).expected_length == 4  # 8 tokens for 4 words: 2 per word
+    assert sentence_pieces(matches, source_length=100).expected_length == 8
+    assert sentence_pieces(matches, floor=0.55, source_length=1).expected_length == 2
+
+
+def _piece_bonus_by_rule(prefix, units, vocab, separator):
+    """The bonus of one row, straight from the rule (the reference for the batched table): the
+    pieces of the sentence being written; each n-gram the token completes adds its weight; none
+    for a token used up to its cap or once the sentence reaches its expected length."""
+    history = [int(t) for t in prefix[1:]]
+    sentence = history.count(separator) if separator is not None else 0
+    unit = units[min(sentence, len(units) - 1)]
+    current = history[len(history) - history[::-1].index(separator):] if separator in history else history
+    bonus = torch.zeros(vocab)
+    if unit is None or (unit.expected_length is not None and len(current) >= unit.expected_length):
+        return bonus
+    for token in range(vocab):
+        if current.count(token) >= unit.cap.get(token, 0):
+            continue
+        for n in range(1, unit.max_n + 1):
+            if n - 1 <= len(history):
+                gram = tuple(history[len(history) - (n - 1):]) + (token,) if n > 1 else (token,)
+                bonus[token] += unit.best.get(gram, 0.0)
+    return bonus
+
+
+def test_translation_pieces_table_matches_the_rule_on_random_segments():
+    """The sparse table (slots per sentence, one scatter per step) gives every row the bonus the
+    rule gives, for random matches, floors, max n, prefixes that cross separators, and sources
+    without pieces."""
+    from reluformer_mt.inference.pieces import add_piece_bonus, sentence_pieces
+
+    gen = torch.Generator().manual_seed(3)
+    vocab, sep = 30, 3
+    sources, prefixes = [], []
+    for _ in range(12):
+        sentences = []
+        for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
+            entries = [(torch.randint(4, 16, (int(torch.randint(1, 9, (1,), generator=gen)),), generator=gen),
+                        float(torch.rand(1, generator=gen))) for _ in range(3)]
+            sentences.append(sentence_pieces(entries, exclude=(sep,), max_n=int(torch.randint(1, 5, (1,), generator=gen)),
+                                             floor=0.3))
+        sources.append(sentences if len(sentences) > 1 else sentences[0])
+        body = torch.randint(4, 16, (7,), generator=gen)
+        body[torch.rand(7, generator=gen) < 0.2] = sep
+        prefixes.append(torch.cat([torch.tensor([2]), body]))
+    sources[0] = None
+    for steps in (1, 2, 4, 8):
+        prefix = torch.stack(prefixes)[:, :steps]
+        lprobs = torch.randn(len(sources), vocab)
+        expected = lprobs.clone()
+        add_piece_bonus(lprobs, prefix, sources, weight=1.5, separator=sep)
+        for row, units in enumerate(sources):
+            units = units if isinstance(units, list) else [units]
+            expected[row] += 1.5 * _piece_bonus_by_rule(prefix[row], units, vocab, sep)
+        assert torch.allclose(lprobs, expected, atol=1e-5), steps
+    assert add_piece_bonus(torch.zeros(2, vocab), prefix[:2], [None, [None, None]], 1.0, sep).abs().sum() == 0
+
+
 def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tmp_path):
     """--pieces-weight: the memory's pieces change the output of a model trained with memory
     attention and of one trained without memory; weight 0 is the plain translation."""

@@ -35,7 +35,9 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 
 logger = logging.getLogger(__name__)
 
-TUNER_VERSION = 2  # 2: adaptive kNN-MT; a report of another version is stale (the demo tunes again)
+# 2: adaptive kNN-MT; 3: pieces stop at the source's expected length.
+# A report of another version is stale (the demo tunes again).
+TUNER_VERSION = 3
 GRID_K = (4, 16, 64, 256)
 GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance

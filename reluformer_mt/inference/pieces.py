@@ -17,12 +17,14 @@ Documents (issue 32: pieces pooled over a segment's sentences made hypotheses pa
 verse's match into an earlier one, run to the length limit and fall back): a segment keeps one
 set of pieces *per sentence*, and a hypothesis is rewarded only by the pieces of the sentence it
 is writing (the separators it has written so far say which); a token's cap counts its copies in
-that sentence only; no bonus once that sentence is as long as its longest match (the expected
-length, read from the matches), for a separator or EOS; and only matches whose fuzzy score
+that sentence only; no bonus once that sentence reaches its expected length (the longest a
+match's target/source length ratio predicts for this source, at most the longest match), for a
+separator or EOS; and only matches whose fuzzy score
 reaches a floor (``--pieces-floor``, tuned with the weight) give pieces, so a 0.2-fuzzy match of
 an unrelated verse no longer pastes its words.
 """
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -30,39 +32,74 @@ from torch import Tensor
 
 
 class TranslationPieces:
-    """The pieces of one source: every n-gram (n <= ``max_n``) of its entries with the best weight
-    of an entry holding it, and each token's cap (see :func:`pieces_of_entries`)."""
+    """The pieces of one source: every n-gram (n <= ``max_n``) of its entries (``parts``: token
+    runs with their weight) with the best weight of a run holding it (:attr:`best`), each token's
+    cap and the expected length (see :func:`sentence_pieces`)."""
 
     def __init__(self, entries: Iterable[Tuple[Sequence[int], float]], cap: Dict[int, int], max_n: int = 4,
                  expected_length: Optional[int] = None):
         if max_n < 1:
             raise ValueError(f"translation pieces: expected max n >= 1, got {max_n}")
         self.max_n = max_n
-        self.best: Dict[Tuple[int, ...], float] = {}
-        for tokens, weight in entries:
-            tokens = [int(t) for t in tokens]
-            for n in range(1, max_n + 1):
-                for i in range(len(tokens) - n + 1):
-                    gram = tuple(tokens[i:i + n])
-                    if weight > self.best.get(gram, 0.0):
-                        self.best[gram] = float(weight)
+        self.parts = [([int(t) for t in tokens], float(weight)) for tokens, weight in entries]
         # a token earns the bonus only while the hypothesis holds fewer copies of it than the
         # matches suggest (``cap``): without a cap beam search loops on rewarded n-grams
         self.cap = dict(cap)
         # no bonus once the sentence is this long (None: no limit)
         self.expected_length = expected_length
+        self._best: Optional[Dict[Tuple[int, ...], float]] = None
+
+    @property
+    def best(self) -> Dict[Tuple[int, ...], float]:
+        """Every piece and its weight, as a dict (for reading; :class:`PieceTable` builds its
+        tensors from :attr:`parts` directly)."""
+        if self._best is None:
+            self._best = {}
+            for tokens, weight in self.parts:
+                for n in range(1, self.max_n + 1):
+                    for i in range(len(tokens) - n + 1):
+                        gram = tuple(tokens[i:i + n])
+                        if weight > self._best.get(gram, 0.0):
+                            self._best[gram] = weight
+        return self._best
 
     def __len__(self) -> int:
         return len(self.best)
 
 
+def _grams_of_runs(tokens: Tensor, run: Tensor, n: int) -> Tensor:
+    """The start positions in ``tokens`` (all runs end to end, ``run`` naming each position's run)
+    of the n-grams that stay inside one run."""
+    if len(tokens) < n:
+        return torch.zeros(0, dtype=torch.long)
+    starts = torch.arange(len(tokens) - n + 1)
+    return starts[run[starts] == run[starts + n - 1]]
+
+
+def _best_of(keys: Tensor, last: Tensor, weights: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The distinct (key, last token) pairs, sorted by key then token, and the highest weight of
+    each (two stable sorts: one 64-bit key for the whole n-gram could overflow)."""
+    order = torch.argsort(last, stable=True)
+    order = order[torch.argsort(keys[order], stable=True)]
+    keys, last, weights = keys[order], last[order], weights[order]
+    first = torch.ones(len(keys), dtype=torch.bool)
+    first[1:] = (keys[1:] != keys[:-1]) | (last[1:] != last[:-1])
+    group = torch.cumsum(first, 0) - 1
+    best = torch.zeros(int(first.sum())).scatter_reduce_(0, group, weights, "amax", include_self=False)
+    return keys[first], last[first], best
+
+
 class PieceTable:
     """The pieces of a batch's sources as tensors, so that one decoding step rewards all rows with a
     few tensor operations. A source has one :class:`TranslationPieces` per sentence (a segment) or
-    one in all; each (source, sentence) is a *unit*: unigram bonuses, caps and expected lengths as
-    (units, vocab) rows, longer pieces as sorted keys (unit, the n - 1 previous tokens) searched
-    with ``searchsorted``. With a ``separator``, a row is rewarded by the unit of the sentence it is
-    writing: its number of separators so far."""
+    one in all; each (source, sentence) is a *unit*. Only the tokens of a unit's pieces can earn a
+    bonus, so a unit is stored sparsely: its distinct tokens sorted (its *slots*, padded with
+    ``vocab``), each slot's unigram weight and cap; longer pieces as sorted keys (unit, the n - 1
+    previous tokens) searched with ``searchsorted``, each pointing at the slot of its last token. A
+    step works on (rows, slots) tensors and adds the bonuses to the (rows, vocab) scores with one
+    scatter, so its cost does not grow with the vocabulary, and the table is built with tensor
+    operations over all runs at once. With a ``separator``, a row is rewarded by the unit of the
+    sentence it is writing: its number of separators so far."""
 
     def __init__(self, pieces: Sequence, vocab: int, separator: Optional[int] = None):
         self.vocab, self.separator = vocab, separator
@@ -77,48 +114,76 @@ class PieceTable:
         self.n_units = torch.tensor(self.n_units, dtype=torch.long)
         present = [p for p in units if p is not None]
         self.max_n = max((p.max_n for p in present), default=1)
-        if len(units) * float(vocab) ** (self.max_n - 1) >= 2 ** 62:
+        if len(units) * sum(float(vocab) ** (n - 1) for n in range(2, self.max_n + 1)) >= 2 ** 62:
             raise ValueError(f"translation pieces: {vocab} tokens and n <= {self.max_n} do not fit 64-bit keys; "
                              "lower --pieces-max-n")
-        self.unigram = torch.zeros(len(units), vocab)
-        self.cap = torch.zeros(len(units), vocab, dtype=torch.long)
         big = torch.iinfo(torch.long).max
         self.expected_length = torch.tensor([big if p is None or p.expected_length is None else p.expected_length
                                              for p in units], dtype=torch.long)
-        grams = {n: ([], [], []) for n in range(2, self.max_n + 1)}  # keys, tokens, weights
+        # every run of every unit end to end: its tokens, and per run its unit, weight and max n
+        flat, run_unit, run_weight, run_max_n = [], [], [], []
         for unit, p in enumerate(units):
-            if p is None:
-                continue
-            for token, count in p.cap.items():
-                self.cap[unit, token] = count
-            for gram, weight in p.best.items():
-                if len(gram) == 1:
-                    self.unigram[unit, gram[0]] = weight
-                else:
-                    keys, tokens, weights = grams[len(gram)]
-                    keys.append(self._key(unit, gram[:-1]))
-                    tokens.append(gram[-1])
-                    weights.append(weight)
-        self.grams = {}
-        for n, (keys, tokens, weights) in grams.items():
-            if keys:
-                keys, order = torch.sort(torch.tensor(keys, dtype=torch.long))
-                self.grams[n] = (keys, torch.tensor(tokens, dtype=torch.long)[order],
-                                 torch.tensor(weights, dtype=torch.float32)[order])
+            for tokens, weight in (p.parts if p is not None else ()):
+                flat += tokens
+                run_unit.append(unit)
+                run_weight.append(weight)
+                run_max_n.append(p.max_n)
+        tokens = torch.tensor(flat, dtype=torch.long)
+        run = torch.repeat_interleave(torch.arange(len(run_unit)),
+                                      torch.tensor([len(t) for p in present for t, _ in p.parts], dtype=torch.long))
+        run_unit, run_weight = torch.tensor(run_unit, dtype=torch.long), torch.tensor(run_weight, dtype=torch.float32)
+        run_max_n = torch.tensor(run_max_n, dtype=torch.long)
 
-    def _key(self, unit: int, prefix: Sequence[int]) -> int:
-        key = unit
-        for t in prefix:
-            key = key * self.vocab + int(t)
-        return key
+        def grams(n: int) -> Tuple[Tensor, Tensor, Tensor]:
+            """The distinct n-grams, sorted: keys (unit, the first n - 1 tokens), last tokens, best weights."""
+            starts = _grams_of_runs(tokens, run, n)
+            starts = starts[run_max_n[run[starts]] >= n]
+            keys = run_unit[run[starts]]
+            for c in range(n - 1):
+                keys = keys * vocab + tokens[starts + c]
+            return _best_of(keys, tokens[starts + n - 1], run_weight[run[starts]])
+
+        # slots: a unit's distinct tokens, ascending; padding slots hold the impossible token
+        # ``vocab`` (keeps rows sorted for searchsorted), weight 0 and cap 0
+        slot_unit, slot_tokens, unigram_weight = grams(1)
+        slot_key = slot_unit * vocab + slot_tokens  # ascending
+        position = torch.arange(len(slot_key)) - torch.searchsorted(slot_unit, torch.arange(len(units)))[slot_unit]
+        width = int(position.max()) + 1 if len(position) else 1
+        self.slot_token = torch.full((len(units), width), vocab, dtype=torch.long)
+        self.slot_token[slot_unit, position] = slot_tokens
+        self.slot_weight = torch.zeros(len(units), width)
+        self.slot_weight[slot_unit, position] = unigram_weight
+        self.slot_cap = torch.zeros(len(units), width, dtype=torch.long)
+        cap = [(unit, t, c) for unit, p in enumerate(units) if p is not None for t, c in p.cap.items()]
+        if cap and len(slot_key):
+            cap = torch.tensor(cap, dtype=torch.long)
+            wanted = cap[:, 0] * vocab + cap[:, 1]
+            found = torch.searchsorted(slot_key, wanted).clamp_(max=len(slot_key) - 1)
+            hit = slot_key[found] == wanted  # a capped token without a piece has no slot
+            self.slot_cap[cap[hit, 0], position[found[hit]]] = cap[hit, 2]
+        # the longer pieces of every n in one sorted array: n's keys shifted past those of n - 1, so
+        # that one search per step finds the pieces each row's last 1, 2, ... tokens begin
+        self.gram_offset: Dict[int, int] = {}
+        keys_of_n, slots_of_n, weights_of_n, offset = [], [], [], 0
+        for n in range(2, self.max_n + 1):
+            keys, last, weights = grams(n)
+            if len(keys):
+                unit = keys // vocab ** (n - 1)
+                slots_of_n.append(position[torch.searchsorted(slot_key, unit * vocab + last)])
+                keys_of_n.append(keys + offset)
+                weights_of_n.append(weights)
+                self.gram_offset[n] = offset
+            offset += len(units) * vocab ** (n - 1)
+        self.gram_keys = torch.cat(keys_of_n) if keys_of_n else torch.zeros(0, dtype=torch.long)
+        self.gram_slots = torch.cat(slots_of_n) if slots_of_n else torch.zeros(0, dtype=torch.long)
+        self.gram_weights = torch.cat(weights_of_n) if weights_of_n else torch.zeros(0)
 
     def add_bonus(self, lprobs: Tensor, prefix: Tensor, sources: Tensor, weight: float) -> Tensor:
         """``lprobs`` (rows, vocab) += ``weight`` x each row's bonus, in place; ``prefix`` (rows,
         steps) starts with the token fairseq puts first; ``sources`` (rows,) index the table."""
         if weight == 0:
             return lprobs
-        device = lprobs.device
-        history, sources = prefix[:, 1:].cpu(), sources.cpu()
+        history, sources = prefix[:, 1:].cpu().contiguous(), sources.cpu()
         rows = lprobs.size(0)
         # the sentence each row is writing, and which of its tokens belong to that sentence
         if self.separator is not None and history.size(1):
@@ -129,46 +194,63 @@ class PieceTable:
             sentence = torch.zeros(rows, dtype=torch.long)
             current = torch.ones_like(history, dtype=torch.bool)
         units = self.first_unit[sources] + torch.minimum(sentence, self.n_units[sources] - 1)
-        bonus = self.unigram[units].clone()  # (rows, vocab)
-        for n, (keys, tokens, weights) in self.grams.items():
-            if history.size(1) < n - 1:
-                continue
-            row_keys = units.clone()
-            for t in history[:, history.size(1) - (n - 1):].unbind(1):
-                row_keys = row_keys * self.vocab + t
-            lo = torch.searchsorted(keys, row_keys)
-            hi = torch.searchsorted(keys, row_keys, right=True)
-            counts = hi - lo
-            if int(counts.sum()) == 0:
-                continue
-            which = torch.repeat_interleave(torch.arange(rows), counts)
-            starts = torch.repeat_interleave(lo - torch.cumsum(counts, 0) + counts, counts)
-            entries = starts + torch.arange(len(which))
-            bonus.index_put_((which, tokens[entries]), weights[entries], accumulate=True)
-        used = torch.zeros(rows, self.vocab, dtype=torch.long).scatter_add_(1, history, current.long())
-        bonus *= used < self.cap[units]
+        tokens = self.slot_token[units]  # (rows, slots)
+        bonus = self.slot_weight[units]  # a copy (advanced indexing)
+        steps = history.size(1)
+        queries = []  # per row, the key of its last n - 1 tokens for every n that has pieces
+        for n, offset in self.gram_offset.items():
+            if steps >= n - 1:
+                key = units
+                for t in history[:, steps - (n - 1):].unbind(1):
+                    key = key * self.vocab + t
+                queries.append(key + offset)
+        if queries:
+            queries = torch.stack(queries, 1).view(-1)
+            lo = torch.searchsorted(self.gram_keys, queries)
+            counts = torch.searchsorted(self.gram_keys, queries, right=True) - lo
+            total = int(counts.sum())
+            if total:
+                which = torch.repeat_interleave(torch.arange(len(queries)) // (len(queries) // rows), counts)
+                entries = torch.repeat_interleave(lo - torch.cumsum(counts, 0) + counts, counts) + torch.arange(total)
+                bonus.index_put_((which, self.gram_slots[entries]), self.gram_weights[entries], accumulate=True)
+        # copies of each slot's token in the sentence being written: the cap
+        if history.size(1):
+            at = torch.searchsorted(tokens, history).clamp_(max=tokens.size(1) - 1)
+            same = (tokens.gather(1, at) == history) & current
+            used = torch.zeros_like(tokens).scatter_add_(1, at, same.long())
+            bonus *= used < self.slot_cap[units]
+        else:
+            bonus *= self.slot_cap[units] > 0
         bonus *= (current.sum(dim=1) < self.expected_length[units]).unsqueeze(1)
-        lprobs += (weight * bonus).to(device, lprobs.dtype)
+        # padding slots (token ``vocab``) carry 0: add them to the last token harmlessly
+        lprobs.scatter_add_(1, tokens.clamp(max=self.vocab - 1).to(lprobs.device),
+                            (weight * bonus).to(lprobs.device, lprobs.dtype))
         return lprobs
 
 
-def sentence_pieces(entries: Sequence[Tuple[Tensor, float]], exclude: Sequence[int] = (), max_n: int = 4,
-                    floor: float = 0.0) -> Optional[TranslationPieces]:
-    """Pieces of one sentence from its retrieved entries, (target token ids, fuzzy score) each:
-    only entries scoring at least ``floor`` count (None if none does). An ``exclude``d token
-    (padding, EOS, the separator) ends a piece; a token's cap is the most copies of it one entry
-    holds; the expected length is the longest entry's."""
-    kept = [(tokens, score) for tokens, score in entries if score >= floor]
+def sentence_pieces(entries: Sequence[Tuple], exclude: Sequence[int] = (), max_n: int = 4, floor: float = 0.0,
+                    source_length: Optional[int] = None) -> Optional[TranslationPieces]:
+    """Pieces of one sentence from its retrieved entries, (target token ids, fuzzy score) or (target
+    token ids, fuzzy score, the entry's source length) each: only entries scoring at least ``floor``
+    count (None if none does). An ``exclude``d token (padding, EOS, the separator) ends a piece; a
+    token's cap is the most copies of it one entry holds. The expected length is the longest
+    entry's; given the sentence's ``source_length`` and the entries' source lengths, at most the
+    longest an entry's length ratio predicts for this source (a 40-token match of a 10-token verse
+    no longer rewards 40 tokens for a 5-token one)."""
+    kept = [entry for entry in entries if entry[1] >= floor]
     if not kept:
         return None
     excluded = set(int(t) for t in exclude)
-    parts, cap, longest = [], defaultdict(int), 0
-    for tokens, score in kept:
-        ids = [t for t in tokens.tolist()]
+    parts, cap, longest, predicted = [], defaultdict(int), 0, 0
+    for entry in kept:
+        tokens, score = entry[0], entry[1]
+        ids = tokens.tolist()
         real = [t for t in ids if t not in excluded]
         longest = max(longest, len(real))
-        for t in set(real):
-            cap[t] = max(cap[t], real.count(t))
+        if source_length is not None and len(entry) > 2:
+            predicted = max(predicted, math.ceil(len(real) * source_length / max(1, entry[2])))
+        for t, count in Counter(real).items():
+            cap[t] = max(cap[t], count)
         part = []
         for t in ids + [None]:
             if t is None or t in excluded:
@@ -177,7 +259,8 @@ def sentence_pieces(entries: Sequence[Tuple[Tensor, float]], exclude: Sequence[i
                 part = []
             else:
                 part.append(t)
-    return TranslationPieces(parts, cap, max_n=max_n, expected_length=longest)
+    expected = min(longest, predicted) if source_length is not None and predicted else longest
+    return TranslationPieces(parts, cap, max_n=max_n, expected_length=expected)
 
 
 def add_piece_bonus(lprobs: Tensor, prefix: Tensor, pieces: Sequence, weight: float,

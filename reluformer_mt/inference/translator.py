@@ -263,6 +263,7 @@ class DocumentTranslator:
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "
                                    "memory's translation pieces instead")
         self._matches = {}  # (document, unit) -> (ids, scores) during translate()
+        self._unit_lengths = {}  # (document, unit) -> source words, during translate()
         if self.piece_weight and self.memory is not None:
             if self.constraint is None:  # plain beam search with the bonus
                 from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
@@ -775,6 +776,8 @@ class DocumentTranslator:
         if self.memory is None:
             return
         keys = [(d, u) for d, doc in enumerate(encoded) for u, p in enumerate(doc) if p is not None]
+        # source words of each unit (SentencePiece marks a word's first piece), for the pieces' length
+        self._unit_lengths = {(d, u): sum(1 for p in encoded[d][u] if p.startswith("\u2581")) for d, u in keys}
         k = max(self.memory.k, self.piece_k if self.piece_weight else 0, self.knn_memory_k if self.knn_memory else 0)
         ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys], k)
         for n, key in enumerate(keys):
@@ -790,9 +793,11 @@ class DocumentTranslator:
         from reluformer_mt.inference.pieces import sentence_pieces
 
         exclude = (self.tgt_dict.pad(), self.tgt_dict.eos(), self.sep_tgt)
-        return [sentence_pieces([(self.memory.tokens[entry], float(score))
+        words = self.memory.entries.sources
+        return [sentence_pieces([(self.memory.tokens[entry], float(score), len(words[entry].split()))
                                  for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)]))
-                                 if entry >= 0], exclude, self.piece_max_n, self.piece_floor)
+                                 if entry >= 0], exclude, self.piece_max_n, self.piece_floor,
+                                source_length=self._unit_lengths[(seg.doc, i)])
                 for i in seg.sentences]
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
