@@ -344,3 +344,38 @@ def test_adaptive_mixture_is_a_distribution_that_keeps_ruled_out_tokens_out():
     assert torch.isneginf(mixed[:, 0]).all()
     # row 2: every neighbour beyond the radius: the relu read-out has no mass, the model's row comes back
     assert torch.allclose(mixed[1], lprobs[1], atol=1e-6)
+
+
+def test_knn_tables_render_every_mode_band_and_choice_of_a_report(tmp_path, capsys):
+    """docs/KNN_MT.md's tables come from a demo report by experiments/knn_tables.py: every mode's
+    s-BLEU, each band beside the copy of the match, fallbacks and seconds, the tuner's choices."""
+    import json
+
+    from reluformer_mt.experiments import knn_tables
+
+    modes = {mode: {"s_bleu": 1.0 + i, "segments": 186, "fallbacks": i, "translate_seconds": 10.0 + i}
+             for i, mode in enumerate(knn_tables.MODES)}
+    modes["pieces"]["segments"] = 406  # decoded verse by verse
+    chosen = {"pieces": {"pieces_weight": 10.0, "pieces_floor": 0.3},
+              "full": {"options": {"k": 256, "lam": 0.5, "temperature": 3.7, "radius": 3.7, "readout": "softmax",
+                                   "adaptive": True}, "by_readout": {"softmax": 7.45, "relu": 6.69}, "adaptive_s_bleu": 8.65},
+              "per_input": {"options": {"k": 64, "lam": 1.0, "temperature": 9.0, "radius": 2.5, "readout": "relu",
+                                        "adaptive": False}, "by_readout": {"softmax": 11.25, "relu": 9.04}}}
+    report = {"models": {"softmax": {"verses": 406, "modes": modes, "best_mode": "knn+pieces", "tuned": {"chosen": chosen},
+                                     "bands": {"bands": [{"band": ">=90", "sentences": 3, "pieces": 70.0,
+                                                          "copy of the match": 82.44}]}}},
+              "baselines": {"nearest_verse": {"s_bleu": 16.38}}}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    assert knn_tables.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| softmax | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 6.00 | knn+pieces |" in out
+    assert "| baseline: nearest training verse | 16.38 |" in out
+    assert "| softmax: >=90 | 3 |  |  | 70.00 |  |  |  | 82.44 |" in out
+    assert "| softmax | 0/186, 10.0 s | 1/186, 11.0 s | 2/406, 12.0 s |" in out
+    assert ("| softmax | 10 / 0.3 / verse by verse | adaptive (softmax, k <= 16, T 3.7) | 7.45 / 6.69 / 8.65 "
+            "| relu, 64, 1, radius 2.5 | 11.25 / 9.04 |") in out
+    path.write_text("[]")
+    with pytest.raises(SystemExit):
+        knn_tables.main([str(path)])
+    assert "expected a demo report with 'models'" in capsys.readouterr().err
