@@ -7,6 +7,7 @@ rewrites the block between ``<!-- demo-table:begin`` and ``<!-- demo-table:end -
 and keeps a copy of the summary as ``docs/benchmarks/demo_summary.json``; a test renders that copy
 again and fails when the README's block differs from it.
 """
+import argparse
 import json
 import shutil
 import sys
@@ -79,12 +80,16 @@ def readme_block(readme: Path = README) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m reluformer_mt.experiments.readme_table OUT/report/summary.json", file=sys.stderr)
-        return 2
-    source = Path(argv[0])
-    summary = json.loads(source.read_text(encoding="utf-8"))
+    p = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.readme_table",
+                                description="rewrite README.md's demo table from a demo run's summary.json")
+    p.add_argument("summary", help="a demo run's summary.json (runs/demo/report/summary.json)")
+    source = Path(p.parse_args(argv).summary)
+    try:
+        summary = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        p.error(f"{source}: {e}")
+    if not isinstance(summary, dict):
+        p.error(f"{source}: expected a demo summary (a JSON object), got {type(summary).__name__}")
     rewrite(README, summary)
     SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
     if source.resolve() != SUMMARY_COPY.resolve():
