@@ -116,36 +116,63 @@ class MemoryReader(nn.Module):
 
     def forward(self, x, memory, memory_padding, query_padding=None, incremental_state=None):
         h = self.layer_norm(x)
-        if memory is None and self._decodes_directly(h, incremental_state):
+        if memory is None and incremental_state is not None and self._decodes_directly(h):
             out = self._cached_softmax_step(h, incremental_state)
         else:
             out = self._attend(h, memory, memory_padding, query_padding, incremental_state)
         gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
         return x + self.dropout(gate * out)
 
-    def _decodes_directly(self, h, incremental_state) -> bool:
-        """One decoding step of a softmax reader whose keys and values are cached: read them directly."""
-        return (incremental_state is not None and not self.training and h.size(0) == 1 and self.attn.fn == "softmax"
-                and self.attn.uses_fairseq_forward and self.attn._recorder is None and self.cached(incremental_state))
+    def _decodes_directly(self, h) -> bool:
+        """One decoding step of a softmax reader (no memory given: its keys and values are cached, see
+        ReluformerDecoder.extract_features): read them directly."""
+        return (not self.training and h.size(0) == 1 and self.attn.fn == "softmax" and self.attn._recorder is None
+                and self.attn.uses_fairseq_forward)
 
     def _cached_softmax_step(self, h, incremental_state):
-        """fairseq's attention step over the cached keys/values (kv_bsz, H, M, D), one copy per
-        sentence shared by its beams, as two batched matmuls with the beams as query rows (fairseq's
-        general forward with its einsum over shared beams: the readers' products were 60 % of the
-        decoder's bmm time in a profile of a 2-layer memory model). Same formula: softmax in
-        float32, head-averaged weights."""
+        """fairseq's attention step over the cached keys/values, one copy per sentence shared by its
+        beams, as two batched matmuls over each sentence's and head's contiguous keys with the beams
+        as query rows (fairseq's general forward with its einsum over shared beams: the readers'
+        products were 60 % of the decoder's bmm time in a profile of a 2-layer memory model). Same
+        formula: softmax in float32, head-averaged weights."""
         attn = self.attn
-        saved = attn._get_input_buffer(incremental_state)
-        k, v, padding = saved["prev_key"], saved["prev_value"], saved.get("prev_key_padding_mask")
-        bsz, kv_bsz, heads = h.size(1), k.size(0), attn.num_heads
-        q = (attn.q_proj(h[0]) * attn.scaling).view(kv_bsz, bsz // kv_bsz, heads, attn.head_dim).transpose(1, 2)
-        scores = torch.matmul(q, k.transpose(-1, -2))  # (kv_bsz, H, beams, M)
-        if padding is not None:
-            scores = scores.masked_fill(padding[:, None, None, :].to(torch.bool), float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).type_as(scores)
-        out = torch.matmul(weights, v).transpose(1, 2).reshape(1, bsz, attn.embed_dim)  # (1, B, C)
-        self.weights = weights.float().transpose(1, 2).reshape(bsz, heads, 1, -1).mean(1) if self.keep_weights else None
-        return attn.out_proj(out)
+        keys, values, bias = self._step_keys(incremental_state)  # (kv_bsz x H, M, D), (kv_bsz x H, 1, M)
+        groups, slots, head_dim = keys.shape
+        bsz, heads = h.size(1), attn.num_heads
+        kv_bsz = groups // heads
+        beams = bsz // kv_bsz
+        q = (attn.q_proj(h[0]) * attn.scaling).view(kv_bsz, beams, heads, head_dim).transpose(1, 2)
+        q = q.reshape(groups, beams, head_dim)
+        scores = (torch.bmm(q, keys.transpose(1, 2)) if bias is None
+                  else torch.baddbmm(bias, q, keys.transpose(1, 2)))  # (kv_bsz x H, beams, M)
+        weights = torch.softmax(scores.float(), dim=-1).type_as(scores)  # no copy when already float32
+        out = torch.bmm(weights, values).view(kv_bsz, heads, beams, head_dim).transpose(1, 2)
+        if self.keep_weights:  # head average, rows in the beams' order (sentence-major)
+            self.weights = weights.float().view(kv_bsz, heads, beams, slots).mean(1).view(bsz, 1, slots)
+        else:
+            self.weights = None
+        return attn.out_proj(out.reshape(1, bsz, attn.embed_dim))
+
+    def _step_keys(self, incremental_state):
+        """The cached keys and values as contiguous (kv_bsz x heads, M, D) matrices and the memory's
+        padding as an additive bias (kv_bsz x heads, 1, M), or None: made at the first direct step and
+        kept in the attention's cache, where fairseq reorders them with its own entries when sentences
+        finish. fairseq caches the keys as a transposed view whose rows lie a whole batch apart, which
+        the batched matmul copied at every step; the padding mask was a masked_fill per step."""
+        saved = self.attn._get_input_buffer(incremental_state)
+        if "step_bias" not in saved:
+            for name in ("prev_key", "prev_value"):
+                saved[name] = saved[name].contiguous()
+            padding = saved.get("prev_key_padding_mask")
+            k = saved["prev_key"]
+            saved["step_bias"] = None if padding is None else (
+                k.new_zeros(k.size(0), k.size(1), 1, k.size(2))
+                .masked_fill(padding[:, None, None, :].to(torch.bool), float("-inf")))
+            self.attn._set_input_buffer(incremental_state, saved)
+        k, v, bias = saved["prev_key"], saved["prev_value"], saved["step_bias"]
+        groups = k.size(0) * k.size(1)
+        return (k.view(groups, k.size(2), k.size(3)), v.view(groups, v.size(2), v.size(3)),
+                None if bias is None else bias.view(groups, 1, k.size(2)))
 
     def _attend(self, h, memory, memory_padding, query_padding, incremental_state):
         with self.attn.padded_queries(query_padding):
