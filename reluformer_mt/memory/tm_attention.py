@@ -183,9 +183,37 @@ class MemoryReader(nn.Module):
         self.weights = weights  # (B, T, M) head average, or None
         return out
 
+    def cache_copy_table(self, incremental_state, tokens: torch.Tensor, ignore) -> None:
+        """Keep the copy distribution's table of each sentence's memory (:func:`sentence_copy_table`)
+        beside this reader's cached keys, one per sentence as they are, so that fairseq reorders it
+        with them. ``tokens`` (B, M): the memory tokens of the first step's rows (a sentence's beams
+        adjacent)."""
+        saved = self.attn._get_input_buffer(incremental_state)
+        kv_bsz = saved["prev_key"].size(0)
+        per_sentence = tokens.view(kv_bsz, -1, tokens.size(1))[:, 0]
+        saved["copy_memory"] = per_sentence
+        saved["copy_columns"], saved["copy_tokens"] = sentence_copy_table(per_sentence, ignore)
+        self.attn._set_input_buffer(incremental_state, saved)
+
+    def copy_table(self, incremental_state):
+        """(memory tokens, columns, column tokens) of each sentence, kept by :meth:`cache_copy_table`,
+        or None."""
+        saved = self.attn._get_input_buffer(incremental_state)
+        if "copy_columns" not in saved:
+            return None
+        return saved["copy_memory"], saved["copy_columns"], saved["copy_tokens"]
+
     def cached(self, incremental_state) -> bool:
         """Whether this reader holds the memory's keys and values in ``incremental_state``."""
         return "prev_key" in self.attn._get_input_buffer(incremental_state)
+
+
+def _copyable(tokens: torch.Tensor, ignore) -> torch.Tensor:
+    """(B, M) True where a slot may be copied: padding and entry markers never are."""
+    keep = torch.ones_like(tokens, dtype=torch.bool)
+    for token in ignore:
+        keep &= tokens.ne(token)
+    return keep
 
 
 def _copy_parts(steps: int, copy: dict):
@@ -193,13 +221,57 @@ def _copy_parts(steps: int, copy: dict):
     padding and entry markers are never copied; a row whose weights on the copyable slots sum to 0
     (a ReLU row that reads nothing) does not copy."""
     weights = copy["weights"][:, -steps:].float()
-    tokens = copy["tokens"]
-    keep = torch.ones_like(tokens, dtype=torch.bool)
-    for token in copy["ignore"]:
-        keep &= tokens.ne(token)
+    keep = _copyable(_row_tokens(copy), copy["ignore"])
     weights = weights * keep.unsqueeze(1)
     mass = weights.sum(-1, keepdim=True)
     return weights / mass.clamp_min(1e-9), keep, mass.gt(0)
+
+
+def _row_tokens(copy: dict) -> torch.Tensor:
+    """(B, M) memory tokens of each row: ``tokens``, or a decoding step's ``table`` of each sentence
+    repeated for its beams."""
+    if copy.get("tokens") is not None:
+        return copy["tokens"]
+    sentences = copy["table"][0]
+    return sentences.repeat_interleave(copy["weights"].size(0) // sentences.size(0), dim=0)
+
+
+def sentence_copy_table(tokens: torch.Tensor, ignore):
+    """The copy distribution's table of memory tokens (n, M), made once per segment in decoding:
+    ``columns`` (n, M), for each copyable slot the first slot holding its token (M where a slot is
+    never copied), and ``column_tokens`` (n, M), the token of each such first slot (elsewhere the
+    first ignored token, whose score the copy leaves as it is: it gets no copy mass). A decoding
+    step then sums its copy weights per distinct token in an (M + 1)-wide buffer instead of a
+    vocabulary-wide one (:func:`_log_copy_step`)."""
+    slots = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
+    keep = _copyable(tokens, ignore)
+    first = torch.full((tokens.size(0), int(tokens.max()) + 1), tokens.size(1), dtype=slots.dtype, device=tokens.device)
+    first = first.scatter_reduce(1, tokens, slots, "amin").gather(1, tokens)
+    columns = torch.where(keep, first, tokens.size(1))
+    column_tokens = torch.where(keep & first.eq(slots), tokens, ignore[0])
+    return columns, column_tokens
+
+
+def _log_copy_step(logits: torch.Tensor, copy: dict) -> torch.Tensor:
+    """:func:`copy_probabilities`' log-probabilities for one decoding step without gradient, from the
+    table of each sentence's memory (``copy["table"]``, :func:`sentence_copy_table`); rows are a
+    sentence's beams in turn, as fairseq orders them. The same formula: the share of each distinct
+    copyable token in the row's copyable weights, log((1 - c) p_vocab + c * share) for those
+    tokens, log(1 - c) + log_softmax elsewhere."""
+    _, columns, column_tokens = copy["table"]
+    kv_bsz, slots = columns.shape
+    bsz = logits.size(0)
+    beams = bsz // kv_bsz
+    weights = copy["weights"][:, -1].float().view(kv_bsz, beams, slots)
+    mass = weights.new_zeros(kv_bsz, beams, slots + 1)
+    mass = mass.scatter_add_(2, columns.unsqueeze(1).expand(-1, beams, -1), weights)[..., :slots]
+    total = mass.sum(-1, keepdim=True).view(bsz, 1, 1)
+    gate_logit = copy["gate_logit"][:, -1:].float()
+    lprobs = torch.log_softmax(logits[:, -1:].float(), dim=-1) + F.logsigmoid(-gate_logit) * total.gt(0)
+    # log(c * mass / total): log 0 = -inf where a column has no mass (a row without any: total clamped)
+    log_copy = torch.log(mass.view(bsz, 1, slots)) + (F.logsigmoid(gate_logit) - torch.log(total.clamp_min(1e-9)))
+    index = column_tokens.unsqueeze(1).expand(-1, beams, -1).reshape(bsz, 1, slots)
+    return lprobs.scatter_(2, index, torch.logaddexp(lprobs.gather(2, index), log_copy))
 
 
 def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> torch.Tensor:
@@ -210,10 +282,13 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
     Log-probabilities are computed in log space and touch the vocabulary once: every token gets
     log(1 - c) + log_softmax(logits); only the (at most M) tokens present in the memory are
     corrected to log((1 - c) p_vocab + c * copy mass). Probabilities (``log_probs=False``) take
-    the direct formula."""
+    the direct formula. A decoding step may pass ``table`` (each sentence's
+    :func:`sentence_copy_table`) instead of ``tokens``."""
     steps = logits.size(1)
+    if copy.get("table") is not None and log_probs and steps == 1 and not torch.is_grad_enabled():
+        return _log_copy_step(logits, copy)
     weights, keep, reads = _copy_parts(steps, copy)
-    tokens = copy["tokens"]
+    tokens = _row_tokens(copy)
     gate_logit = copy["gate_logit"][:, -steps:].float()
     index = tokens.unsqueeze(1).expand(-1, steps, -1)
     if not log_probs:
@@ -279,5 +354,5 @@ def memory_tokens_of(encoder_out: dict) -> torch.Tensor:
     return tokens if rows is None else tokens.index_select(0, rows)
 
 
-__all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
+__all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "sentence_copy_table", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
            "memory_of", "memory_tokens_of", "reorder_memory"]
