@@ -167,9 +167,9 @@ class MemoryReader(nn.Module):
             saved["prev_key"] = saved["prev_key"].transpose(-1, -2).contiguous().transpose(-1, -2)
             saved["prev_value"] = saved["prev_value"].contiguous()
             self.attn._set_input_buffer(incremental_state, saved)
-        if "step_bias" not in saved:
+        if "step_bias" not in saved:  # None where no slot is padding (memories cut to the model's positions)
             padding, k = saved.get("prev_key_padding_mask"), saved["prev_key"]
-            saved["step_bias"] = None if padding is None else (
+            saved["step_bias"] = None if padding is None or not bool(padding.any()) else (
                 k.new_zeros(k.size(0), k.size(1), 1, k.size(2))
                 .masked_fill(padding[:, None, None, :].to(torch.bool), float("-inf")))
             self.attn._set_input_buffer(incremental_state, saved)
