@@ -8,11 +8,17 @@
    core, and HNSW's recall@10 against exact search.
 3. Translation sentences/s of a memory checkpoint with its memory against the same checkpoint
    without matches (``memory="none"``), and against a twin trained without memory, interleaved
-   ``--repeats`` times (median and spread).
+   ``--repeats`` times (median and spread), with the decoder steps each pass ran (a model that
+   reads matches writes other translations, some to the length limit, and searches longer).
+4. The cost of one decoding step with and without matches at equal work: the first batch the
+   memory model translates, ``--step-count`` steps of beam search's incremental decoder (each row
+   fed its own best token, fairseq's per-step reorders included), interleaved ``--repeats`` times.
 
     .venv/bin/python benchmarks/translation_memory.py --data runs/demo/data/doc128.v2000 \\
         --checkpoint runs/demo/checkpoints/softmax+tm/document/checkpoint_best.pt \\
         --twin runs/demo/checkpoints/softmax/document/checkpoint_best.pt --sizes 10000,100000,1000000
+
+The memory-attention cost alone (issue 32): ``--sizes "" --no-retrieval --no-pieces --clock cpu``.
 """
 import argparse
 import json
@@ -24,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -132,10 +139,10 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
         systems["twin with translation pieces"] = DocumentTranslator(twin, data=data_dir, beam=4, quiet=True,
                                                                      pieces_weight=10.0, pieces_k=8)
     times = {name: [] for name in systems}
+    steps = {name: count_steps(translator) for name, translator in systems.items()}
+    timer = clock_of(clock)
     for _ in range(repeats):  # interleaved, so load changes hit every system alike
         for name, translator in systems.items():
-            # cpu: this thread's CPU seconds (one torch thread), for a machine shared with other jobs
-            timer = time.thread_time if clock == "cpu" else time.perf_counter
             start = timer()
             translator.translate(documents, progress=False)
             times[name].append(len(test) / (timer() - start))
@@ -144,14 +151,99 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
     ref = statistics.median(times["with memory"])
     for name, v in times.items():
         if name != "with memory":
-            ratios = [a / b for a, b in zip(times["with memory"], v)]
-            out[name]["memory_ratio"] = round(statistics.median(ratios), 3)
-            out[name]["ratio_spread"] = round(max(ratios) - min(ratios), 3)
+            out[name].update(paired_ratio(times["with memory"], v, "memory_ratio"))
     out["with memory"]["sentences_per_s"] = round(ref, 2)
     for name, translator in systems.items():  # retranslated segments lengthen a system's work: say how many
         out[name]["fallbacks"] = sum(v for k, v in translator.stats.items() if k.startswith("fallbacks: "))
+        out[name]["decoder_steps_per_pass"] = steps[name]["steps"] // repeats
+        out[name]["beam_rows_per_pass"] = steps[name]["rows"] // repeats
     out["_times"] = times  # sentences/s of every repetition, for paired ratios
+    out["_passes"] = repeats
+    out["_translators"] = systems
+    out["_documents"] = documents
     return out
+
+
+def clock_of(clock: str):
+    # cpu: this thread's CPU seconds (one torch thread), for a machine shared with other jobs
+    return time.thread_time if clock == "cpu" else time.perf_counter
+
+
+def paired_ratio(ours, theirs, name: str) -> dict:
+    """Median and spread (max - min) of the repetitions' paired ratios ours / theirs."""
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return {name: round(statistics.median(ratios), 3), "ratio_spread": round(max(ratios) - min(ratios), 3)}
+
+
+def count_steps(translator) -> dict:
+    """Decoder steps and beam rows a translator runs from now on (its output projection runs once a step)."""
+    counts = {"steps": 0, "rows": 0}
+
+    def count(module, inputs, output):
+        counts["steps"] += 1
+        counts["rows"] += inputs[0].size(0)
+    translator.model.decoder.output_projection.register_forward_hook(count)
+    return counts
+
+
+def first_batch(translator, documents) -> dict:
+    """The first batch (fairseq sample, matches included) that ``translator`` decodes for ``documents``."""
+    batches = []
+    step = translator.task.inference_step
+
+    def record(generator, models, sample, **kwargs):
+        batches.append(sample)
+        return step(generator, models, sample, **kwargs)
+    translator.task.inference_step = record
+    try:
+        translator.translate(documents, progress=False)
+    finally:
+        del translator.task.inference_step  # the task's own method again
+    return batches[0]
+
+
+@torch.no_grad()
+def decode_steps(model, sample, beam: int, steps: int, with_matches: bool, eos: int, timer) -> float:
+    """Seconds of ``steps`` incremental decoding steps over ``sample`` in beam search's shape (each
+    sentence's rows repeated ``beam`` times, every row fed its own best token), with fairseq's
+    per-step reorders of the encoder output and the incremental state; the encoder is not timed."""
+    net_input = sample["net_input"]
+    memory = {"memory_tokens": net_input["memory_tokens"]} if with_matches else {}
+    encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"], **memory)
+    rows = net_input["src_tokens"].size(0) * beam
+    order = torch.arange(rows) // beam
+    encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+    model.decoder.set_beam_size(beam)
+    state: dict = {}
+    tokens = torch.full((rows, 1), eos, dtype=torch.long)
+    same = torch.arange(rows)
+    start = timer()
+    for step in range(steps):
+        if step:
+            model.decoder.reorder_incremental_state_scripting(state, same)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, same)
+        out = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
+        lprobs = model.get_normalized_probs((out[0][:, -1:], out[1]), log_probs=True)
+        tokens = torch.cat([tokens, lprobs[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return timer() - start
+
+
+def step_cost(translator, documents, steps: int, repeats: int, clock: str) -> dict:
+    """ms per decoding step with / without matches at equal work (:func:`decode_steps`), interleaved."""
+    sample = first_batch(translator, documents)
+    model, timer = translator.model, clock_of(clock)
+    beam, eos = translator.generator.beam_size, translator.tgt_dict.eos()
+    times = {True: [], False: []}
+    decode_steps(model, sample, beam, 2, True, eos, timer)  # warm-up
+    for _ in range(repeats):
+        for with_matches in (True, False):
+            times[with_matches].append(decode_steps(model, sample, beam, steps, with_matches, eos, timer))
+    ms = {k: [1000 * t / steps for t in v] for k, v in times.items()}
+    return {"rows": int(sample["net_input"]["src_tokens"].size(0) * beam), "steps": steps,
+            "memory_slots": int(sample["net_input"]["memory_tokens"].size(1)),
+            "ms_per_step_with": round(statistics.median(ms[True]), 3), "ms_per_step_without": round(statistics.median(ms[False]), 3),
+            # speed with / without = time without / time with
+            **paired_ratio(times[False], times[True], "step_ratio")}
 
 
 def main(argv=None):
@@ -170,6 +262,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-retrieval", action="store_true", help="skip the bible retrieval rows (translation only)")
     p.add_argument("--no-pieces", action="store_true", help="skip the twin with translation pieces")
+    p.add_argument("--step-count", type=int, default=60, help="decoding steps of the equal-work step cost (0: skip it)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="translation rows: elapsed or this thread's CPU seconds (a shared machine)")
     p.add_argument("--json", help="write every number here")
@@ -186,7 +279,12 @@ def main(argv=None):
     if args.checkpoint:
         report["translation"] = translation_speed(args.checkpoint, args.twin, Path(args.data), args.sentences, args.repeats,
                                                   pieces=not args.no_pieces, clock=args.clock)
+        translators, documents = report["translation"].pop("_translators"), report["translation"].pop("_documents")
         print("translation:", json.dumps(report["translation"]), flush=True)
+        if args.step_count:
+            report["decoding_step"] = step_cost(translators["with memory"], documents, args.step_count, args.repeats,
+                                                args.clock)
+            print("decoding step:", json.dumps(report["decoding_step"]), flush=True)
     report["peak_rss_mb"] = round(peak_rss_mb())
     parts = []
     b = report.get("bible")
@@ -199,10 +297,17 @@ def main(argv=None):
             parts.append(f"{row['entries']:,} {row['index']} {row['qps']} q/s recall@{args.k} {row[f'recall@{args.k}']:.3f} "
                          f"build {row['build_s']} s {row['ram_mb']} MB {'✓' if ok else '✗'}")
     if "translation" in report:
-        r = report["translation"]["same model, no matches"]
+        r, m = report["translation"]["same model, no matches"], report["translation"]["with memory"]
         parts.append(f"translation with/without matches {r['memory_ratio']:.2f}±{r['ratio_spread']:.2f} "
-                     f"{'✓' if r['memory_ratio'] >= 0.8 else '✗'} >=0.8 (fallbacks {report['translation']['with memory']['fallbacks']} "
-                     f"/ {r['fallbacks']})")
+                     f"{'✓' if r['memory_ratio'] >= 0.8 else '✗'} >=0.8 ({m['sentences_per_s']} / {r['sentences_per_s']} "
+                     f"sentences/s; fallbacks {m['fallbacks']} / {r['fallbacks']} in {report['translation']['_passes']} passes; "
+                     f"decoder steps a pass "
+                     f"{m['decoder_steps_per_pass']} / {r['decoder_steps_per_pass']})")
+    d = report.get("decoding_step")
+    if d:
+        parts.append(f"decoding step with/without matches at equal work {d['step_ratio']:.2f}±{d['ratio_spread']:.2f} "
+                     f"{'✓' if d['step_ratio'] >= 0.8 else '✗'} >=0.8 ({d['ms_per_step_with']} / {d['ms_per_step_without']} ms, "
+                     f"{d['rows']} rows, {d['memory_slots']} memory slots, {d['steps']} steps)")
         t = report["translation"]
         if "twin with translation pieces" in t:
             ratios = [a / b for a, b in zip(t["_times"]["twin with translation pieces"], t["_times"]["twin without memory"])]

@@ -190,6 +190,32 @@ def test_cross_attention_incremental_with_static_keys(fn):
     torch.testing.assert_close(torch.cat(steps, 0), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fn", FNS)
+def test_cross_attention_reads_keys_shared_by_beams_in_place(fn):
+    """Beam search keeps one copy of the encoder keys per sentence (set_beam_size); a decoding
+    step reads it with the sentence's beams as query rows: the same outputs and head weights as
+    attending a copy of the keys per beam (padding on one sentence; issue 32)."""
+    torch.manual_seed(0)
+    beams, sentences = 3, 2
+    module = ReluformerAttention(E, H, AttentionConfig(fn=fn), encoder_decoder_attention=True).eval()
+    enc = torch.randn(5, sentences, E).repeat_interleave(beams, 1)  # each sentence's copies, beams adjacent
+    kpm = torch.zeros(sentences, 5, dtype=torch.bool)
+    kpm[0, :2] = True
+    kpm = kpm.repeat_interleave(beams, 0)
+    y = torch.randn(3, sentences * beams, E)
+    per_beam, shared = {}, {}
+    module.set_beam_size(1)
+    expected = [module(y[t:t + 1], enc, enc, key_padding_mask=kpm, incremental_state=per_beam, static_kv=True,
+                       need_head_weights=True) for t in range(3)]
+    module.set_beam_size(beams)
+    found = [module(y[t:t + 1], enc, enc, key_padding_mask=kpm, incremental_state=shared, static_kv=True,
+                    need_head_weights=True) for t in range(3)]
+    assert module._get_input_buffer(shared)["prev_key"].size(0) == sentences  # one copy per sentence
+    for (out, w), (ref_out, ref_w) in zip(found, expected):
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=1e-5)
+
+
 def test_relu_counts_visible_tokens_per_position_in_causal_attention():
     """Row i of causal ReLUFormer attention is scaled by sqrt((i+1)/2): check on constant logits."""
     module = make("relu")

@@ -218,6 +218,36 @@ def test_copy_distribution_in_log_space_matches_its_formula_and_gradients():
             assert torch.allclose(g.double(), e.double(), atol=1e-4)
 
 
+def test_copy_step_from_each_sentences_table_matches_the_formula():
+    """Issue 32: a decoding step's copy distribution from the table of each sentence's memory (made
+    once per segment, beams of a sentence adjacent) equals the formula and the general path, within
+    1e-5: tokens held by several slots, padding, entry markers, a row reading nothing, a row reading
+    only an entry marker, a sentence whose memory is all padding."""
+    from reluformer_mt.memory.tm_attention import copy_probabilities, sentence_copy_table
+
+    torch.manual_seed(0)
+    beams, M, V, pad, bos = 3, 7, 11, 1, 0
+    sentences = torch.tensor([[0, 4, 5, 4, 4, 1, 1], [0, 6, 7, 8, 0, 6, 9], [1, 1, 1, 1, 1, 1, 1]])
+    columns, column_tokens = sentence_copy_table(sentences, (pad, bos))
+    assert columns[0].tolist() == [M, 1, 2, 1, 1, M, M] and column_tokens[0].tolist() == [pad, 4, 5, pad, pad, pad, pad]
+    assert columns[2].tolist() == [M] * M
+    B = sentences.size(0) * beams
+    weights = torch.rand(B, 1, M)
+    weights[1] = 0  # a ReLU row that reads nothing: no copy
+    weights[4, 0, 1:] = 0  # a row reading only the entry marker: no copy either
+    copy = {"weights": weights, "gate_logit": torch.randn(B, 1, 1), "ignore": (pad, bos),
+            "table": (sentences, columns, column_tokens)}
+    logits = torch.randn(B, 1, V)
+    rows = dict(copy, tokens=sentences.repeat_interleave(beams, 0), table=None)
+    with torch.no_grad():
+        step = copy_probabilities(logits, copy, log_probs=True)
+        general = copy_probabilities(logits, rows, log_probs=True)
+        probabilities = copy_probabilities(logits, copy, log_probs=False)  # the table's rows repeated
+    reference = direct_log_copy(logits, rows)
+    assert torch.allclose(step.double(), reference, atol=1e-5) and torch.allclose(step, general, atol=1e-5)
+    assert torch.allclose(probabilities.double(), reference.exp(), atol=1e-6)
+
+
 def test_translation_pieces_bonus_by_hand():
     """Zhang et al. 2018's bonus: every n-gram (n <= max n) a next token completes earns the best
     fuzzy score of the matches holding it, while the hypothesis holds fewer copies of the token
@@ -363,14 +393,17 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
 
 
 @pytest.mark.parametrize("reader_fn", ["softmax", "relu"])
-def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data, tmp_path):
+def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data, tmp_path, monkeypatch):
     """Issue 32: beam search over a memory-attention model gives the same hypotheses and scores
     when the memory's keys and values are cached across steps and beams (and the memory is
     reordered as an index) as when every step recomputes the whole decoder from the memory's
     states, gathered in the beams' order (fairseq's decoding without incremental state). Two
     decoder layers (two readers), the copy distribution on; softmax readers run fairseq's
-    attention, ReLU readers our own."""
+    attention at the first step and their direct step over the cached keys after it, ReLU readers
+    our own; the copy reads each sentence's table of its memory after the first step."""
     from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.memory import tm_attention
+    from reluformer_mt.memory.tm_attention import MemoryReader
 
     save = tmp_path / "ckpt"
     args = [a if a != "4" else "30" for a in TRAIN_TM]  # 30 updates: hypotheses of several lengths
@@ -381,7 +414,18 @@ def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data
     documents = [test.sources[:6], test.sources[6:9], test.sources[9:10]]
     translator = DocumentTranslator(save / "checkpoint_last.pt", beam=3, max_len_a=0.5, max_len_b=4)
     assert [layer.tm_reader.attn.fn for layer in translator.model.decoder.layers] == [reader_fn] * 2
+    direct = {"reader steps": 0, "copy steps": 0}  # the cached paths ran: softmax readers' direct step, the copy table
+
+    def counting(name, function):
+        def counted(*a, **k):
+            direct[name] += 1
+            return function(*a, **k)
+        return counted
+
+    monkeypatch.setattr(MemoryReader, "_cached_softmax_step", counting("reader steps", MemoryReader._cached_softmax_step))
+    monkeypatch.setattr(tm_attention, "_log_copy_step", counting("copy steps", tm_attention._log_copy_step))
     cached = translator.translate(documents, scores=True)
+    assert direct["copy steps"] > 0 and (direct["reader steps"] > 0) == (reader_fn == "softmax"), direct
     lengths = []
     original = translator.generate
 

@@ -273,17 +273,20 @@ class ReluformerAttention(MultiheadAttention):
             self._set_input_buffer(incremental_state, saved)
 
         kv_bsz, src_len = k.size(0), k.size(2)
-        # from the encoder's own padding mask: the same tensor at every decoding step, so its key
-        # ranges are found once (visibility.padding_ranges remembers them)
-        visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
-        if kv_bsz != bsz:  # beam search shares one copy of the encoder keys per sentence
-            repeat = bsz // kv_bsz
-            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-            visible = visible.repeat_interleave(repeat)
-            if key_padding_mask is not None and counting:
-                key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
-        live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
-        out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries, need_head_weights)
+        if kv_bsz != bsz and tgt_len == 1 and attn_mask is None and not counting:
+            out, weights = self._attend_shared_keys(q, k, v, key_padding_mask, need_weights, need_head_weights)
+        else:
+            # from the encoder's own padding mask: the same tensor at every decoding step, so its key
+            # ranges are found once (visibility.padding_ranges remembers them)
+            visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
+            if kv_bsz != bsz:  # beam search shares one copy of the encoder keys per sentence
+                repeat = bsz // kv_bsz
+                k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+                visible = visible.repeat_interleave(repeat)
+                if key_padding_mask is not None and counting:
+                    key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
+            live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
+            out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries, need_head_weights)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self._output_transform(out, query)
@@ -295,6 +298,22 @@ class ReluformerAttention(MultiheadAttention):
             if not asked_head_weights:
                 weights = weights.mean(0) if asked_weights else None
         return out, weights
+
+    def _attend_shared_keys(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                            want_weights: bool, head_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """One decoding step over keys that beam search keeps once per sentence (fairseq's
+        set_beam_size): q (B, H, 1, D), k and v (kv_bsz, H, S, D) with a sentence's beams adjacent
+        in B. The beams become the query rows of their sentence's keys, which are read in place
+        instead of repeated per beam at every step; -> (B, H, 1, D) and (B, H, 1, S) weights."""
+        bsz, heads, kv_bsz = q.size(0), q.size(1), k.size(0)
+        beams = bsz // kv_bsz
+        rows = q.reshape(kv_bsz, beams, heads, q.size(-1)).transpose(1, 2)  # (kv_bsz, H, beams, D)
+        visible, additive = self._visible_keys(beams, k.size(2), None, key_padding_mask)
+        out, weights = self._attend(rows, k, v, visible, additive, want_weights, None, head_weights)
+
+        def per_row(t: Tensor) -> Tensor:  # (kv_bsz, H, beams, X) -> (B, H, 1, X)
+            return t.transpose(1, 2).reshape(bsz, heads, 1, t.size(-1))
+        return per_row(out), (None if weights is None else per_row(weights))
 
     def _update_cache(self, saved, k, v, key_padding_mask, static_kv):
         """Append this step's keys/values to fairseq's incremental cache, (B, H, S, D) layout."""

@@ -116,36 +116,67 @@ class MemoryReader(nn.Module):
 
     def forward(self, x, memory, memory_padding, query_padding=None, incremental_state=None):
         h = self.layer_norm(x)
-        if memory is None and self._decodes_directly(h, incremental_state):
+        if memory is None and incremental_state is not None and self._decodes_directly(h):
             out = self._cached_softmax_step(h, incremental_state)
         else:
             out = self._attend(h, memory, memory_padding, query_padding, incremental_state)
         gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
         return x + self.dropout(gate * out)
 
-    def _decodes_directly(self, h, incremental_state) -> bool:
-        """One decoding step of a softmax reader whose keys and values are cached: read them directly."""
-        return (incremental_state is not None and not self.training and h.size(0) == 1 and self.attn.fn == "softmax"
-                and self.attn.uses_fairseq_forward and self.attn._recorder is None and self.cached(incremental_state))
+    def _decodes_directly(self, h) -> bool:
+        """One decoding step of a softmax reader (no memory given: its keys and values are cached, see
+        ReluformerDecoder.extract_features): read them directly."""
+        return (not self.training and h.size(0) == 1 and self.attn.fn == "softmax" and self.attn._recorder is None
+                and self.attn.uses_fairseq_forward)
 
     def _cached_softmax_step(self, h, incremental_state):
-        """fairseq's attention step over the cached keys/values (kv_bsz, H, M, D), one copy per
-        sentence shared by its beams, as two batched matmuls with the beams as query rows (fairseq's
-        general forward with its einsum over shared beams: the readers' products were 60 % of the
-        decoder's bmm time in a profile of a 2-layer memory model). Same formula: softmax in
-        float32, head-averaged weights."""
+        """fairseq's attention step over the cached keys/values, one copy per sentence shared by its
+        beams, as two batched matmuls over each sentence's and head's keys (:meth:`_step_keys`) with
+        the beams as query rows (fairseq's general forward with its einsum over shared beams: the readers'
+        products were 60 % of the decoder's bmm time in a profile of a 2-layer memory model). Same
+        formula: softmax in float32, head-averaged weights."""
         attn = self.attn
-        saved = attn._get_input_buffer(incremental_state)
-        k, v, padding = saved["prev_key"], saved["prev_value"], saved.get("prev_key_padding_mask")
-        bsz, kv_bsz, heads = h.size(1), k.size(0), attn.num_heads
-        q = (attn.q_proj(h[0]) * attn.scaling).view(kv_bsz, bsz // kv_bsz, heads, attn.head_dim).transpose(1, 2)
-        scores = torch.matmul(q, k.transpose(-1, -2))  # (kv_bsz, H, beams, M)
-        if padding is not None:
-            scores = scores.masked_fill(padding[:, None, None, :].to(torch.bool), float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).type_as(scores)
-        out = torch.matmul(weights, v).transpose(1, 2).reshape(1, bsz, attn.embed_dim)  # (1, B, C)
-        self.weights = weights.float().transpose(1, 2).reshape(bsz, heads, 1, -1).mean(1) if self.keep_weights else None
-        return attn.out_proj(out)
+        keys, values, bias = self._step_keys(incremental_state)  # (kv_bsz x H, D, M), (.., M, D), (.., 1, M)
+        groups, head_dim, slots = keys.shape
+        bsz, heads = h.size(1), attn.num_heads
+        kv_bsz = groups // heads
+        beams = bsz // kv_bsz
+        q = (attn.q_proj(h[0]) * attn.scaling).view(kv_bsz, beams, heads, head_dim).transpose(1, 2)
+        q = q.reshape(groups, beams, head_dim)
+        scores = torch.bmm(q, keys) if bias is None else torch.baddbmm(bias, q, keys)  # (kv_bsz x H, beams, M)
+        weights = torch.softmax(scores.float(), dim=-1).type_as(scores)  # no copy when already float32
+        out = torch.bmm(weights, values).view(kv_bsz, heads, beams, head_dim).transpose(1, 2)
+        if self.keep_weights:  # head average, rows in the beams' order (sentence-major)
+            self.weights = weights.float().view(kv_bsz, heads, beams, slots).mean(1).view(bsz, 1, slots)
+        else:
+            self.weights = None
+        return attn.out_proj(out.reshape(1, bsz, attn.embed_dim))
+
+    def _step_keys(self, incremental_state):
+        """The cached keys transposed (kv_bsz x heads, D, M) and values (kv_bsz x heads, M, D), each
+        contiguous, and the memory's padding as an additive bias (kv_bsz x heads, 1, M), or None.
+        Laid out at the first direct step (and again after fairseq reorders the cache when sentences
+        finish) and kept in the attention's cache, which fairseq reorders with its own entries:
+        fairseq caches the keys as a transposed view whose rows lie a whole batch apart, which the
+        batched matmul copied at every step, and keys stored transposed make the scores' product
+        a plain one (about 40 % faster at the demo's sizes); the padding mask was a masked_fill
+        per step."""
+        saved = self.attn._get_input_buffer(incremental_state)
+        if not saved["prev_key"].transpose(-1, -2).is_contiguous():
+            # the same (kv_bsz, H, M, D) tensor for fairseq's own forward, stored as (kv_bsz, H, D, M)
+            saved["prev_key"] = saved["prev_key"].transpose(-1, -2).contiguous().transpose(-1, -2)
+            saved["prev_value"] = saved["prev_value"].contiguous()
+            self.attn._set_input_buffer(incremental_state, saved)
+        if "step_bias" not in saved:  # None where no slot is padding (memories cut to the model's positions)
+            padding, k = saved.get("prev_key_padding_mask"), saved["prev_key"]
+            saved["step_bias"] = None if padding is None or not bool(padding.any()) else (
+                k.new_zeros(k.size(0), k.size(1), 1, k.size(2))
+                .masked_fill(padding[:, None, None, :].to(torch.bool), float("-inf")))
+            self.attn._set_input_buffer(incremental_state, saved)
+        k, v, bias = saved["prev_key"], saved["prev_value"], saved["step_bias"]
+        groups = k.size(0) * k.size(1)
+        return (k.transpose(-1, -2).view(groups, k.size(3), k.size(2)), v.view(groups, v.size(2), v.size(3)),
+                None if bias is None else bias.view(groups, 1, k.size(2)))
 
     def _attend(self, h, memory, memory_padding, query_padding, incremental_state):
         with self.attn.padded_queries(query_padding):
@@ -156,9 +187,37 @@ class MemoryReader(nn.Module):
         self.weights = weights  # (B, T, M) head average, or None
         return out
 
+    def cache_copy_table(self, incremental_state, tokens: torch.Tensor, ignore) -> None:
+        """Keep the copy distribution's table of each sentence's memory (:func:`sentence_copy_table`)
+        beside this reader's cached keys, one per sentence as they are, so that fairseq reorders it
+        with them. ``tokens`` (B, M): the memory tokens of the first step's rows (a sentence's beams
+        adjacent)."""
+        saved = self.attn._get_input_buffer(incremental_state)
+        kv_bsz = saved["prev_key"].size(0)
+        per_sentence = tokens.view(kv_bsz, -1, tokens.size(1))[:, 0]
+        saved["copy_memory"] = per_sentence
+        saved["copy_columns"], saved["copy_tokens"] = sentence_copy_table(per_sentence, ignore)
+        self.attn._set_input_buffer(incremental_state, saved)
+
+    def copy_table(self, incremental_state):
+        """(memory tokens, columns, column tokens) of each sentence, kept by :meth:`cache_copy_table`,
+        or None."""
+        saved = self.attn._get_input_buffer(incremental_state)
+        if "copy_columns" not in saved:
+            return None
+        return saved["copy_memory"], saved["copy_columns"], saved["copy_tokens"]
+
     def cached(self, incremental_state) -> bool:
         """Whether this reader holds the memory's keys and values in ``incremental_state``."""
         return "prev_key" in self.attn._get_input_buffer(incremental_state)
+
+
+def _copyable(tokens: torch.Tensor, ignore) -> torch.Tensor:
+    """(B, M) True where a slot may be copied: padding and entry markers never are."""
+    keep = torch.ones_like(tokens, dtype=torch.bool)
+    for token in ignore:
+        keep &= tokens.ne(token)
+    return keep
 
 
 def _copy_parts(steps: int, copy: dict):
@@ -166,13 +225,63 @@ def _copy_parts(steps: int, copy: dict):
     padding and entry markers are never copied; a row whose weights on the copyable slots sum to 0
     (a ReLU row that reads nothing) does not copy."""
     weights = copy["weights"][:, -steps:].float()
-    tokens = copy["tokens"]
-    keep = torch.ones_like(tokens, dtype=torch.bool)
-    for token in copy["ignore"]:
-        keep &= tokens.ne(token)
+    keep = _copyable(_row_tokens(copy), copy["ignore"])
     weights = weights * keep.unsqueeze(1)
     mass = weights.sum(-1, keepdim=True)
     return weights / mass.clamp_min(1e-9), keep, mass.gt(0)
+
+
+def _row_tokens(copy: dict) -> torch.Tensor:
+    """(B, M) memory tokens of each row: ``tokens``, or a decoding step's ``table`` of each sentence
+    repeated for its beams."""
+    if copy.get("tokens") is not None:
+        return copy["tokens"]
+    sentences = copy["table"][0]
+    return sentences.repeat_interleave(copy["weights"].size(0) // sentences.size(0), dim=0)
+
+
+def sentence_copy_table(tokens: torch.Tensor, ignore):
+    """The copy distribution's table of memory tokens (n, M), made once per segment in decoding:
+    ``columns`` (n, M), for each copyable slot the first slot holding its token (M where a slot is
+    never copied), and ``column_tokens`` (n, M), the token of each such first slot (elsewhere the
+    first ignored token, whose score the copy leaves as it is: it gets no copy mass). A decoding
+    step then sums its copy weights per distinct token in an (M + 1)-wide buffer instead of a
+    vocabulary-wide one (:func:`_log_copy_step`)."""
+    slots = torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
+    keep = _copyable(tokens, ignore)
+    first = torch.full((tokens.size(0), int(tokens.max()) + 1), tokens.size(1), dtype=slots.dtype, device=tokens.device)
+    first = first.scatter_reduce(1, tokens, slots, "amin").gather(1, tokens)
+    columns = torch.where(keep, first, tokens.size(1))
+    column_tokens = torch.where(keep & first.eq(slots), tokens, ignore[0])
+    return columns, column_tokens
+
+
+def _log_copy_step(logits: torch.Tensor, copy: dict) -> torch.Tensor:
+    """:func:`copy_probabilities`' log-probabilities for one decoding step without gradient, from the
+    table of each sentence's memory (``copy["table"]``, :func:`sentence_copy_table`); rows are a
+    sentence's beams in turn, as fairseq orders them. The same formula: the share of each distinct
+    copyable token in the row's copyable weights, log((1 - c) p_vocab + c * share) for those
+    tokens, log(1 - c) + log_softmax elsewhere."""
+    _, columns, column_tokens = copy["table"]
+    kv_bsz, slots = columns.shape
+    bsz = logits.size(0)
+    beams = bsz // kv_bsz
+    weights = copy["weights"][:, -1].float().view(kv_bsz, beams, slots)
+    mass = weights.new_zeros(kv_bsz, beams, slots + 1)
+    mass = mass.scatter_add_(2, columns.unsqueeze(1).expand(-1, beams, -1), weights)[..., :slots]
+    total = mass.sum(-1, keepdim=True).view(bsz, 1, 1)
+    gate_logit = copy["gate_logit"][:, -1:].float()
+    lprobs = torch.log_softmax(logits[:, -1:].float(), dim=-1) + F.logsigmoid(-gate_logit) * total.gt(0)
+    # log(c * mass / total), -inf where a column has no mass (clamped first: log(0) is ~20x slower on
+    # the CPU than a logarithm of a normal number, and most columns have no mass)
+    mass = mass.view(bsz, 1, slots)
+    log_share = torch.log(mass.clamp_min(1e-30)) + (F.logsigmoid(gate_logit) - torch.log(total.clamp_min(1e-9)))
+    log_copy = torch.where(mass.gt(0), log_share, torch.full_like(mass, float("-inf")))
+    # rows (kv_bsz, beams): the sentence's column tokens serve its beams without a copy
+    index = column_tokens.unsqueeze(1).expand(-1, beams, -1)
+    by_sentence = lprobs.view(kv_bsz, beams, -1)
+    corrected = torch.logaddexp(by_sentence.gather(2, index), log_copy.view(kv_bsz, beams, slots))
+    return by_sentence.scatter_(2, index, corrected).view_as(lprobs)
 
 
 def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> torch.Tensor:
@@ -183,10 +292,13 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
     Log-probabilities are computed in log space and touch the vocabulary once: every token gets
     log(1 - c) + log_softmax(logits); only the (at most M) tokens present in the memory are
     corrected to log((1 - c) p_vocab + c * copy mass). Probabilities (``log_probs=False``) take
-    the direct formula."""
+    the direct formula. A decoding step may pass ``table`` (each sentence's
+    :func:`sentence_copy_table`) instead of ``tokens``."""
     steps = logits.size(1)
+    if copy.get("table") is not None and log_probs and steps == 1 and not torch.is_grad_enabled():
+        return _log_copy_step(logits, copy)
     weights, keep, reads = _copy_parts(steps, copy)
-    tokens = copy["tokens"]
+    tokens = _row_tokens(copy)
     gate_logit = copy["gate_logit"][:, -steps:].float()
     index = tokens.unsqueeze(1).expand(-1, steps, -1)
     if not log_probs:
@@ -252,5 +364,5 @@ def memory_tokens_of(encoder_out: dict) -> torch.Tensor:
     return tokens if rows is None else tokens.index_select(0, rows)
 
 
-__all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
+__all__ = ["MemoryEncoder", "MemoryReader", "copy_probabilities", "sentence_copy_table", "TM_DEFAULTS", "add_tm_args", "fill_tm_defaults", "memory_attention_config",
            "memory_of", "memory_tokens_of", "reorder_memory"]

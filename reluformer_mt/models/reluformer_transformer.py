@@ -154,7 +154,7 @@ class ReluformerDecoder(TransformerDecoderBase):
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         readers = [layer for layer in self.layers if "tm_reader" in layer._modules]
-        memory = None
+        memory, cached = None, False
         if readers and encoder_out is not None and encoder_out.get("tm_out"):
             # decoding step by step, the readers hold the memory's keys and values from the first
             # step on: the states are not gathered again ((None, None): read from the cache)
@@ -170,10 +170,23 @@ class ReluformerDecoder(TransformerDecoderBase):
         copy_gate = self._modules.get("tm_copy_gate")
         if memory is not None and copy_gate is not None:
             reader = readers[-1].tm_reader
-            extra["tm_copy"] = {"weights": reader.weights, "tokens": memory_tokens_of(encoder_out),
-                                "gate_logit": copy_gate(x), "ignore": (self.padding_idx, self.dictionary.bos())}
+            extra["tm_copy"] = self._copy_inputs(reader, encoder_out, incremental_state, cached, copy_gate(x))
             reader.weights = None
         return x, extra
+
+    def _copy_inputs(self, reader, encoder_out, incremental_state, cached: bool, gate_logit) -> dict:
+        """What the copy distribution reads. Decoding step by step, the first step keeps a table of
+        each sentence's memory tokens beside the last reader's cached keys, and the later steps read
+        it (``table``) instead of gathering the tokens in the beams' order."""
+        copy = {"weights": reader.weights, "gate_logit": gate_logit, "ignore": (self.padding_idx, self.dictionary.bos())}
+        table = reader.copy_table(incremental_state) if cached else None
+        if table is not None:
+            copy["table"] = table
+            return copy
+        copy["tokens"] = memory_tokens_of(encoder_out)
+        if incremental_state is not None and reader.cached(incremental_state):
+            reader.cache_copy_table(incremental_state, copy["tokens"], copy["ignore"])
+        return copy
 
     def get_normalized_probs(self, net_output, log_probs, sample=None):
         """With a translation memory, the output distribution can copy its tokens (``--tm-no-copy`` off)."""
