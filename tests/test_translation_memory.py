@@ -305,6 +305,10 @@ def test_translation_pieces_expected_length_follows_the_source():
     assert sentence_pieces(matches, source_length=2).expected_length == 4  # 8 tokens for 4 words: 2 per word
     assert sentence_pieces(matches, source_length=100).expected_length == 8
     assert sentence_pieces(matches, floor=0.55, source_length=1).expected_length == 2
+    # tokens not kept (--pieces-aligned) end a piece but still count for the cap and the length
+    kept = sentence_pieces([(torch.tensor([4, 5, 6, 4]), 0.6, 4, [True, True, False, True])], max_n=2)
+    assert set(kept.best) == {(4,), (5,), (4, 5)} and kept.cap[6] == 1 and kept.cap[4] == 2
+    assert kept.expected_length == 4
 
 
 def _piece_bonus_by_rule(prefix, units, vocab, separator):
@@ -386,6 +390,18 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
         def overlap(results):
             return sum(len(set(r.text.split()) & set(m)) for r, m in zip([r for d in results for r in d], matched))
         assert overlap(guided) > overlap(plain)
+    # --pieces-aligned (Zhang et al.'s pieces): only target words the memory's eflomal links tie to
+    # source words the sentence shares with the match; an entry matched by its own source keeps
+    # its aligned words, one sharing no word keeps nothing
+    aligned = DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_weight=20.0, pieces_k=2,
+                                 pieces_aligned=True, beam=2, max_len_a=0, max_len_b=12)
+    assert len(aligned.translate(documents)) == 2
+    entries = aligned.memory.entries
+    own = aligned._aligned_tokens(entries.sources[0].split(), 0, aligned.memory.tokens[0])
+    assert len(own) == len(aligned.memory.tokens[0]) and 0 < sum(own) <= len(own)
+    assert not any(aligned._aligned_tokens(["zzz-not-a-word"], 0, aligned.memory.tokens[0]))
+    with pytest.raises(TranslationError, match="--pieces-aligned: only with translation pieces"):
+        DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_aligned=True)
     with pytest.raises(TranslationError, match="cannot read one; --pieces-weight"):
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", memory=str(memory_data))
     with pytest.raises(TranslationError, match="--pieces-weight: expected a finite number >= 0, got -1"):

@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--pieces-max-n", type=int, default=D["pieces_max_n"], metavar="N", help="longest piece, in SentencePiece tokens")
     tm.add_argument("--pieces-floor", type=float, default=D["pieces_floor"], metavar="F",
                     help="only matches with a fuzzy score >= F give pieces (the demo's value is tuned with the weight)")
+    tm.add_argument("--pieces-aligned", action="store_true", default=D["pieces_aligned"],
+                    help="pieces only from target words that the memory's word alignment (eflomal, run once per "
+                         "memory) links to source words the sentence shares with the match, as Zhang et al. 2018 "
+                         "(default: every n-gram of the match)")
     knn = p.add_argument_group("kNN-MT (Khandelwal et al. 2021): the decoder state of every step looks up its nearest "
                                "entries in a datastore and mixes their next tokens into the model's distribution; "
                                "any checkpoint (docs/KNN_MT.md)")
@@ -365,7 +369,7 @@ def run(args) -> str:
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
         segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
-        fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, knn=args.knn, knn_memory=args.knn_memory,
+        fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned, knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
         tmx_placeholders=args.tmx_placeholders)

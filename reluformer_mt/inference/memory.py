@@ -38,23 +38,45 @@ def learned_key_rerank(task, data_dir) -> Optional[str]:
 
 
 _RETRIEVERS: dict = {}  # the last few TF-IDF retrievers of this process, by the memory's content
+_WORD_LINKS: dict = {}  # the last few memories' word alignments, by content
+
+
+def content_key(entries) -> str:
+    """A digest of a memory's sentences: the same memory opened again (another path, another
+    translator) reuses what was computed from it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for text in (*entries.sources, "\0", *entries.targets):
+        digest.update(text.encode("utf-8") + b"\n")
+    return digest.hexdigest()
 
 
 def cached_retriever(entries, candidates: int) -> Retriever:
     """A :class:`Retriever` of ``entries``, reused when the same memory is opened again in this
     process (the demo and the tuner open a translator per decoding mode; fitting the keys of the
     bible's 7,187 verses each time cost seconds). Keyed by the entries' content, not their path."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for text in (*entries.sources, "\0", *entries.targets):
-        digest.update(text.encode("utf-8") + b"\n")
-    key = (digest.hexdigest(), candidates)
+    key = (content_key(entries), candidates)
     if key not in _RETRIEVERS:
         if len(_RETRIEVERS) >= 4:
             _RETRIEVERS.pop(next(iter(_RETRIEVERS)))
         _RETRIEVERS[key] = Retriever(entries, candidates=candidates)
     return _RETRIEVERS[key]
+
+
+def memory_word_links(entries) -> list:
+    """(source word, target word) links of every memory entry (whitespace words of its text), by
+    eflomal in both directions symmetrised with grow-diag-final-and
+    (:mod:`reluformer_mt.evaluation.statistical_aligner`): the word alignment Zhang et al. (2018)
+    read the translation pieces of a match through. Aligned once per memory and process."""
+    from reluformer_mt.evaluation.statistical_aligner import eflomal_alignments
+
+    key = content_key(entries)
+    if key not in _WORD_LINKS:
+        if len(_WORD_LINKS) >= 2:
+            _WORD_LINKS.pop(next(iter(_WORD_LINKS)))
+        _WORD_LINKS[key] = eflomal_alignments(entries.sources, entries.targets)
+    return _WORD_LINKS[key]
 
 
 class MemoryLookup:

@@ -231,12 +231,13 @@ class PieceTable:
 def sentence_pieces(entries: Sequence[Tuple], exclude: Sequence[int] = (), max_n: int = 4, floor: float = 0.0,
                     source_length: Optional[int] = None) -> Optional[TranslationPieces]:
     """Pieces of one sentence from its retrieved entries, (target token ids, fuzzy score) or (target
-    token ids, fuzzy score, the entry's source length) each: only entries scoring at least ``floor``
-    count (None if none does). An ``exclude``d token (padding, EOS, the separator) ends a piece; a
-    token's cap is the most copies of it one entry holds. The expected length is the longest
-    entry's; given the sentence's ``source_length`` and the entries' source lengths, at most the
-    longest an entry's length ratio predicts for this source (a 40-token match of a 10-token verse
-    no longer rewards 40 tokens for a 5-token one)."""
+    token ids, fuzzy score, the entry's source length[, which target tokens may be in a piece]) each:
+    only entries scoring at least ``floor`` count (None if none does). An ``exclude``d token
+    (padding, EOS, the separator) or one not kept ends a piece; a token's cap is the most copies of
+    it one entry holds. The expected length is the longest entry's; given the sentence's
+    ``source_length`` and the entries' source lengths, at most the longest an entry's length ratio
+    predicts for this source (a 40-token match of a 10-token verse no longer rewards 40 tokens for
+    a 5-token one)."""
     kept = [entry for entry in entries if entry[1] >= floor]
     if not kept:
         return None
@@ -251,9 +252,10 @@ def sentence_pieces(entries: Sequence[Tuple], exclude: Sequence[int] = (), max_n
             predicted = max(predicted, math.ceil(len(real) * source_length / max(1, entry[2])))
         for t, count in Counter(real).items():
             cap[t] = max(cap[t], count)
+        keep = [bool(k) for k in entry[3]] if len(entry) > 3 else [True] * len(ids)
         part = []
-        for t in ids + [None]:
-            if t is None or t in excluded:
+        for t, kept in zip(ids + [None], keep + [False]):
+            if t is None or t in excluded or not kept:
                 if part:
                     parts.append((part, score))
                 part = []

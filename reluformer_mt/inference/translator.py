@@ -172,7 +172,8 @@ class DocumentTranslator:
                  batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
                  segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained",
                  memory=None, pieces_weight: float = 0.0, pieces_k: int = 8, pieces_max_n: int = 4,
-                 pieces_floor: float = 0.0, knn=None, knn_memory: bool = False, knn_memory_k: int = 8,
+                 pieces_floor: float = 0.0, pieces_aligned: bool = False, knn=None, knn_memory: bool = False,
+                 knn_memory_k: int = 8,
                  knn_k: Optional[int] = None, knn_lambda: Optional[float] = None, knn_readout: Optional[str] = None,
                  knn_temperature: Optional[float] = None, knn_radius: Optional[float] = None,
                  knn_adaptive: Optional[bool] = None, nbest: int = 1, fp16: bool = False, bf16: bool = False,
@@ -246,6 +247,15 @@ class DocumentTranslator:
         self.piece_floor = float(pieces_floor)
         if not 0 <= self.piece_floor <= 1:
             raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {pieces_floor}")
+        self.piece_aligned = bool(pieces_aligned)
+        if self.piece_aligned and not self.piece_weight:
+            raise TranslationError("--pieces-aligned: only with translation pieces (--pieces-weight W > 0)")
+        if self.piece_aligned:
+            from reluformer_mt.evaluation.statistical_aligner import available
+
+            if not available():
+                raise TranslationError("--pieces-aligned: the word alignment of the memory needs eflomal "
+                                       "(pip install eflomal)")
         if self.piece_k < 1 or not 1 <= self.piece_max_n <= 8:
             raise TranslationError(f"--pieces-k {pieces_k} / --pieces-max-n {pieces_max_n}: expected k >= 1 and 1 <= n <= 8")
         self.knn_memory, self.knn_memory_k = bool(knn_memory), int(knn_memory_k)
@@ -263,7 +273,7 @@ class DocumentTranslator:
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "
                                    "memory's translation pieces instead")
         self._matches = {}  # (document, unit) -> (ids, scores) during translate()
-        self._unit_lengths = {}  # (document, unit) -> source words, during translate()
+        self._unit_words = {}  # (document, unit) -> source words, during translate()
         if self.piece_weight and self.memory is not None:
             if self.constraint is None:  # plain beam search with the bonus
                 from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
@@ -777,7 +787,8 @@ class DocumentTranslator:
             return
         keys = [(d, u) for d, doc in enumerate(encoded) for u, p in enumerate(doc) if p is not None]
         # source words of each unit (SentencePiece marks a word's first piece), for the pieces' length
-        self._unit_lengths = {(d, u): sum(1 for p in encoded[d][u] if p.startswith("\u2581")) for d, u in keys}
+        # and, with --pieces-aligned, their edit alignment with each match's source
+        self._unit_words = {(d, u): "".join(encoded[d][u]).replace("\u2581", " ").split() for d, u in keys}
         k = max(self.memory.k, self.piece_k if self.piece_weight else 0, self.knn_memory_k if self.knn_memory else 0)
         ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys], k)
         for n, key in enumerate(keys):
@@ -789,16 +800,51 @@ class DocumentTranslator:
 
     def _segment_pieces(self, seg: _Segment):
         """Translation pieces of a segment, one set per sentence: the top ``piece_k`` entries of each
-        sentence that reach the fuzzy floor."""
+        sentence that reach the fuzzy floor; with ``pieces_aligned``, only the target words of each
+        entry that are aligned with a source word the sentence shares with it."""
         from reluformer_mt.inference.pieces import sentence_pieces
 
         exclude = (self.tgt_dict.pad(), self.tgt_dict.eos(), self.sep_tgt)
         words = self.memory.entries.sources
-        return [sentence_pieces([(self.memory.tokens[entry], float(score), len(words[entry].split()))
-                                 for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)]))
-                                 if entry >= 0], exclude, self.piece_max_n, self.piece_floor,
-                                source_length=self._unit_lengths[(seg.doc, i)])
-                for i in seg.sentences]
+        out = []
+        for i in seg.sentences:
+            unit_words = self._unit_words[(seg.doc, i)]
+            entries = []
+            for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)])):
+                if entry < 0:
+                    continue
+                tokens = self.memory.tokens[entry]
+                described = (tokens, float(score), len(words[entry].split()))
+                if self.piece_aligned:
+                    described += (self._aligned_tokens(unit_words, int(entry), tokens),)
+                entries.append(described)
+            out.append(sentence_pieces(entries, exclude, self.piece_max_n, self.piece_floor,
+                                       source_length=len(unit_words)))
+        return out
+
+    def _aligned_tokens(self, unit_words: List[str], entry: int, tokens: torch.Tensor) -> List[bool]:
+        """Which target tokens of a memory entry may be in a piece (Zhang et al. 2018): the tokens of
+        target words that the memory's word alignment links to a source word left unedited by the
+        edit alignment of the entry's source with the sentence's (difflib's matching blocks)."""
+        import difflib
+
+        from reluformer_mt.inference.memory import memory_word_links
+
+        links = memory_word_links(self.memory.entries)[entry]
+        match_words = self.memory.entries.sources[entry].split()
+        blocks = difflib.SequenceMatcher(None, unit_words, match_words, autojunk=False).get_matching_blocks()
+        unedited = {b + n for _, b, size in blocks for n in range(size)}
+        kept_words = {j for i, j in links if i in unedited}
+        # each token's target word: SentencePiece marks a word's first piece
+        word, kept = -1, []
+        for t in tokens.tolist():
+            if self.tgt_dict[t].startswith("\u2581"):
+                word += 1
+            kept.append(max(word, 0) in kept_words)
+        if word + 1 != len(self.memory.entries.targets[entry].split()):
+            self.stats["pieces: matches whose words and tokens disagree (no aligned pieces)"] += 1
+            return [False] * len(kept)
+        return kept
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
         """One result per input sentence from the results of its units (parts)."""
