@@ -400,6 +400,16 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
     own = aligned._aligned_tokens(entries.sources[0].split(), 0, aligned.memory.tokens[0])
     assert len(own) == len(aligned.memory.tokens[0]) and 0 < sum(own) <= len(own)
     assert not any(aligned._aligned_tokens(["zzz-not-a-word"], 0, aligned.memory.tokens[0]))
+    # the translator passes the alignment on: each sentence's aligned pieces are a subset of all
+    # its pieces, and some sentence loses pieces
+    from reluformer_mt.inference.translator import _Segment
+
+    segment = _Segment(0, list(range(len(documents[0]))), "segment")
+    only_aligned = aligned._segment_pieces(segment)
+    aligned.piece_aligned = False
+    every = aligned._segment_pieces(segment)
+    assert all(set(a.best) <= set(e.best) for a, e in zip(only_aligned, every) if a is not None)
+    assert sum(len(a.best) for a in only_aligned if a is not None) < sum(len(e.best) for e in every if e is not None)
     with pytest.raises(TranslationError, match="--pieces-aligned: only with translation pieces"):
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_aligned=True)
     with pytest.raises(TranslationError, match="cannot read one; --pieces-weight"):

@@ -369,7 +369,8 @@ def run(args) -> str:
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
         segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
-        fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned, knn=args.knn, knn_memory=args.knn_memory,
+        fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
+        knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
         tmx_placeholders=args.tmx_placeholders)

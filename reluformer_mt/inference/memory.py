@@ -134,6 +134,13 @@ class MemoryLookup:
             return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
         return self.retriever.search(list(sentences), k)
 
+    def word_links(self) -> list:
+        """The memory's word alignment (:func:`memory_word_links`), kept here: translation pieces
+        read it for every match, and its process cache is keyed by a digest of the whole memory."""
+        if getattr(self, "_word_links", None) is None:
+            self._word_links = memory_word_links(self.entries)
+        return self._word_links
+
     def tokens_of(self, rows: Sequence[np.ndarray]) -> torch.Tensor:
         """``<s> entry`` for each retrieved id of each row (as in training)."""
         return match_tokens(self.tokens, rows, self.bos)

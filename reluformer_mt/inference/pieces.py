@@ -121,16 +121,16 @@ class PieceTable:
         self.expected_length = torch.tensor([big if p is None or p.expected_length is None else p.expected_length
                                              for p in units], dtype=torch.long)
         # every run of every unit end to end: its tokens, and per run its unit, weight and max n
-        flat, run_unit, run_weight, run_max_n = [], [], [], []
+        flat, run_unit, run_weight, run_max_n, run_length = [], [], [], [], []
         for unit, p in enumerate(units):
             for tokens, weight in (p.parts if p is not None else ()):
                 flat += tokens
                 run_unit.append(unit)
                 run_weight.append(weight)
                 run_max_n.append(p.max_n)
+                run_length.append(len(tokens))
         tokens = torch.tensor(flat, dtype=torch.long)
-        run = torch.repeat_interleave(torch.arange(len(run_unit)),
-                                      torch.tensor([len(t) for p in present for t, _ in p.parts], dtype=torch.long))
+        run = torch.repeat_interleave(torch.arange(len(run_unit)), torch.tensor(run_length, dtype=torch.long))
         run_unit, run_weight = torch.tensor(run_unit, dtype=torch.long), torch.tensor(run_weight, dtype=torch.float32)
         run_max_n = torch.tensor(run_max_n, dtype=torch.long)
 
@@ -214,7 +214,7 @@ class PieceTable:
                 entries = torch.repeat_interleave(lo - torch.cumsum(counts, 0) + counts, counts) + torch.arange(total)
                 bonus.index_put_((which, self.gram_slots[entries]), self.gram_weights[entries], accumulate=True)
         # copies of each slot's token in the sentence being written: the cap
-        if history.size(1):
+        if steps:
             at = torch.searchsorted(tokens, history).clamp_(max=tokens.size(1) - 1)
             same = (tokens.gather(1, at) == history) & current
             used = torch.zeros_like(tokens).scatter_add_(1, at, same.long())
@@ -252,10 +252,10 @@ def sentence_pieces(entries: Sequence[Tuple], exclude: Sequence[int] = (), max_n
             predicted = max(predicted, math.ceil(len(real) * source_length / max(1, entry[2])))
         for t, count in Counter(real).items():
             cap[t] = max(cap[t], count)
-        keep = [bool(k) for k in entry[3]] if len(entry) > 3 else [True] * len(ids)
+        in_pieces = [bool(k) for k in entry[3]] if len(entry) > 3 else [True] * len(ids)
         part = []
-        for t, kept in zip(ids + [None], keep + [False]):
-            if t is None or t in excluded or not kept:
+        for t, allowed in zip(ids + [None], in_pieces + [False]):
+            if t is None or t in excluded or not allowed:
                 if part:
                     parts.append((part, score))
                 part = []

@@ -828,9 +828,7 @@ class DocumentTranslator:
         edit alignment of the entry's source with the sentence's (difflib's matching blocks)."""
         import difflib
 
-        from reluformer_mt.inference.memory import memory_word_links
-
-        links = memory_word_links(self.memory.entries)[entry]
+        links = self.memory.word_links()[entry]
         match_words = self.memory.entries.sources[entry].split()
         blocks = difflib.SequenceMatcher(None, unit_words, match_words, autojunk=False).get_matching_blocks()
         unedited = {b + n for _, b, size in blocks for n in range(size)}
