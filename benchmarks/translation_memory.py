@@ -303,16 +303,16 @@ def main(argv=None):
                      f"sentences/s; fallbacks {m['fallbacks']} / {r['fallbacks']} in {report['translation']['_passes']} passes; "
                      f"decoder steps a pass "
                      f"{m['decoder_steps_per_pass']} / {r['decoder_steps_per_pass']})")
-    d = report.get("decoding_step")
-    if d:
-        parts.append(f"decoding step with/without matches at equal work {d['step_ratio']:.2f}±{d['ratio_spread']:.2f} "
-                     f"{'✓' if d['step_ratio'] >= 0.8 else '✗'} >=0.8 ({d['ms_per_step_with']} / {d['ms_per_step_without']} ms, "
-                     f"{d['rows']} rows, {d['memory_slots']} memory slots, {d['steps']} steps)")
         t = report["translation"]
         if "twin with translation pieces" in t:
             ratios = [a / b for a, b in zip(t["_times"]["twin with translation pieces"], t["_times"]["twin without memory"])]
             parts.append(f"twin with/without translation pieces {statistics.median(ratios):.2f}"
                          f"±{max(ratios) - min(ratios):.2f}")
+    d = report.get("decoding_step")
+    if d:
+        parts.append(f"decoding step with/without matches at equal work {d['step_ratio']:.2f}±{d['ratio_spread']:.2f} "
+                     f"{'✓' if d['step_ratio'] >= 0.8 else '✗'} >=0.8 ({d['ms_per_step_with']} / {d['ms_per_step_without']} ms, "
+                     f"{d['rows']} rows, {d['memory_slots']} memory slots, {d['steps']} steps)")
     print("SUMMARY " + "; ".join(parts))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

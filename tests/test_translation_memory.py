@@ -487,3 +487,32 @@ def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data
             lprobs = model.get_normalized_probs(out, log_probs=True)[0]
             rescored = lprobs.gather(1, target[:, None])[:, 0]
             assert torch.allclose(rescored, hyp["positional_scores"], atol=1e-4), (rescored, hyp["positional_scores"])
+
+
+def test_translation_memory_benchmark_prints_every_translation_row(memory_data, tmp_path, capsys):
+    """benchmarks/translation_memory.py's translation rows on tiny models: the memory model with and
+    without its matches, the twin with and without translation pieces (also without the
+    equal-work step row), and the step row's ratio."""
+    import importlib.util
+    import json
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("tm_bench", REPO / "benchmarks" / "translation_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for fusion in ("attention", "none"):
+        run_fairseq("train", [memory_data, "--user-dir", USER_DIR, "--task", "document_translation", *TRAIN_TM,
+                              "--tm-fusion", fusion, "--tm-k", "1", "--save-dir", tmp_path / fusion])
+    common = ["--data", str(memory_data), "--checkpoint", str(tmp_path / "attention" / "checkpoint_last.pt"),
+              "--twin", str(tmp_path / "none" / "checkpoint_last.pt"), "--sizes", "", "--no-retrieval",
+              "--sentences", "4", "--repeats", "1", "--clock", "cpu"]
+    bench.main(common + ["--step-count", "0"])
+    summary = capsys.readouterr().out.split("SUMMARY ")[1]
+    assert "translation with/without matches" in summary and "twin with/without translation pieces" in summary
+    assert "decoding step" not in summary
+    bench.main(common + ["--step-count", "2", "--json", str(tmp_path / "r.json")])
+    summary = capsys.readouterr().out.split("SUMMARY ")[1]
+    assert "decoding step with/without matches at equal work" in summary
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["decoding_step"]["steps"] == 2 and report["translation"]["with memory"]["decoder_steps_per_pass"] > 0
