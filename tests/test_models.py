@@ -106,3 +106,31 @@ def test_bad_command_line_options_give_one_line_errors(tmp_path, flags, expected
     assert result.returncode != 0
     assert expected in result.stderr, result.stderr[-1500:]
     assert "Traceback" not in result.stderr
+
+
+def test_encoder_reorder_skips_the_copies_beam_search_does_not_need():
+    """Beam search's reorders of the encoder output give fairseq's values, and a step that only
+    moves rows inside their sentence's beams keeps the tensors instead of copying them."""
+    from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
+
+    task = tiny_task()
+    model = build("reluformer_tiny" if "reluformer_tiny" in ARCHITECTURES else ARCHITECTURES[0], task).eval()
+    src = torch.tensor([[4, 5, 6, 7, 2], [1, 1, 8, 9, 2], [1, 10, 11, 12, 2]])
+    with torch.no_grad():
+        ours = model.encoder(src, torch.tensor([5, 3, 4]))
+    theirs = {k: list(v) for k, v in ours.items()}
+    beams = 3
+    orders = [torch.arange(3).repeat_interleave(beams),  # beam search's first reorder: the beams
+              torch.tensor([2, 0, 0, 3, 5, 3, 8, 6, 7]),  # each row stays in its sentence: no copy
+              torch.tensor([3, 3, 4, 6, 8, 7]),  # the first sentence finished
+              torch.tensor([1, 0, 2, 3, 3, 4]),  # inside the sentences again
+              torch.tensor([3, 4, 0])]  # rows of different sentences: fairseq's copy
+    copies = []
+    for order in orders:
+        before = ours["encoder_out"][0]
+        ours = model.encoder.reorder_encoder_out(ours, order)
+        theirs = TransformerEncoderBase.reorder_encoder_out(model.encoder, theirs, order)
+        copies.append(ours["encoder_out"][0] is not before)
+        for key in ("encoder_out", "encoder_padding_mask", "encoder_embedding"):
+            assert torch.equal(ours[key][0], theirs[key][0]), (key, order)
+    assert copies == [True, False, True, False, True]

