@@ -61,6 +61,20 @@ def test_fuzzy_score_and_bands():
     assert [band_of(s) for s in (0.1, 0.5, 0.75, 0.95, 1.0)] == ["<50", "50-70", "70-90", ">=90", ">=90"]
 
 
+def test_batched_fuzzy_scores_equal_the_pairwise_score():
+    """The retriever's rerank scores all candidates in one call: the same values, bit for bit (a
+    different rounding would reorder ties and change which match a sentence gets)."""
+    import random
+
+    from reluformer_mt.memory.tm import fuzzy_scores
+
+    rng = random.Random(0)
+    sentences = [[rng.choice("a b c d e f g".split()) for _ in range(rng.randint(0, 12))] for _ in range(200)]
+    for query in sentences[:20]:
+        assert fuzzy_scores(query, sentences).tolist() == [fuzzy_score(query, s) for s in sentences]
+    assert fuzzy_scores(["a"], []).tolist() == []
+
+
 @pytest.fixture(scope="module")
 def memory_data(prepared_doc_data, tmp_path_factory):
     """The doc-level IWSLT directory prepared again with --memory-k 4 (the fixture's SentencePiece model)."""
