@@ -342,6 +342,37 @@ def test_sentence_longer_than_the_positions_is_translated_whole_in_parts(doc_che
     assert split_near_middle("aaaa bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb") == ("aaaa", "b" * 58)
 
 
+def test_beam_search_carries_the_attention_only_for_alignments(doc_checkpoint):
+    """Without --alignments the decoder returns no alignment attention, so fairseq's beam search
+    keeps no (rows, source, steps) buffer of it; the translations and scores are those of a search
+    that keeps it, and --alignments still gets its links. fairseq's make_generation_fast_(need_attn)
+    (fairseq-generate's --print-alignment) sets the same switch."""
+    from reluformer_mt.inference import DocumentTranslator
+
+    t = DocumentTranslator(doc_checkpoint, device="cpu", beam=2, max_len_a=0, max_len_b=6)
+    docs = real_docs(2, max_sentences=4)
+    seen = []
+    step = t.task.inference_step
+
+    def record(generator, models, sample, **kwargs):
+        hypos = step(generator, models, sample, **kwargs)
+        seen.append(all(h["attention"] is not None and h["attention"].numel() > 0 for row in hypos for h in row))
+        return hypos
+    t.task.inference_step = record
+    plain = t.translate(docs, scores=True)
+    assert seen and not any(seen) and not t.model.decoder.search_alignment
+    seen.clear()
+    aligned = t.translate(docs, scores=True, alignments=True)
+    assert seen and all(seen) and t.model.decoder.search_alignment
+    assert [[r.text for r in d] for d in plain] == [[r.text for r in d] for d in aligned]
+    assert [r.score for d in plain for r in d] == pytest.approx([r.score for d in aligned for r in d], abs=1e-5)
+    assert any(r.alignment for d in aligned for r in d) and not any(r.alignment for d in plain for r in d)
+    t.model.decoder.make_generation_fast_(need_attn=False)
+    assert not t.model.decoder.search_alignment
+    t.model.decoder.make_generation_fast_(need_attn="hard")
+    assert t.model.decoder.search_alignment
+
+
 def one_line_error(err, pattern):
     lines = [l for l in err.strip().split("\n") if l.startswith("reluformer-translate: error:")]
     assert len(lines) == 1 and re.search(pattern, lines[0]), err

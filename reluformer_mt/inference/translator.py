@@ -531,6 +531,8 @@ class DocumentTranslator:
                     if len(tokens) and tokens[-1] == self.tgt_dict.eos():
                         tokens = tokens[:-1]
                     attn = hypo.get("attention")
+                    if attn is not None and not attn.numel():
+                        attn = None  # fairseq's empty tensor: not asked for (``search_alignment``)
                     if attn is not None:
                         real = (src_tokens[b] != self.src_dict.pad()).cpu()
                         attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
@@ -708,6 +710,9 @@ class DocumentTranslator:
 
         t0 = time.time()
         before = Counter(self.stats)
+        for model in self.models:  # beam search carries the attention only for alignments
+            if hasattr(getattr(model, "decoder", None), "search_alignment"):
+                model.decoder.search_alignment = alignments
         encoded, owners = self._expand(self._encode(documents))
         out: List[List[Optional[SentenceResult]]] = [[None] * len(doc) for doc in encoded]
         for d, doc in enumerate(encoded):

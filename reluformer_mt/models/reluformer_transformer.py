@@ -188,10 +188,22 @@ def _group_after(encoder_out, group: int, new_order: torch.Tensor) -> int:
 
 
 class ReluformerDecoder(TransformerDecoderBase):
+    # fairseq's beam search keeps the alignment layer's cross-attention of every hypothesis, a
+    # (rows, source, steps) buffer that it gathers and copies back at every step, though only
+    # alignments read it; fairseq's make_generation_fast_(need_attn=False) (fairseq-generate and
+    # -interactive without --print-alignment) does not turn that layer off, this flag does: False
+    # there and in reluformer-translate without --alignments
+    search_alignment = True
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(ReluformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
+    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
+        self.search_alignment = bool(need_attn)
+
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        if incremental_state is not None and not self.search_alignment and kwargs.get("alignment_layer") is None:
+            kwargs["alignment_layer"] = -1  # no layer's index: none returns its attention
         readers = [layer for layer in self.layers if "tm_reader" in layer._modules]
         memory, cached = None, False
         if readers and encoder_out is not None and encoder_out.get("tm_out"):
