@@ -17,6 +17,8 @@ sentences, whole segments):
   ``--batch-size``); the "translation time" it reports;
 - ``reluformer-translate (copy)``: a second translator of the same checkpoint, the noise check
   (its ratio to the first says what the method cannot resolve).
+- ``reluformer-translate --alignments``: the translator asked for alignments as well (beam search
+  then carries the alignment layer's attention of every hypothesis: what a plain call saves).
 
 All run in this process (fairseq's CLIs through ``run_fairseq``; loading and imports are not
 timed). ``--clock cpu`` times this thread's CPU seconds instead of elapsed ones (one torch thread:
@@ -192,7 +194,7 @@ def main(argv=None) -> dict:
     documents, segments, n_sentences = test_documents(args.data, args.sentences or 10**9)
     decoding = dict(beam=args.beam, batch_size=args.batch_size, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     translators = {name: DocumentTranslator(args.checkpoint, data=args.data, quiet=True, **decoding)
-                   for name in ("reluformer-translate", "reluformer-translate (copy)")}
+                   for name in ("reluformer-translate", "reluformer-translate (copy)", "reluformer-translate --alignments")}
     common = [args.data, "--user-dir", USER_DIR, "--task", "document_translation", "--path", args.checkpoint,
               "--beam", args.beam, "--batch-size", args.batch_size, "--max-len-a", args.max_len_a,
               "--max-len-b", args.max_len_b, "--cpu", "--num-workers", "0"]
@@ -203,18 +205,19 @@ def main(argv=None) -> dict:
     generate = [subset] + common[1:] + ["--gen-subset", "test", "--quiet"]
     interactive = common + ["--input", tmp / "input.txt", "--buffer-size", args.batch_size]
 
-    def translate(name):
+    def translate(name, alignments: bool = False):
         def run():
             clock = time.thread_time if args.clock == "cpu" else time.perf_counter
             start = clock()
-            translators[name].translate(documents, progress=False)
+            translators[name].translate(documents, progress=False, alignments=alignments)
             return clock() - start
         return run
 
     systems = {"reluformer-translate": translate("reluformer-translate"),
                "fairseq-generate": fairseq_runner("generate", generate, r"sentences \([\d,]+ tokens\) in ([\d.]+)s", args.clock),
                "fairseq-interactive": fairseq_runner("interactive", interactive, r"translation time: ([\d.]+)", args.clock),
-               "reluformer-translate (copy)": translate("reluformer-translate (copy)")}
+               "reluformer-translate (copy)": translate("reluformer-translate (copy)"),
+               "reluformer-translate --alignments": translate("reluformer-translate --alignments", alignments=True)}
     seconds = {name: [] for name in systems}
     names = list(systems)
     with contextlib.redirect_stderr(io.StringIO()):
@@ -246,6 +249,7 @@ def main(argv=None) -> dict:
                f"sentences/s; vs fairseq-generate {fmt(overhead)} {'✓' if overhead['median'] >= OVERHEAD_TARGET else '✗'} "
                f">={OVERHEAD_TARGET}; vs fairseq-interactive {fmt(by_name['fairseq-interactive']['translate_vs_this'])}; "
                f"noise check: copy {fmt(noise)}{'' if abs(noise['median'] - 1) <= NOISE_TOLERANCE else ' (noisy: raise --repeats)'}; "
+               f"vs itself with --alignments {fmt(by_name['reluformer-translate --alignments']['translate_vs_this'])}; "
                f"translator fallbacks {fallbacks} in {args.repeats + 1} runs")
     report = {"rows": rows, "sentences": n_sentences, "segments": len(segments), "args": {k: str(v) for k, v in vars(args).items()},
               "translator_stats": dict(stats), "summary": summary}

@@ -132,7 +132,7 @@ def test_decoding_speed_rows_ratios_and_summary(doc_checkpoint, prepared_doc_dat
     finally:
         torch.set_num_threads(threads)
     assert [r["system"] for r in report["rows"]] == ["reluformer-translate", "fairseq-generate", "fairseq-interactive",
-                                                     "reluformer-translate (copy)"]
+                                                     "reluformer-translate (copy)", "reluformer-translate --alignments"]
     assert 0 < report["sentences"] <= 12
     for row in report["rows"]:
         assert len(row["seconds"]) == 2 and row["sentences_per_s"] > 0
@@ -140,7 +140,8 @@ def test_decoding_speed_rows_ratios_and_summary(doc_checkpoint, prepared_doc_dat
             assert len(row["translate_vs_this"]["per_rep"]) == 2
     printed = capsys.readouterr().out.rstrip().splitlines()
     assert printed[-1] == report["summary"] and printed[-1].startswith("SUMMARY ")
-    for part in ("vs fairseq-generate", "vs fairseq-interactive", "noise check: copy", "2 interleaved repetitions, cpu clock"):
+    for part in ("vs fairseq-generate", "vs fairseq-interactive", "noise check: copy", "vs itself with --alignments",
+                 "2 interleaved repetitions, cpu clock"):
         assert part in printed[-1], part
     assert json.loads((tmp_path / "speed.json").read_text())["summary"] == report["summary"]
 
