@@ -236,10 +236,10 @@ def main(argv=None) -> dict:
         if name != "reluformer-translate":
             row["translate_vs_this"] = paired_ratio(rates["reluformer-translate"], v)
         rows.append(row)
-    print(f"{'system':30s} {'sentences/s':>12s} {'spread':>8s} {'translate / this':>18s}")
+    print(f"{'system':34s} {'sentences/s':>12s} {'spread':>8s} {'translate / this':>18s}")
     for row in rows:
         ratio = fmt(row["translate_vs_this"]) if "translate_vs_this" in row else "ref"
-        print(f"{row['system']:30s} {row['sentences_per_s']:12.2f} {row['spread']:8.2f} {ratio:>18s}")
+        print(f"{row['system']:34s} {row['sentences_per_s']:12.2f} {row['spread']:8.2f} {ratio:>18s}")
     by_name = {row["system"]: row for row in rows}
     overhead = by_name["fairseq-generate"]["translate_vs_this"]
     noise = by_name["reluformer-translate (copy)"]["translate_vs_this"]
