@@ -114,7 +114,7 @@ def test_encoder_reorder_skips_the_copies_beam_search_does_not_need():
     from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 
     task = tiny_task()
-    model = build("reluformer_tiny" if "reluformer_tiny" in ARCHITECTURES else ARCHITECTURES[0], task).eval()
+    model = build("reluformer_tiny", task).eval()
     src = torch.tensor([[4, 5, 6, 7, 2], [1, 1, 8, 9, 2], [1, 10, 11, 12, 2]])
     with torch.no_grad():
         ours = model.encoder(src, torch.tensor([5, 3, 4]))
