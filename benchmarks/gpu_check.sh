@@ -93,6 +93,24 @@ if folder:
           "(their own dependencies resolve against the machine first, then the folder)")
 EOF
 }
+# pip's own verdict on installing from the folder into this python (dependencies included, against
+# what the machine has): one line
+resolves() {
+    local pyver out
+    pyver=$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [[ $pyver != 3.12 ]]; then
+        echo "  pip --dry-run --no-index: not tried (the folder holds CPython 3.12 wheels; this python is $pyver)"
+        return
+    fi
+    if out=$("$1" -m pip install --dry-run --no-index --find-links "$WHEELS" --disable-pip-version-check \
+                 "${WITH_DEPS_REQ[@]}" 2>&1); then
+        local count  # "Would install a-1 b-2 ...": the words after the first two
+        count=$(grep -o 'Would install.*' <<< "$out" | wc -w)
+        echo "  pip --dry-run --no-index: resolves; $(( count > 2 ? count - 2 : 0 )) packages from the folder, the rest the machine's"
+    else
+        echo "  pip --dry-run --no-index: FAILS: $(grep -m1 '^ERROR' <<< "$out" || tail -1 <<< "$out")"
+    fi
+}
 
 if [[ -n ${GPU_CHECK_PYTHON:-} ]]; then
     MODE=given
@@ -118,10 +136,13 @@ if (( DRY )); then
                 fi
                 echo "  packages:"
                 sources "$PYTHON"
+                [[ -z $WHEELS ]] || resolves "$PYTHON"
             else
                 echo "  this python has no CUDA torch with triton: the run would need an NVIDIA GPU and the package index"
                 echo "  (a CUDA torch from PyPI into $VENV, then the project)$([[ -n $WHEELS ]] && echo "; with --wheels it stops here (exit 2)")"
-                if [[ -n $WHEELS ]]; then echo "  packages (what the wheel folder holds, for a machine with a CUDA torch):"; sources "$PYTHON"; fi
+                if [[ -n $WHEELS ]]; then
+                    echo "  packages (what the wheel folder holds, for a machine with a CUDA torch):"; sources "$PYTHON"; resolves "$PYTHON"
+                fi
             fi ;;
     esac
     echo "  then: python benchmarks/gpu_check.py --out $OUT --budget-s (the rest of ${TOTAL} s)"
