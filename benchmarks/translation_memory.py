@@ -128,7 +128,8 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
     from reluformer_mt.plugin import register
 
     register()
-    test = read_prepared(data_dir, "test").sources[:sentences]
+    prepared = read_prepared(data_dir, "test")
+    test, references = prepared.sources[:sentences], prepared.targets[:sentences]
     documents = [test[i:i + 20] for i in range(0, len(test), 20)]
     systems = {"with memory": DocumentTranslator(checkpoint, data=data_dir, beam=4, quiet=True),
                "same model, no matches": DocumentTranslator(checkpoint, data=data_dir, beam=4, quiet=True, memory="none")}
@@ -139,13 +140,15 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
         systems["twin with translation pieces"] = DocumentTranslator(twin, data=data_dir, beam=4, quiet=True,
                                                                      pieces_weight=10.0, pieces_k=8)
     times = {name: [] for name in systems}
+    outputs = {}
     steps = {name: count_steps(translator) for name, translator in systems.items()}
     timer = clock_of(clock)
     for _ in range(repeats):  # interleaved, so load changes hit every system alike
         for name, translator in systems.items():
             start = timer()
-            translator.translate(documents, progress=False)
+            outputs[name] = translator.translate(documents, progress=False)
             times[name].append(len(test) / (timer() - start))
+    reference_words = sum(len(r.split()) for r in references)
     out = {name: {"sentences_per_s": round(statistics.median(v), 2), "spread": round(max(v) - min(v), 2)}
            for name, v in times.items()}
     ref = statistics.median(times["with memory"])
@@ -157,6 +160,10 @@ def translation_speed(checkpoint: str, twin: str, data_dir: Path, sentences: int
         out[name]["fallbacks"] = sum(v for k, v in translator.stats.items() if k.startswith("fallbacks: "))
         out[name]["decoder_steps_per_pass"] = steps[name]["steps"] // repeats
         out[name]["beam_rows_per_pass"] = steps[name]["rows"] // repeats
+        # what the steps produce: output words per reference word (BLEU's length ratio); a longer
+        # search that brings a short output to the reference's length is work, not overhead
+        words = sum(len(result.text.split()) for document in outputs[name] for result in document)
+        out[name]["length_ratio"] = round(words / reference_words, 3)
     out["_times"] = times  # sentences/s of every repetition, for paired ratios
     out["_passes"] = repeats
     out["_translators"] = systems
@@ -302,12 +309,15 @@ def main(argv=None):
                      f"{'✓' if r['memory_ratio'] >= 0.8 else '✗'} >=0.8 ({m['sentences_per_s']} / {r['sentences_per_s']} "
                      f"sentences/s; fallbacks {m['fallbacks']} / {r['fallbacks']} in {report['translation']['_passes']} passes; "
                      f"decoder steps a pass "
-                     f"{m['decoder_steps_per_pass']} / {r['decoder_steps_per_pass']})")
+                     f"{m['decoder_steps_per_pass']} / {r['decoder_steps_per_pass']}; output/reference words "
+                     f"{m['length_ratio']} / {r['length_ratio']})")
         t = report["translation"]
         if "twin with translation pieces" in t:
             ratios = [a / b for a, b in zip(t["_times"]["twin with translation pieces"], t["_times"]["twin without memory"])]
+            p, q = t["twin with translation pieces"], t["twin without memory"]
             parts.append(f"twin with/without translation pieces {statistics.median(ratios):.2f}"
-                         f"±{max(ratios) - min(ratios):.2f}")
+                         f"±{max(ratios) - min(ratios):.2f} (decoder steps a pass {p['decoder_steps_per_pass']} / "
+                         f"{q['decoder_steps_per_pass']}; output/reference words {p['length_ratio']} / {q['length_ratio']})")
     d = report.get("decoding_step")
     if d:
         parts.append(f"decoding step with/without matches at equal work {d['step_ratio']:.2f}±{d['ratio_spread']:.2f} "

@@ -13,6 +13,26 @@ from reluformer_mt.plugin import register  # noqa: E402
 register()  # the test session is an entry point: models, criterion, task and fairseq fixes
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A CLI run in-process calls logging.basicConfig(stream=sys.stderr) while pytest captures
+    stderr: the handler outlives the capture file, and every later log line through it printed a
+    "--- Logging error ---" traceback (thousands of lines in the tiny demo's log). Each test gets
+    the root logger's handlers and level back as they were."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+        handler.close()  # a file handler's file; a stream handler leaves its stream open
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def sentence_data(tmp_path_factory):
     """A binarised en->de sentence-level directory from real IWSLT2017 dev pairs (word level).

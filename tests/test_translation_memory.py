@@ -530,3 +530,7 @@ def test_translation_memory_benchmark_prints_every_translation_row(memory_data, 
     assert "decoding step with/without matches at equal work" in summary
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["decoding_step"]["steps"] == 2 and report["translation"]["with memory"]["decoder_steps_per_pass"] > 0
+    # every translation row says how long its outputs came out against the references (in words)
+    assert summary.count("output/reference words") == 2
+    for row in ("with memory", "same model, no matches", "twin without memory", "twin with translation pieces"):
+        assert 0 < report["translation"][row]["length_ratio"] < 10, row
