@@ -28,6 +28,8 @@ def test_demo_help_starts_with_the_usage_and_has_no_none_defaults():
     assert run.stderr == "", run.stderr[:300]
     text = " ".join(run.stdout.split())
     assert "(default: None)" not in text and "(default: False)" not in text
+    # a flag shows no default: "--no-knn ... (default: True)" read as kNN-MT being off
+    assert "(default: True)" not in text and "--no-knn skip kNN-MT" in text
     assert "--embed-dim EMBED_DIM model width (default: the preset's)" in text
     assert "(default: runs/demo)" in text and "(default: 0)" in text  # --out, --budget-minutes
 
