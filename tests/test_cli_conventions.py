@@ -183,3 +183,4 @@ def test_prepare_help_shows_the_defaults():
 
     text = " ".join(build_parser().format_help().split())
     assert "(default: docmt)" in text and "(default: sentence)" in text and "(default: 1)" in text
+    assert "(default: [])" not in text  # --train/--valid/--test: nothing until given

@@ -22,12 +22,13 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """``--help`` shows each option's default, as fairseq's and sacreBLEU's do, but not for
-    options whose default is "unset" (None, False): those say in their help what happens then,
+    options whose default is "unset" (None, False, an empty list): those say in their help what happens then,
     nor for flags (``--no-knn``'s default of True is the kNN-MT it turns off, not the flag's)."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        unset = (action.default is None or action.default is False or action.default == argparse.SUPPRESS
+                 or (isinstance(action.default, (list, tuple)) and not action.default))  # nothing appended yet
         flag = action.nargs == 0  # store_true / store_false / store_const
         if not action.option_strings or unset or flag or "%(default)" in text or "(default" in text:
             return text
