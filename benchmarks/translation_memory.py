@@ -9,7 +9,9 @@
 3. Translation sentences/s of a memory checkpoint with its memory against the same checkpoint
    without matches (``memory="none"``), and against a twin trained without memory, interleaved
    ``--repeats`` times (median and spread), with the decoder steps each pass ran (a model that
-   reads matches writes other translations, some to the length limit, and searches longer).
+   reads matches writes other translations, some to the length limit, and searches longer) and
+   the output words per reference word (BLEU's length ratio: whether a longer search wrote text
+   the other system left out). With ``--twin``, also the twin with translation pieces.
 4. The cost of one decoding step with and without matches at equal work: the first batch the
    memory model translates, ``--step-count`` steps of beam search's incremental decoder (each row
    fed its own best token, fairseq's per-step reorders included), interleaved ``--repeats`` times.
