@@ -44,14 +44,19 @@ def read_have(path: Path) -> dict:
         if not line or line.startswith("#"):
             continue
         match = FREEZE_LINE.match(line)
-        try:
-            if not match:
-                raise InvalidVersion(line)
-            have[canonicalize_name(match[1])] = Version(match[2])
-        except InvalidVersion:
+        version = _version(match[2]) if match else None
+        if version is None:
             sys.exit(f"gpu_wheels: --have {path} line {number}: expected NAME==VERSION, got {line!r} "
                      "(make the file with `python3 -m pip list --format=freeze` on the GPU machine)")
+        have[canonicalize_name(match[1])] = version
     return have
+
+
+def _version(text: str):
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
 
 
 def wheel_requirements(wheel: Path) -> list:
