@@ -346,11 +346,16 @@ def _piece_bonus_by_rule(prefix, units, vocab, separator):
     return bonus
 
 
-def test_translation_pieces_table_matches_the_rule_on_random_segments():
+@pytest.mark.parametrize("slot_map", ["dense", "searched"])
+def test_translation_pieces_table_matches_the_rule_on_random_segments(slot_map, monkeypatch):
     """The sparse table (slots per sentence, one scatter per step) gives every row the bonus the
     rule gives, for random matches, floors, max n, prefixes that cross separators, and sources
-    without pieces."""
-    from reluformer_mt.inference.pieces import add_piece_bonus, sentence_pieces
+    without pieces; with the caps' (unit, token) -> slot map and without it (a batch whose units x
+    vocabulary exceed ``DENSE_LIMIT``: the slots are searched)."""
+    from reluformer_mt.inference.pieces import PieceTable, add_piece_bonus, sentence_pieces
+
+    if slot_map == "searched":
+        monkeypatch.setattr(PieceTable, "DENSE_LIMIT", 0)
 
     gen = torch.Generator().manual_seed(3)
     vocab, sep = 30, 3
@@ -523,8 +528,8 @@ def test_translation_memory_benchmark_prints_every_translation_row(memory_data, 
               "--sentences", "4", "--repeats", "1", "--clock", "cpu"]
     bench.main(common + ["--step-count", "0"])
     summary = capsys.readouterr().out.split("SUMMARY ")[1]
-    assert "translation with/without matches" in summary and "twin with/without translation pieces" in summary
-    assert "decoding step" not in summary
+    assert "translation with/without matches" in summary and "translation time with/without translation pieces" in summary
+    assert "time per beam row" in summary and "decoding step" not in summary
     bench.main(common + ["--step-count", "2", "--json", str(tmp_path / "r.json")])
     summary = capsys.readouterr().out.split("SUMMARY ")[1]
     assert "decoding step with/without matches at equal work" in summary
