@@ -21,8 +21,11 @@ setup: $(VENV)/.installed
 test-setup: setup
 	sh scripts/install_browser.sh
 
+# one pytest-xdist worker per core (at most 4, one thread each: tests/conftest.py); the tests of
+# the tiny demo run on one worker, first; TEST_ARGS="-p no:xdist" runs them one at a time
+TEST_ARGS ?= -n auto --maxprocesses 4 --dist loadgroup
 test: test-setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(TEST_ARGS) tests
 
 # the main job; options: make demo DEMO_ARGS="--max-update 4000 --size iwslt_de_en --device cuda"
 demo: setup

@@ -39,7 +39,7 @@ setup(
         # Linux only, where its wheels exist; not pinned, so a CUDA torch keeps the triton it needs
         'triton>=3.0; platform_system == "Linux"',
     ],
-    extras_require={"test": ["pytest>=7", "selenium>=4.10"]},
+    extras_require={"test": ["pytest>=7,<9.2", "pytest-xdist>=3.5", "selenium>=4.10"]},
     entry_points={
         "console_scripts": [
             "reluformer-prepare=reluformer_mt.cli.prepare:main",

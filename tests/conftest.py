@@ -5,12 +5,32 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # ``make test`` runs one pytest-xdist worker per core: one thread each, or two workers' thread
+    # pools oversubscribe the cores (several-fold slower)
+    os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 from helpers import DOCMT, TINY_MODEL, read_docmt_pairs, run_fairseq, tiny_train_args  # noqa: E402
 from reluformer_mt.plugin import register  # noqa: E402
 
 register()  # the test session is an entry point: models, criterion, task and fairseq fixes
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests pytest-xdist runs on one worker (--dist loadgroup)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: ``--dist loadgroup``), the tests that read the tiny demo
+    run (directly or through a fixture) go to one worker, so that the demo, the suite's longest
+    fixture, runs once; and they go first, so that the other workers run the rest meanwhile."""
+    demo = [item for item in items if "tiny_demo" in getattr(item, "fixturenames", ())]
+    for item in demo:
+        item.add_marker(pytest.mark.xdist_group("tiny_demo"))
+    if config.getoption("dist", "no") == "loadgroup":
+        items[:] = demo + [item for item in items if item not in demo]
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,8 @@ OPTIONAL = {
     "wcwidth": "tabulate's wide characters", "attrs": "omegaconf's support of attrs classes",
 }
 # pinned wider for the GPU machine than in requirements.txt, and why
-WIDER = {"numpy": "a machine's numpy 2.3/2.4 serves: the check and the kernel's tests ran with 2.4.6 (PERFORMANCE.md)"}
+WIDER = {"numpy": "a machine's numpy 2.3/2.4 serves: the check and the kernel's tests ran with 2.4.6 (PERFORMANCE.md)",
+         "pytest": "the CPU pin (< 9.2) is for pytest-xdist's worker groups in make test; the check runs pytest without them"}
 # what imports them while the check runs: gpu_check.py's sections and, for section 1, pytest on the
 # kernel's tests (conftest registers the plugin)
 IMPORTS = f"""

@@ -103,7 +103,7 @@ class PieceTable:
     searches each row's slots instead). With a ``separator``, a row is rewarded by the unit of the
     sentence it is writing: its number of separators so far. (Issue 32 cut a step's tensor
     operations, with fewer searches and ``index_select`` for the row gathers: the same bonuses,
-    bit for bit, in a quarter to a third less time.)"""
+    bit for bit, in about a quarter less time: docs/KNN_MT.md.)"""
 
     DENSE_LIMIT = 2 ** 24  # entries of the (unit, token) -> slot map (32 MiB as int16)
 
