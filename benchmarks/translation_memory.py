@@ -315,16 +315,16 @@ def main(argv=None):
                      f"{m['length_ratio']} / {r['length_ratio']})")
         t = report["translation"]
         if "twin with translation pieces" in t:
-            p, q = t["twin with translation pieces"], t["twin without memory"]
+            guided, plain = t["twin with translation pieces"], t["twin without memory"]
             # time with / without pieces (issue 32: <= 1.3), and how much of it is the longer search
             # (beam rows) and how much each row costs more (the bonus, the lookup, the tables)
-            times = [b / a for a, b in zip(t["_times"]["twin with translation pieces"], t["_times"]["twin without memory"])]
-            rows = p["beam_rows_per_pass"] / q["beam_rows_per_pass"]
-            time = statistics.median(times)
-            parts.append(f"translation time with/without translation pieces x{time:.2f}±{max(times) - min(times):.2f} "
-                         f"{'✓' if time <= 1.3 else '✗'} <=1.3 (beam rows x{rows:.2f}, time per beam row x{time / rows:.2f}; "
-                         f"decoder steps a pass {p['decoder_steps_per_pass']} / {q['decoder_steps_per_pass']}; "
-                         f"output/reference words {p['length_ratio']} / {q['length_ratio']})")
+            slower = [b / a for a, b in zip(t["_times"]["twin with translation pieces"], t["_times"]["twin without memory"])]
+            rows = guided["beam_rows_per_pass"] / plain["beam_rows_per_pass"]
+            median = statistics.median(slower)
+            parts.append(f"translation time with/without translation pieces x{median:.2f}±{max(slower) - min(slower):.2f} "
+                         f"{'✓' if median <= 1.3 else '✗'} <=1.3 (beam rows x{rows:.2f}, time per beam row x{median / rows:.2f}; "
+                         f"decoder steps a pass {guided['decoder_steps_per_pass']} / {plain['decoder_steps_per_pass']}; "
+                         f"output/reference words {guided['length_ratio']} / {plain['length_ratio']})")
     d = report.get("decoding_step")
     if d:
         parts.append(f"decoding step with/without matches at equal work {d['step_ratio']:.2f}±{d['ratio_spread']:.2f} "

@@ -30,7 +30,8 @@ def pytest_collection_modifyitems(config, items):
     for item in demo:
         item.add_marker(pytest.mark.xdist_group("tiny_demo"))
     if config.getoption("dist", "no") == "loadgroup":
-        items[:] = demo + [item for item in items if item not in demo]
+        grouped = set(demo)
+        items[:] = demo + [item for item in items if item not in grouped]
 
 
 @pytest.fixture(autouse=True)
