@@ -306,8 +306,9 @@ def test_bad_values_stop_at_option_parsing(tmp_path, flags, expected):
 # --------------------------------------------------------------------------- beam search
 @pytest.mark.parametrize("arch", ["softmax_tiny", "reluformer_tiny", "rela_tiny", "sigmoid_tiny", "softpick_tiny"])
 def test_shared_encoder_beam_search_gives_the_same_beams(arch):
-    """fairseq's set_beam_size keeps one copy of the encoder keys per sentence; the beams must
-    be those of ordinary beam search (fairseq's own transformer is the model of this)."""
+    """Beam search keeps one copy of the encoder keys per sentence (the decoder sets fairseq's
+    set_beam_size at the first step); the beams must be those of ordinary beam search (fairseq's
+    own transformer is the model of this), and a full forward afterwards is not shared."""
     from fairseq.sequence_generator import SequenceGenerator
 
     task = tiny_task()
@@ -315,14 +316,34 @@ def test_shared_encoder_beam_search_gives_the_same_beams(arch):
     model = build(arch, task).eval()
     src = torch.tensor([[4, 5, 6, 7, 2], [1, 1, 8, 9, 2]])
     sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([5, 3])}}
+    tokens = torch.tensor([[2, 4, 5, 6], [2, 8, 9, 4], [2, 5, 5, 7], [2, 9, 4, 8]])
+    with torch.no_grad():  # four rows: a beam of 4 left set would take them for one sentence's beams
+        before = model(src.repeat(2, 1), torch.tensor([5, 3, 5, 3]), tokens)[0]
+    cached_rows = []
+    decode = model.decoder.forward
+
+    def recording(*args, incremental_state=None, **kwargs):
+        out = decode(*args, incremental_state=incremental_state, **kwargs)
+        keys = [v["prev_key"] for k, v in incremental_state.items() if "encoder_attn" in k or "attn_state" in k]
+        cached_rows.append(min(k.size(0) for k in keys if k is not None))
+        return out
+    model.decoder.forward = recording
 
     def beams(shared):
-        for module in model.modules():
-            if hasattr(module, "set_beam_size") and module is not model:
-                module.beam_size = 4 if shared else 1
+        model.decoder.share_keys_across_beams = shared
+        cached_rows.clear()
         generator = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=8)
         with torch.no_grad():
             hypos = generator.generate([model], sample)
+        # the encoder-decoder caches hold one row per sentence when shared, one per beam when not
+        assert cached_rows[0] == (2 if shared else 8), cached_rows
         return [[(h["tokens"].tolist(), round(float(h["score"]), 4)) for h in sent] for sent in hypos]
 
     assert beams(shared=True) == beams(shared=False)
+    beams(shared=True)
+    # a teacher-forced forward after beam search: no module still slices its keys by the beam
+    del model.decoder.forward
+    with torch.no_grad():
+        after = model(src.repeat(2, 1), torch.tensor([5, 3, 5, 3]), tokens)[0]
+    assert torch.equal(before, after)
+    assert all(module.beam_size == 1 for module in model.modules() if hasattr(module, "beam_size"))

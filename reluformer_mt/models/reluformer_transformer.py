@@ -194,6 +194,13 @@ class ReluformerDecoder(TransformerDecoderBase):
     # -interactive without --print-alignment) does not turn that layer off, this flag does: False
     # there and in reluformer-translate without --alignments
     search_alignment = True
+    # beam search: every cross-attention (and memory reader) keeps its keys and values once per
+    # sentence, read by all the sentence's beams. fairseq does this after set_beam_size, which its
+    # generator calls only on models that define it (BART), and fairseq's attention then shares keys
+    # in every forward, teacher-forced ones included; so the decoder sets it itself, at the first
+    # step of each incremental decoding, from the encoder output's rows (:func:`_row_group`), and
+    # turns it off for a full forward. False: one copy per beam (what it did before; the same outputs)
+    share_keys_across_beams = True
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(ReluformerDecoderLayer(cfg, no_encoder_attn), cfg)
@@ -201,7 +208,20 @@ class ReluformerDecoder(TransformerDecoderBase):
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.search_alignment = bool(need_attn)
 
+    def _share_keys(self, encoder_out, incremental_state) -> None:
+        """Set the attention modules' beam size (fairseq's set_beam_size) for this forward: the beams
+        of the encoder output's row groups at the first step of an incremental decoding, kept until
+        its end (fairseq reorders the caches by it), and 1 for a full forward."""
+        if incremental_state is None:
+            beams = 1
+        elif not incremental_state:  # the first step: no module has cached anything yet
+            beams = _row_group(encoder_out) if self.share_keys_across_beams and encoder_out is not None else 1
+        else:
+            return
+        self.set_beam_size(beams)  # a no-op when unchanged
+
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        self._share_keys(encoder_out, incremental_state)
         if incremental_state is not None and not self.search_alignment and kwargs.get("alignment_layer") is None:
             kwargs["alignment_layer"] = -1  # no layer's index: none returns its attention
         readers = [layer for layer in self.layers if "tm_reader" in layer._modules]
