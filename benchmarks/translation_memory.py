@@ -221,8 +221,8 @@ def decode_steps(model, sample, beam: int, steps: int, with_matches: bool, eos: 
     encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"], **memory)
     rows = net_input["src_tokens"].size(0) * beam
     order = torch.arange(rows) // beam
+    # beam search's first reorder: the decoder then keeps one copy of the cached keys per sentence
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-    model.decoder.set_beam_size(beam)
     state: dict = {}
     tokens = torch.full((rows, 1), eos, dtype=torch.long)
     same = torch.arange(rows)
