@@ -199,7 +199,8 @@ class ReluformerDecoder(TransformerDecoderBase):
     # generator calls only on models that define it (BART), and fairseq's attention then shares keys
     # in every forward, teacher-forced ones included; so the decoder sets it itself, at the first
     # step of each incremental decoding, from the encoder output's rows (:func:`_row_group`), and
-    # turns it off for a full forward. False: one copy per beam (what it did before; the same outputs)
+    # turns it off for a full forward. False: one copy per beam (what it did before; the same
+    # translations, the states equal but for their last bits, which kNN-MT's lookups can see)
     share_keys_across_beams = True
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
