@@ -21,7 +21,10 @@ error in one section is reported and the next one runs):
    ``reluformer_iwslt_de_en`` and ``rela_iwslt_de_en`` with their criterion against fairseq's
    ``transformer_iwslt_de_en`` (label-smoothed cross-entropy), at sentence length (128 x 32
    tokens) and in 1024-token segments (4 x 1024), with the attention paths each model took and
-   peak memory.
+   peak memory;
+5. beam-4 decoding (float32) of ``reluformer_iwslt_de_en`` and ``rela_iwslt_de_en`` with the encoder's
+   keys shared by a sentence's beams (what every decoding does since issue 32) against one copy per
+   beam: the same best scores (within 1e-3; identical best hypotheses counted), and sentences/s of each.
 
 The targets (issue 24): forward + backward <= 1.0x SDPA at L >= 1024 with statistics on; training
 tokens/s >= 0.95x fairseq's transformer; peak memory per token flat in L. The report says for
@@ -58,6 +61,7 @@ BLOCKED_MAX_LEN = 4096  # the blocked path (a Python loop over tiles) beyond thi
 FLEX_LENGTHS = (4096,)  # FlexAttention compiles per shape (tens of seconds): one length only
 SUBLAYER_LENGTHS = [512, 1024, 4096]
 TRAINING_SETTINGS = [("sentences", 32, 128), ("segments_1024", 1024, 4)]
+DECODING = dict(sentences=16, length=32, beam=4, models=("reluformer_iwslt_de_en", "rela_iwslt_de_en"))
 MODELS = {
     "transformer_iwslt_de_en": ("transformer_iwslt_de_en", []),
     "reluformer_iwslt_de_en": ("reluformer_iwslt_de_en", []),
@@ -76,6 +80,7 @@ def smoke_sizes():
     DEVICE = "cpu"
     KERNEL_LENGTHS, KERNEL_TOKENS, BLOCKED_MAX_LEN, FLEX_LENGTHS = [32, 64], 64, 64, ()
     SUBLAYER_LENGTHS, TRAINING_SETTINGS = [32], [("sentences", 8, 2), ("segments_1024", 32, 1)]
+    DECODING.update(sentences=2, length=6)
     SIZES.update(heads=2, head_dim=16, embed=32, sublayer_heads=2, sublayer_tokens=64, vocab=100)
 
 
@@ -450,6 +455,58 @@ def bench_training(budget: Budget, reps: int):
     return rows, skipped
 
 
+def bench_decoding(budget: Budget):
+    """Beam search with the encoder's keys shared by each sentence's beams (the decoder's default)
+    against one copy per beam (``share_keys_across_beams = False``): the same best score per sentence
+    (within 1e-3) and how many best hypotheses are identical, and the speed of each. The shared step runs the attention routes
+    with several query rows per sentence, which the CPU tests cover and only this covers on CUDA."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    rows, skipped = [], []
+    batch, length, beam = DECODING["sentences"], DECODING["length"], DECODING["beam"]
+    for arch in DECODING["models"]:
+        if not budget.allows(30):
+            skipped.append(f"decoding {arch}: budget")
+            continue
+        row = dict(model=arch, shape=f"{batch} x {length}", beam=beam)
+        try:
+            model, _, dictionary = build_model(arch, [], SIZES["vocab"], length)
+            model.eval()
+            sample = make_sample(dictionary, batch, length, DEVICE)
+            generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=length)
+            hypotheses, seconds, engaged = {}, {}, []
+            for shared in (True, False, True, False):  # the second pair is timed, the first warms up
+                model.decoder.share_keys_across_beams = shared
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                with torch.no_grad():
+                    found = generator.generate([model], sample)
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                seconds[shared] = time.perf_counter() - start
+                hypotheses[shared] = [[(h["tokens"].tolist(), float(h["score"])) for h in sentence] for sentence in found]
+                engaged.append(getattr(model.decoder, "_beam_size", 1) == (beam if shared else 1))
+            # a random model's near-ties may flip between the two summation orders: the best scores
+            # must agree, and the share of identical best hypotheses is printed beside them
+            best = [(x[0], y[0]) for x, y in zip(hypotheses[True], hypotheses[False])]
+            same = all(abs(a[1] - b[1]) <= 1e-3 for a, b in best)
+            row.update(same_hypotheses=("yes" if same else "NO") if all(engaged) else "NO: the keys were not shared",
+                       identical_best=f"{sum(a[0] == b[0] for a, b in best)} / {len(best)}",
+                       shared_sentences_per_s=batch / seconds[True],
+                       per_beam_sentences_per_s=batch / seconds[False], shared_vs_per_beam=seconds[False] / seconds[True])
+            del model
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"  decoding {arch}: best scores agree {row.get('same_hypotheses', '?')} "
+              f"(identical {row.get('identical_best', '?')}), "
+              f"shared / per beam {row.get('shared_vs_per_beam', float('nan')):.2f}x", flush=True)
+    return rows, skipped
+
+
 # ---------------------------------------------------------------------------------- report
 def fmt(value, spec=".2f"):
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -537,6 +594,14 @@ def report(results) -> str:
                       ("setting", "setting", None), ("model", "model", None), ("tokens/s", "tokens_per_s", ".0f"),
                       ("/ transformer", "vs_transformer", ".2f"), ("peak MB", "peak_mb", ".0f"),
                       ("attention paths per step", "paths", None), ("error", "error", None)]), ""]
+    if results.get("decoding"):
+        parts += ["## Beam-4 decoding, keys shared by a sentence's beams vs one copy per beam (float32)", "",
+                  markdown_table(results["decoding"], [
+                      ("model", "model", None), ("sentences x length", "shape", None),
+                      ("best scores within 1e-3", "same_hypotheses", None), ("identical best", "identical_best", None),
+                      ("shared sentences/s", "shared_sentences_per_s", ".1f"),
+                      ("per beam sentences/s", "per_beam_sentences_per_s", ".1f"),
+                      ("shared / per beam", "shared_vs_per_beam", ".2f"), ("error", "error", None)]), ""]
     if results.get("skipped"):
         parts += ["## Skipped (time budget)", "", *(f"- {s}" for s in results["skipped"]), ""]
     if results.get("errors"):
@@ -584,6 +649,7 @@ def main(argv=None):
         ("kernel", lambda: bench_kernel(budget, args.reps)),
         ("sublayer", lambda: bench_sublayer(budget, args.reps)),
         ("training", lambda: bench_training(budget, args.train_reps)),
+        ("decoding", lambda: bench_decoding(budget)),
     ]
     for name, section in sections:
         print(f"gpu_check: {name} ({budget.left():.0f} s left)", flush=True)

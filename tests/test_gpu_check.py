@@ -44,8 +44,11 @@ def test_every_section_runs_on_the_cpu(tmp_path):
     assert not results["errors"] and not results["skipped"]
     impls = {row["impl"] for row in results["kernel"]}
     assert {"sdpa", "triton", "triton+stats", "blocked+stats"} <= impls
-    assert not any("error" in row for section in ("kernel", "sublayer", "training") for row in results[section])
+    assert not any("error" in row for section in ("kernel", "sublayer", "training", "decoding") for row in results[section])
     assert {row["model"] for row in results["training"]} == set(load_gpu_check().MODELS)
+    # beam search with the keys shared by a sentence's beams finds what one copy per beam finds
+    assert [(row["same_hypotheses"], row["identical_best"]) for row in results["decoding"]] == [("yes", "2 / 2")] * 2
     assert max(v for k, v in results["kernel_vs_blocked"].items() if k != "L") < 1e-5  # float32, interpreted
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# GPU check (issue 24)") and "## Targets" in report
+    assert "## Beam-4 decoding" in report
