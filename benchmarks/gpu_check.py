@@ -457,9 +457,10 @@ def bench_training(budget: Budget, reps: int):
 
 def bench_decoding(budget: Budget):
     """Beam search with the encoder's keys shared by each sentence's beams (the decoder's default)
-    against one copy per beam (``share_keys_across_beams = False``): the same best score per sentence
-    (within 1e-3) and how many best hypotheses are identical, and the speed of each. The shared step runs the attention routes
-    with several query rows per sentence, which the CPU tests cover and only this covers on CUDA."""
+    against one copy per beam (``share_keys_across_beams = False``): the same best score per
+    sentence (within 1e-3), how many best hypotheses are identical, and the speed of each. The
+    shared step runs the attention routes with several query rows per sentence, which the CPU
+    tests cover and only this covers on CUDA."""
     from fairseq.sequence_generator import SequenceGenerator
 
     rows, skipped = [], []
