@@ -2,7 +2,8 @@
 
 Trains each named configuration of :data:`reluformer_mt.experiments.study.RUNS` for a wall-clock
 budget (resumable: a finished run is not trained again), scores greedy s-BLEU / d-BLEU at every
-validation and AER of every kept checkpoint, and writes ``OUT/study.{json,md,png}``.
+validation and AER of every kept checkpoint, and writes ``OUT/study.{json,md,png}``. With
+``--tune FAMILY,...`` it is the family tuner instead (:mod:`reluformer_mt.cli.tune`).
 """
 import argparse
 import sys
@@ -46,6 +47,11 @@ def check_args(args) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--tune" or a.startswith("--tune=") for a in argv):  # the family tuner (reluformer_mt.cli.tune)
+        from reluformer_mt.cli.tune import main as tune_main
+
+        return tune_main(argv)
     args = build_parser().parse_checked(argv, check_args)
     from reluformer_mt.plugin import register
 

@@ -361,14 +361,15 @@ def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir:
                           for family, checkpoint in checkpoints.items()}, level=logging.WARNING)
 
 
-def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, **translator_options) -> dict:
-    """Translate every held-out chapter with the document translator; s-BLEU and d-BLEU.
+def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, split: str = "test", **translator_options) -> dict:
+    """Translate every held-out chapter of ``split`` with the document translator; s-BLEU and d-BLEU.
 
     ``translator_options``: further :class:`DocumentTranslator` keywords, e.g. ``separators="free"``
     (how often the model keeps the verse separators by itself), ``memory="none"`` (a memory model
-    without its matches), translation pieces or kNN-MT (:mod:`.demo_translate`)."""
-    sources = limit_chapters(read_split_documents(data_dir, "test", "grc"), o.eval_chapters)
-    references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
+    without its matches), translation pieces or kNN-MT (:mod:`.demo_translate`). The family tuner
+    (:mod:`.tune`) scores its trials with ``split="valid"``."""
+    sources = limit_chapters(read_split_documents(data_dir, split, "grc"), o.eval_chapters)
+    references = limit_chapters(read_split_documents(data_dir, split, "en"), o.eval_chapters)
     translator = DocumentTranslator(checkpoint, data=data_dir, device=o.device, beam=o.beam, **translator_options)
     start = time.time()
     results = translator.translate(list(sources.values()), progress=True)

@@ -1,0 +1,87 @@
+"""``reluformer-study --tune FAMILY,...``: the same tuning budget for every attention family on the
+validation chapters of the demo's corpus (:mod:`reluformer_mt.experiments.tune`, docs/FAMILIES.md).
+
+Resumable: rerun the same command after a kill and it keeps the finished trials and resumes the
+interrupted ones from their checkpoints. ``--write-presets`` makes each family's best settings the
+demo's preset for that family once every family's trials are finished.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
+                                     check_input_folder, check_output_folder, non_negative_int, positive_int)
+
+FAMILIES = ("reluformer", "rela", "softmax")  # the families with knobs of their own (experiments/tune.py)
+
+
+def family_list(text: str) -> list:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or '(none given)'}; expected some of "
+                                         f"{', '.join(FAMILIES)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="reluformer-study --tune", description=__doc__.split("\n\n")[0],
+                      formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--tune", type=family_list, required=True, metavar="FAMILY,...",
+                   help="families to tune, each with the same budget: " + ", ".join(FAMILIES))
+    p.add_argument("--out", default="runs/tune", help="working folder: the corpus, every trial, the journals, tuning.md")
+    p.add_argument("--trials", type=positive_int, default=8, help="trials per family")
+    p.add_argument("--tune-updates", type=positive_int, default=2500,
+                   help="training updates of every trial (sentence + document phase; the quick preset's 1,500 + 1,000)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="trials at once, one thread each")
+    p.add_argument("--startup-trials", type=positive_int, default=4,
+                   help="random proposals per family before TPE models the finished trials")
+    p.add_argument("--sampler-seed", type=positive_int, default=1, help="seed of the proposals")
+    p.add_argument("--valid-chapters", type=non_negative_int, default=0,
+                   help="validation chapters each trial translates (0: all 13)")
+    p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
+    p.add_argument("--write-presets", action="store_true",
+                   help="write each family's best settings to reluformer_mt/experiments/tuned_presets.json "
+                        "(the demo's per-family presets); refused until every family's trials are finished")
+    p.add_argument("--report-only", action="store_true", help="write tuning.md / tuning.json from the journals, train nothing")
+    return p
+
+
+def check_args(args) -> None:
+    check_output_folder(args.out, "--out")
+    check_input_folder(args.bible_root, "--bible-root")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_checked(argv, check_args)
+    from reluformer_mt.cli.checks import quiet_logging
+
+    quiet_logging()  # before fairseq's import-time logging set-up (matplotlib's DEBUG lines)
+    from reluformer_mt.experiments import tune
+
+    options = tune.TuneOptions(out=Path(args.out), families=args.tune, trials=args.trials,
+                               total_updates=args.tune_updates, jobs=args.jobs, startup_trials=args.startup_trials,
+                               sampler_seed=args.sampler_seed, bible_root=args.bible_root,
+                               valid_chapters=args.valid_chapters)
+    try:
+        if args.report_only:
+            summary = tune.report_from_journals(options)
+        else:
+            from reluformer_mt.plugin import register
+
+            register()
+            summary = tune.run_search(options)
+        if args.write_presets:
+            tune.write_presets(summary)
+            print(f"reluformer-study: wrote {tune.TUNED_PRESETS}", file=sys.stderr)
+    except ValueError as error:
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (RuntimeError, OSError) as error:
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""Equal tuning for every attention family: each family gets the same search budget on the
+validation chapters before any comparison is reported (``reluformer-study --tune``).
+
+Why: architecture comparisons flip when only one side is tuned (Melis, Dyer & Blunsom, "On the
+State of the Art of Evaluation in Neural Language Models", ICLR 2018; Narang et al., "Do
+Transformer Modifications Transfer Across Implementations and Applications?", EMNLP 2021). The
+demo's quick preset was chosen on softmax alone (docs/QUALITY_STUDY.md); this search gives
+ReLUFormer, ReLA and softmax the same number of trials over the shared settings (learning rate,
+warm-up, dropout, the split of the updates between the sentence and the document phase) and over
+each family's own knobs (:data:`FAMILY_KNOBS`; softmax has none, so it gets the same number of
+trials over the shared settings alone).
+
+A trial trains the demo's model exactly as ``make demo`` does (sentences, then 128-token document
+segments, the same total updates) with the trial's settings, and scores it like the demo scores a
+model, but on the validation chapters: s-BLEU of the document translator (beam search, constrained
+separators). The test chapters are never read.
+
+Choices where the methods leave one open (each an option):
+
+- The budget is counted in updates, not minutes: every trial of every family trains the same
+  number of updates (the demo compares families at equal updates too), so the search is
+  reproducible on any machine; the CPU minutes each family spent are printed beside it.
+- No pruning: a successive-halving rung compares trials at the same step, but trials with a
+  different sentence/document split are in different phases (sentences vs segments) at any step,
+  so their intermediate scores do not compare. Every trial runs its full budget.
+- The sampler is Optuna's TPE (Bergstra et al. 2011), seeded per family and per trial number: a
+  search interrupted and resumed proposes the same trials as one that ran through.
+- One training seed per trial; the length study runs the chosen settings over several seeds.
+
+Resumable: the trials live in an Optuna journal (``OUT/FAMILY/journal.log``); rerunning the same
+command keeps the finished trials and resumes a killed one from its last checkpoint (its folder is
+named by its settings, so the resumed trial finds its checkpoints).
+"""
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+TUNED_PRESETS = Path(__file__).with_name("tuned_presets.json")  # the chosen settings the demo reads
+SHARED_FAMILIES = ("reluformer", "rela", "softmax")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tuned setting: a float range (``log``: sampled on a log scale; ``step``: a grid) or
+    ``choices``. ``flag`` says how it reaches fairseq-train: None for a setting of the demo's
+    options (lr, dropout, ...), else the fairseq-train option it is given as."""
+
+    name: str
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    step: Optional[float] = None
+    choices: Sequence = ()
+    flag: Optional[str] = None
+
+    def suggest(self, trial):
+        if self.choices:
+            return trial.suggest_categorical(self.name, list(self.choices))
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log, step=self.step)
+
+    def describe(self) -> str:
+        if self.choices:
+            return "{" + ", ".join(str(c) for c in self.choices) + "}"
+        return f"[{self.low:g}, {self.high:g}]" + (" log" if self.log else "") + (f" step {self.step:g}" if self.step else "")
+
+
+# Shared by every family; the ranges bracket the quick preset's values (lr 5e-3, warm-up 200,
+# dropout 0.1, 60 % of the updates on sentences)
+SHARED_KNOBS = (
+    Knob("lr", 1e-3, 1.2e-2, log=True),
+    Knob("warmup_updates", choices=(100, 200, 400)),
+    Knob("dropout", 0.0, 0.3, step=0.05),
+    Knob("sentence_share", 0.3, 0.8, step=0.1),
+)
+# Each family's own knobs (docs/METHODS.md): ReLUFormer's temperature gamma (fixed, or learned per
+# layer / head from that start), its 1/sqrt(n_i/2) length factor (on / off), and the weights of
+# its criterion's two attention regularisers; ReLA's gate (ReLA-g / ReLA-i) and RMSNorm gain start
+FAMILY_KNOBS: Dict[str, tuple] = {
+    "reluformer": (
+        Knob("relu_gamma", 0.25, 4.0, log=True, flag="--relu-gamma"),
+        Knob("relu_gamma_mode", choices=("fixed", "layer", "head"), flag="--relu-gamma-mode"),
+        Knob("relu_length_scale", choices=(True, False), flag="--relu-no-length-scale"),
+        Knob("norm_loss_weight", 0.01, 1.0, log=True, flag="--norm-loss-weight"),
+        Knob("entropy_margin_weight", 0.0, 0.3, step=0.05, flag="--entropy-margin-weight"),
+    ),
+    "rela": (
+        Knob("rela_variant", choices=("gated", "ungated"), flag="--rela-variant"),
+        Knob("rela_gain_init", 0.25, 4.0, log=True, flag="--rela-gain-init"),
+    ),
+    "softmax": (),
+}
+
+
+def knobs_of(family: str) -> tuple:
+    if family not in FAMILY_KNOBS:
+        raise ValueError(f"--tune: unknown family {family!r}; expected some of {', '.join(FAMILY_KNOBS)}")
+    return SHARED_KNOBS + FAMILY_KNOBS[family]
+
+
+def fairseq_flags(family: str, params: dict) -> List[str]:
+    """The family knobs of ``params`` as fairseq-train options."""
+    argv = []
+    for knob in FAMILY_KNOBS[family]:
+        value = params[knob.name]
+        if knob.name == "relu_length_scale":  # a negated flag: given only to turn the factor off
+            argv += [] if value else [knob.flag]
+        else:
+            argv += [knob.flag, str(value)]
+    return argv
+
+
+def split_updates(total: int, share: float) -> tuple:
+    """(sentence, document) updates of a ``total`` budget, sentences ``share`` of it, in 50s."""
+    sentence = int(round(total * share / 50.0)) * 50
+    return sentence, total - sentence
+
+
+def trial_options(base, family: str, params: dict, total_updates: int, out: Path):
+    """The demo's options (:class:`reluformer_mt.experiments.demo.DemoOptions`) of one trial."""
+    sentence, document = split_updates(total_updates, params["sentence_share"])
+    return replace(base, out=out, families=[family], lr=params["lr"], warmup_updates=int(params["warmup_updates"]),
+                   dropout=params["dropout"], sentence_updates=sentence, max_update=document,
+                   train_args=list(base.train_args) + fairseq_flags(family, params), knn=False, pieces_weight=0.0)
+
+
+def settings_key(params: dict) -> str:
+    """A short name of a trial's settings: the folder a resumed trial finds its checkpoints in."""
+    text = json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+# ------------------------------------------------------------------------------------ one trial
+def run_trial(base, family: str, params: dict, total_updates: int, trial_dir: Path, dirs: Dict[str, Path]) -> dict:
+    """Train one trial as the demo trains a family, then translate the validation chapters;
+    ``result.json`` in ``trial_dir`` (a finished trial is read back, not rerun)."""
+    from reluformer_mt.experiments.demo import bleu_of_model, process_cpu_seconds, train_family
+
+    done = trial_dir / "result.json"
+    if done.exists():
+        return json.loads(done.read_text(encoding="utf-8"))
+    o = trial_options(base, family, params, total_updates, trial_dir)
+    cpu_start, start = process_cpu_seconds(), time.time()
+    trained = train_family(o, family, dirs)
+    valid = bleu_of_model(o, trained["checkpoint"], dirs["doc"], split="valid")
+    result = {"family": family, "params": params, "valid_s_bleu": valid["s_bleu"], "valid_d_bleu": valid["d_bleu"],
+              "valid_fallbacks": valid["fallbacks"], "segments": valid["segments"],
+              "sentence_updates": o.sentence_updates, "document_updates": o.max_update,
+              "train_cpu_seconds": trained.get("train_cpu_seconds"),
+              "cpu_seconds": round(process_cpu_seconds() - cpu_start, 1), "wall_seconds": round(time.time() - start, 1),
+              "checkpoint": str(trained["checkpoint"])}
+    _write_atomic(done, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _trial_in_worker(log_file: Path, *args) -> dict:
+    """:func:`run_trial` in a spawned worker: one thread, its output into the trial's log."""
+    import contextlib
+    import logging
+
+    import torch
+
+    from reluformer_mt.plugin import register
+
+    torch.set_num_threads(1)
+    register()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        logging.basicConfig(stream=log, level=logging.INFO, force=True,
+                            format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+        return run_trial(*args)
+
+
+# ------------------------------------------------------------------------------------ the search
+@dataclass
+class TuneOptions:
+    out: Path
+    families: Sequence[str] = SHARED_FAMILIES
+    trials: int = 8  # per family: the same budget for every family
+    total_updates: int = 2500  # per trial: the quick preset's 1,500 sentence + 1,000 document updates
+    jobs: int = 2  # trials at once, one thread each
+    startup_trials: int = 4  # random proposals before TPE models the finished ones
+    sampler_seed: int = 1
+    bible_root: Optional[str] = None
+    device: str = "cpu"
+    valid_chapters: int = 0  # validation chapters a trial translates (0: all)
+
+
+def _storage(path: Path):
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def _sampler(t: TuneOptions, family: str, number: int):
+    """A sampler seeded by the family and the trial number: a resumed search proposes what an
+    uninterrupted one would, given the same finished trials."""
+    import optuna
+
+    family_index = SHARED_FAMILIES.index(family) if family in SHARED_FAMILIES else len(SHARED_FAMILIES)
+    seed = t.sampler_seed * 1_000_003 + family_index * 10_007 + number
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials, multivariate=True,
+                                      warn_independent_sampling=False)
+
+
+class FamilySearch:
+    """One family's Optuna study in its journal; counts, asks and tells its trials."""
+
+    def __init__(self, t: TuneOptions, family: str, resume: bool = True):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.t, self.family, self.dir = t, family, t.out / family
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.storage = _storage(self.dir / "journal.log")
+        self.study = optuna.create_study(study_name=family, storage=self.storage, direction="maximize",
+                                         load_if_exists=True)
+        if resume:  # not while reading the journals of a search that may still be running
+            self._requeue_interrupted()
+
+    def _requeue_interrupted(self) -> None:
+        """Trials left RUNNING by a killed search: marked failed and their settings queued again
+        (the new trial resumes the same folder's checkpoints)."""
+        from optuna.trial import TrialState
+
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+            self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            self.study.tell(trial.number, state=TrialState.FAIL)
+
+    def counted(self) -> List:
+        """Trials that used budget: finished, or failed for a reason of their own (not a kill)."""
+        from optuna.trial import TrialState
+
+        return [tr for tr in self.study.get_trials(deepcopy=False)
+                if tr.state == TrialState.COMPLETE or (tr.state == TrialState.FAIL and not tr.user_attrs.get("interrupted"))]
+
+    def remaining(self) -> int:
+        return max(0, self.t.trials - len(self.counted()))
+
+    def ask(self):
+        self.study.sampler = _sampler(self.t, self.family, len(self.study.trials))
+        trial = self.study.ask()
+        params = {knob.name: knob.suggest(trial) for knob in knobs_of(self.family)}
+        return trial, params
+
+    def trial_dir(self, params: dict) -> Path:
+        return self.dir / f"trial-{settings_key(params)}"
+
+
+def prepare_data(t: TuneOptions, base) -> Dict[str, Path]:
+    """The demo's corpus (sentence and 128-token segments, one SentencePiece model) in ``OUT/data``."""
+    from reluformer_mt.experiments.demo import prepare_corpus
+
+    return prepare_corpus(replace(base, out=t.out, families=list(t.families)))
+
+
+def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) -> dict:
+    """Every family's trials, round robin (so the families advance at the same pace), ``t.jobs`` at
+    a time; returns and writes the summary (``OUT/tuning.json``)."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from reluformer_mt.experiments.demo import DemoOptions
+
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    base = base or DemoOptions(out=t.out, families=list(t.families), bible_root=t.bible_root, device=t.device,
+                               eval_chapters=t.valid_chapters)
+    for family in t.families:
+        knobs_of(family)  # unknown names fail before any work
+    dirs = prepare_data(t, base)
+    searches = {family: FamilySearch(t, family) for family in t.families}
+    report(f"tune: {', '.join(t.families)}: {t.trials} trials each of {t.total_updates} updates, {t.jobs} at a time; "
+           + "; ".join(f"{f} {t.trials - s.remaining()} done" for f, s in searches.items()))
+    started, running = time.time(), {}
+    with ProcessPoolExecutor(max_workers=t.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        while True:
+            while len(running) < t.jobs and _next_family(searches, running):
+                family = _next_family(searches, running)
+                trial, params = searches[family].ask()
+                trial_dir = searches[family].trial_dir(params)
+                future = pool.submit(_trial_in_worker, trial_dir / "trial.log", base, family, params,
+                                     t.total_updates, trial_dir, dirs)
+                running[future] = (family, trial, params)
+                report(f"tune: {family} trial {trial.number} started: {describe_params(params)}")
+            if not running:
+                break
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in finished:
+                family, trial, params = running.pop(future)
+                _tell(searches[family], trial, future, report, started)
+    summary = write_summary(t, searches)
+    report(f"tune: done in {(time.time() - started) / 60:.1f} min; {t.out / 'tuning.md'}")
+    return summary
+
+
+def _next_family(searches: Dict[str, FamilySearch], running: dict) -> Optional[str]:
+    """The family with the fewest trials counted or running that still has budget."""
+    in_flight = {f: sum(1 for fam, _, _ in running.values() if fam == f) for f in searches}
+    open_ = [(len(s.counted()) + in_flight[f], f) for f, s in searches.items() if s.remaining() > in_flight[f]]
+    return min(open_)[1] if open_ else None
+
+
+def _tell(search: FamilySearch, trial, future, report, started: float) -> None:
+    from optuna.trial import TrialState
+
+    try:
+        result = future.result()
+    except Exception as error:  # a trial that failed by itself uses its budget; the search goes on
+        search.study.tell(trial, state=TrialState.FAIL)
+        report(f"tune: {search.family} trial {trial.number} FAILED: {str(error).splitlines()[0] if str(error) else error!r}")
+        return
+    for key in ("valid_d_bleu", "valid_fallbacks", "cpu_seconds", "sentence_updates", "document_updates"):
+        trial.set_user_attr(key, result[key])
+    search.study.tell(trial, result["valid_s_bleu"])
+    cpu = sum(tr.user_attrs.get("cpu_seconds", 0) for tr in search.counted())
+    report(f"tune: {search.family} trial {trial.number} ({len(search.counted())}/{search.t.trials}): valid s-BLEU "
+           f"{result['valid_s_bleu']:.2f} in {result['cpu_seconds'] / 60:.1f} CPU min; {search.family} so far "
+           f"{cpu / 60:.1f} CPU min; best {search.study.best_value:.2f}; {(time.time() - started) / 60:.1f} min elapsed")
+
+
+def describe_params(params: dict) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+# ------------------------------------------------------------------------------------ the summary
+def report_from_journals(t: TuneOptions) -> dict:
+    """The summary of what the journals hold, training nothing (``--report-only``)."""
+    return write_summary(t, {family: FamilySearch(t, family, resume=False) for family in t.families})
+
+
+def family_summary(t: TuneOptions, search: FamilySearch) -> dict:
+    from optuna.trial import TrialState
+
+    trials = [{"number": tr.number, "state": tr.state.name, "valid_s_bleu": tr.value, "params": tr.params,
+               **{k: v for k, v in tr.user_attrs.items() if k != "interrupted"}}
+              for tr in sorted(search.counted(), key=lambda tr: tr.number)]
+    complete = [tr for tr in trials if tr["state"] == TrialState.COMPLETE.name]
+    best = max(complete, key=lambda tr: tr["valid_s_bleu"]) if complete else None
+    return {"trials": trials, "budget": {"trials": t.trials, "updates_per_trial": t.total_updates,
+                                         "cpu_minutes": round(sum(tr.get("cpu_seconds", 0) for tr in trials) / 60, 1)},
+            "search_space": {k.name: k.describe() for k in knobs_of(search.family)},
+            "finished": len(trials) >= t.trials, "best": best}
+
+
+def write_summary(t: TuneOptions, searches: Dict[str, FamilySearch]) -> dict:
+    command = "reluformer-study --tune " + ",".join(t.families) + f" --trials {t.trials} --tune-updates {t.total_updates}"
+    summary = {"command": command, "objective": "s-BLEU of the validation chapters (document translator, beam search)",
+               "families": {f: family_summary(t, s) for f, s in searches.items()}}
+    _write_atomic(t.out / "tuning.json", json.dumps(summary, indent=1) + "\n")
+    _write_atomic(t.out / "tuning.md", render(summary))
+    return summary
+
+
+def render(summary: dict) -> str:
+    """The tuning table: budget, search space and best settings per family, then every trial."""
+    lines = [f"Command: `{summary['command']}`; objective: {summary['objective']}.", "",
+             "| family | trials | updates each | CPU minutes | best valid s-BLEU | best settings |", "|---|---|---|---|---|---|"]
+    for family, f in summary["families"].items():
+        best = f["best"]
+        lines.append(f"| {family} | {len(f['trials'])} of {f['budget']['trials']} | {f['budget']['updates_per_trial']} | "
+                     f"{f['budget']['cpu_minutes']} | {'' if best is None else format(best['valid_s_bleu'], '.2f')} | "
+                     f"{'' if best is None else describe_params(best['params'])} |")
+    lines += ["", "Search space:", ""]
+    for family, f in summary["families"].items():
+        lines.append(f"- {family}: " + "; ".join(f"{k} {v}" for k, v in f["search_space"].items()))
+    lines += ["", "Every trial:", "", "| family | trial | valid s-BLEU | valid d-BLEU | CPU min | settings |",
+              "|---|---|---|---|---|---|"]
+    for family, f in summary["families"].items():
+        for tr in f["trials"]:
+            score = "failed" if tr["valid_s_bleu"] is None else f"{tr['valid_s_bleu']:.2f}"
+            d = tr.get("valid_d_bleu")
+            lines.append(f"| {family} | {tr['number']} | {score} | {'' if d is None else format(d, '.2f')} | "
+                         f"{tr.get('cpu_seconds', 0) / 60:.1f} | {describe_params(tr['params'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def chosen_presets(summary: dict) -> dict:
+    """Each finished family's best settings, as the demo reads them (:data:`TUNED_PRESETS`)."""
+    presets = {}
+    for family, f in summary["families"].items():
+        if f["finished"] and f["best"] is not None:
+            p = f["best"]["params"]
+            sentence, document = split_updates(f["budget"]["updates_per_trial"], p["sentence_share"])
+            presets[family] = {"lr": p["lr"], "warmup_updates": int(p["warmup_updates"]), "dropout": p["dropout"],
+                               "sentence_updates": sentence, "max_update": document,
+                               "train_args": fairseq_flags(family, p), "valid_s_bleu": f["best"]["valid_s_bleu"],
+                               "trial": f["best"]["number"]}
+    return {"command": summary["command"], "families": presets}
+
+
+def write_presets(summary: dict, path: Path = TUNED_PRESETS) -> dict:
+    presets = chosen_presets(summary)
+    missing = [f for f in summary["families"] if f not in presets["families"]]
+    if missing:
+        raise ValueError(f"--write-presets: the search of {', '.join(missing)} has not finished its trials")
+    _write_atomic(path, json.dumps(presets, indent=1) + "\n")
+    return presets
+
+
+__all__ = ["FAMILY_KNOBS", "Knob", "SHARED_KNOBS", "TUNED_PRESETS", "TuneOptions", "chosen_presets", "run_search",
+           "write_presets"]
