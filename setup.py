@@ -32,6 +32,7 @@ setup(
         "bible-alignments==0.4.2",
         "eflomal>=2.0",  # statistical aligner: the AER reference beside the diagonal
         "tqdm",
+        "optuna>=4",  # the family tuner (reluformer-study --tune): TPE proposals, resumable journals
         "pooch>=1.6",  # download + sha256 check of the corpora (data/download.py)
         "numpy",
         "ninja",  # builds the fused C++ attention kernel on first use
