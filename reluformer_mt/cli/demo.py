@@ -6,6 +6,7 @@ Options left unset take the values of ``--preset`` (``quick``: about 25 minutes 
 logs go to ``OUT/logs/``.
 """
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -75,13 +76,35 @@ def build_parser() -> argparse.ArgumentParser:
                         "table.md, index.html; docs/REFERENCE_RUN.md); each seed costs a whole demo run")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
+    p.add_argument("--untuned", action="store_true",
+                   help="train every family with the preset's shared settings instead of its own tuned ones "
+                        "(reluformer_mt/experiments/tuned_presets.json, from reluformer-study --tune; docs/FAMILIES.md)")
     add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
                               "or cuda", choices=["auto", "cpu", "cuda"])
     return p
 
 
+def tuned_settings(args) -> dict:
+    """Each family's tuned settings (reluformer-study --tune, ``tuned_presets.json``) for the quick
+    preset the tuning was made for, less those the command line gives (they win); none with
+    ``--untuned``, another preset or a time budget."""
+    from reluformer_mt.experiments.tune import TUNED_PRESETS
+
+    if args.untuned or args.preset != "quick" or args.budget_minutes or not TUNED_PRESETS.exists():
+        return {}
+    given = {name for name in ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update")
+             if getattr(args, name, None) is not None}
+    try:
+        families = json.loads(TUNED_PRESETS.read_text(encoding="utf-8"))["families"]
+        return {family: {k: v for k, v in settings.items() if k not in given} for family, settings in families.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{TUNED_PRESETS}: expected the tuner's {{\"families\": {{FAMILY: {{setting: value}}}}}} "
+                         f"(reluformer-study --tune ... --write-presets): {e}") from None
+
+
 def options_from_args(args, families) -> DemoOptions:
-    """The command line's values, and the preset's for those left unset."""
+    """The command line's values, and the preset's for those left unset (with each family's tuned
+    settings over the preset's: :func:`tuned_settings`)."""
     preset = PRESETS[args.preset]
     values = {name: getattr(args, name) if getattr(args, name, None) is not None else default
               for name, default in preset.items()}
@@ -92,7 +115,8 @@ def options_from_args(args, families) -> DemoOptions:
                        pieces_weight=args.pieces_weight, pieces_k=args.pieces_k,
                        pieces_floor=args.pieces_floor, knn=args.knn, knn_memory_k=args.knn_memory_k,
                        tune_chapters=args.tune_chapters, no_progress=args.no_progress,
-                       force=args.force, device=args.device, train_args=list(args.train_args), **values)
+                       force=args.force, device=args.device, train_args=list(args.train_args),
+                       family_settings=tuned_settings(args), **values)
 
 
 def check_args(args) -> None:
@@ -131,7 +155,11 @@ def main(argv=None) -> int:
         print(f"reluformer-demo: error: --families: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(FAMILIES)}", file=sys.stderr)
         return EXIT_USAGE
-    options = options_from_args(args, families)
+    try:
+        options = options_from_args(args, families)
+    except ValueError as e:  # a tuned_presets.json that is not what the tuner writes
+        print(f"reluformer-demo: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.seeds > 1:
         from reluformer_mt.experiments.seeds import run_demo_seeds, render
 

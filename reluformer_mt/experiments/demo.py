@@ -136,6 +136,9 @@ class DemoOptions:
     no_progress: bool = False
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
+    # each family's tuned settings over the ones above ({family: {lr, warmup_updates, dropout,
+    # sentence_updates, max_update, train_args}}: reluformer-study --tune, tuned_presets.json)
+    family_settings: Dict[str, dict] = field(default_factory=dict)
 
 
 def split_family(spec: str, default_fusion: str = "concat") -> tuple:
@@ -154,9 +157,48 @@ def uses_memory(o: "DemoOptions") -> bool:
 
 
 def versions() -> Dict[str, str]:
+    """What a run's numbers depend on besides the code: the libraries, the CPU and the math
+    libraries (BLAS, oneDNN), so two runs that differ can be told apart."""
+    import numpy
+
     return {"reluformer_mt": reluformer_mt.__version__, "fairseq": fairseq.__version__, "torch": torch.__version__,
-            "sacrebleu": sacrebleu.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": str(os.cpu_count())}
+            "sacrebleu": sacrebleu.__version__, "numpy": numpy.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpus": str(os.cpu_count()), "cpu_model": cpu_model(),
+            "math_libraries": math_libraries()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def math_libraries() -> str:
+    """torch's BLAS / LAPACK / oneDNN builds and CPU capability, and numpy's BLAS, in one line."""
+    parts = [f"torch cpu capability {torch.backends.cpu.get_cpu_capability()}"]
+    for line in torch.__config__.show().splitlines():
+        line = line.strip(" -")
+        if line.startswith(("Intel(R) oneAPI Math Kernel Library", "Intel(R) MKL-DNN", "OpenMP", "LAPACK is enabled")):
+            parts.append(line)
+        for key in ("BLAS_INFO=", "LAPACK_INFO="):
+            if key in line:
+                parts.append(key + line.split(key, 1)[1].split(",")[0])
+    try:
+        import numpy
+
+        blas = numpy.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+        parts.append(f"numpy blas {blas.get('name', '?')} {blas.get('version', '')}".strip())
+    except (TypeError, AttributeError):  # numpy < 1.26 has no mode="dicts"
+        pass
+    for name in ("OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # they change kernels and threads
+        if os.environ.get(name):
+            parts.append(f"{name}={os.environ[name]}")
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------ data
@@ -197,9 +239,26 @@ def document_phase_lr(o: DemoOptions) -> float:
     return o.document_lr or o.lr
 
 
+def family_options(o: DemoOptions, family: str) -> DemoOptions:
+    """The options one family trains with: the demo's, with the family's tuned settings over them
+    (``o.family_settings``; a memory family such as ``softmax+tm`` trains with its base family's).
+    The tuned fairseq options come before ``o.train_args``, so the command line's still win."""
+    settings = o.family_settings.get(split_family(family)[0])
+    if not settings:
+        return o
+    values = {k: v for k, v in settings.items() if k in TUNED_FIELDS}
+    return replace(o, **values, train_args=list(settings.get("train_args", ())) + list(o.train_args),
+                   family_settings={})
+
+
+TUNED_FIELDS = ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update")
+
+
 def family_run(o: DemoOptions, family: str) -> TrainingRun:
-    """The training run of one family (``softmax``, ``softmax+tm``, ...) with the demo's options:
-    sentences first when ``sentence_updates`` (not with a time budget), then document segments."""
+    """The training run of one family (``softmax``, ``softmax+tm``, ...) with the demo's options
+    and its tuned settings (:func:`family_options`): sentences first when ``sentence_updates``
+    (not with a time budget), then document segments."""
+    o = family_options(o, family)
     arch_family, fusion = split_family(family, o.tm_fusion)
     document = Phase("document", o.segment_tokens, 0 if o.budget_minutes else o.max_update)
     phases = (document,)
@@ -716,6 +775,8 @@ def train_stage(o: DemoOptions, stages: Stages, dirs: Dict[str, Path]) -> tuple:
     stage per family. Returns the checkpoints and each family's first results (time, curve)."""
     budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
         (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
+    if o.family_settings and not o.budget_minutes:  # the same total, each family's tuned split
+        budget = f"{o.sentence_updates + o.max_update} updates, each family's tuned split"
     if training_jobs(o) > 1:
         with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"), \
                 training_progress(o, o.families):
@@ -752,7 +813,7 @@ def evaluate_stage(o: DemoOptions, checkpoints: Dict[str, Path], results: Dict[s
         info = checkpoint_info(checkpoint)
         results[family]["params"], results[family]["updates"] = info.parameters, info.updates
         # the document phase counts its own updates (fresh optimizer); the sentence phase's come first
-        results[family]["sentence_updates"] = o.sentence_updates if not o.budget_minutes else 0
+        results[family]["sentence_updates"] = family_options(o, family).sentence_updates if not o.budget_minutes else 0
     evaluation = alignment_and_stats(o, checkpoints, data_dir, report_dir)
     for family in o.families:
         results[family]["aer"] = evaluation["aer"]["models"][family]["aer_per_layer"]

@@ -162,6 +162,13 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _quiet_worker() -> None:
+    """Before a worker unpickles its first trial (which imports fairseq): no import-time chatter."""
+    from reluformer_mt.cli.checks import quiet_logging
+
+    quiet_logging()
+
+
 def _trial_in_worker(log_file: Path, *args) -> dict:
     """:func:`run_trial` in a spawned worker: one thread, its output into the trial's log."""
     import contextlib
@@ -209,8 +216,7 @@ def _sampler(t: TuneOptions, family: str, number: int):
 
     family_index = SHARED_FAMILIES.index(family) if family in SHARED_FAMILIES else len(SHARED_FAMILIES)
     seed = t.sampler_seed * 1_000_003 + family_index * 10_007 + number
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials, multivariate=True,
-                                      warn_independent_sampling=False)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials, multivariate=True)
 
 
 class FamilySearch:
@@ -283,7 +289,8 @@ def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) 
     report(f"tune: {', '.join(t.families)}: {t.trials} trials each of {t.total_updates} updates, {t.jobs} at a time; "
            + "; ".join(f"{f} {t.trials - s.remaining()} done" for f, s in searches.items()))
     started, running = time.time(), {}
-    with ProcessPoolExecutor(max_workers=t.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=t.jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_quiet_worker) as pool:
         while True:
             while len(running) < t.jobs and _next_family(searches, running):
                 family = _next_family(searches, running)

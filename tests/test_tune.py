@@ -1,0 +1,118 @@
+"""The family tuner (reluformer-study --tune): the same budget for every family, proposals that a
+resumed search repeats, interrupted trials resumed, and one real search end to end at toy scale."""
+import json
+
+import pytest
+
+from reluformer_mt.experiments import tune
+
+
+def test_every_family_gets_the_shared_knobs_and_its_own():
+    for family in tune.SHARED_FAMILIES:
+        names = [k.name for k in tune.knobs_of(family)]
+        assert names[:4] == ["lr", "warmup_updates", "dropout", "sentence_share"]
+    assert [k.name for k in tune.knobs_of("softmax")] == [k.name for k in tune.SHARED_KNOBS]
+    assert "relu_gamma_mode" in [k.name for k in tune.knobs_of("reluformer")]
+    assert "rela_gain_init" in [k.name for k in tune.knobs_of("rela")]
+    with pytest.raises(ValueError, match="unknown family 'sparsemax'"):
+        tune.knobs_of("sparsemax")
+
+
+def test_split_and_flags():
+    assert tune.split_updates(2500, 0.6) == (1500, 1000)
+    assert tune.split_updates(2500, 0.3) == (750, 1750)
+    params = {"relu_gamma": 0.5, "relu_gamma_mode": "head", "relu_length_scale": False, "norm_loss_weight": 0.05,
+              "entropy_margin_weight": 0.0}
+    assert tune.fairseq_flags("reluformer", params) == [
+        "--relu-gamma", "0.5", "--relu-gamma-mode", "head", "--relu-no-length-scale", "--norm-loss-weight", "0.05",
+        "--entropy-margin-weight", "0.0"]
+    assert "--relu-no-length-scale" not in tune.fairseq_flags("reluformer", {**params, "relu_length_scale": True})
+
+
+def test_family_flags_are_fairseq_train_options():
+    """Every family knob reaches the model and the criterion as fairseq parses it."""
+    from fairseq import options
+
+    from reluformer_mt.experiments.run import PACKAGE_DIR
+    from reluformer_mt.plugin import register
+
+    register()
+    flags = tune.fairseq_flags("reluformer", {"relu_gamma": 2.0, "relu_gamma_mode": "layer", "relu_length_scale": False,
+                                              "norm_loss_weight": 0.3, "entropy_margin_weight": 0.05})
+    flags += tune.fairseq_flags("rela", {"rela_variant": "ungated", "rela_gain_init": 0.5})
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "data", "--user-dir", str(PACKAGE_DIR), "--task", "document_translation", "--arch", "reluformer_tiny",
+        "--criterion", "reluformer_cross_entropy", *flags])
+    assert (args.relu_gamma, args.relu_gamma_mode, args.relu_no_length_scale) == (2.0, "layer", True)
+    assert (args.norm_loss_weight, args.entropy_margin_weight) == (0.3, 0.05)
+    assert (args.rela_variant, args.rela_gain_init) == ("ungated", 0.5)
+
+
+def _tell(search, trial, value):
+    search.study.tell(trial, value)
+
+
+def test_a_resumed_search_proposes_what_an_uninterrupted_one_would(tmp_path):
+    a = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "a", trials=3, startup_trials=1), "rela")
+    b = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "b", trials=3, startup_trials=1), "rela")
+    for value in (1.0, 2.0):
+        (ta, pa), (tb, pb) = a.ask(), b.ask()
+        assert pa == pb
+        _tell(a, ta, value)
+        _tell(b, tb, value)
+    # b reopened from its journal (a new process) proposes what a proposes next
+    b = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "b", trials=3, startup_trials=1), "rela")
+    assert a.ask()[1] == b.ask()[1]
+    # the families' proposals differ (seeded apart)
+    s = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "s", trials=3), "softmax")
+    assert s.ask()[1]["lr"] != tune.FamilySearch(tune.TuneOptions(out=tmp_path / "c", trials=3), "rela").ask()[1]["lr"]
+
+
+def test_a_killed_trial_is_queued_again_and_does_not_use_budget(tmp_path):
+    options = tune.TuneOptions(out=tmp_path, trials=2)
+    first = tune.FamilySearch(options, "softmax")
+    trial, params = first.ask()  # the search is killed while this trial trains
+    assert first.remaining() == 2
+    read_only = tune.FamilySearch(options, "softmax", resume=False)  # a report of a running search
+    assert read_only.study.trials[0].state.name == "RUNNING"
+    again = tune.FamilySearch(options, "softmax")
+    assert again.remaining() == 2 and again.study.trials[0].user_attrs["interrupted"]
+    resumed, resumed_params = again.ask()
+    assert resumed_params == params and again.trial_dir(resumed_params) == first.trial_dir(params)
+    _tell(again, resumed, 3.0)
+    assert again.remaining() == 1
+
+
+def test_a_search_end_to_end_at_toy_scale(tmp_path):
+    """Two trials of ReLA on the bible corpus (a 16-dim model, 8 updates each, one validation
+    chapter): each trains both phases and translates validation only; a second call trains
+    nothing; the presets are written only when every family finished."""
+    pytest.importorskip("bible_alignments")
+    from dataclasses import replace
+
+    from reluformer_mt.experiments.demo import DemoOptions
+
+    options = tune.TuneOptions(out=tmp_path / "tune", families=("rela",), trials=2, total_updates=8, jobs=1,
+                               startup_trials=1, valid_chapters=1)
+    base = DemoOptions(out=options.out, families=["rela"], embed_dim=16, ffn_dim=32, layers=1, heads=2, beam=2,
+                       eval_chapters=1, validations=1, max_tokens=2048)
+    lines = []
+    summary = tune.run_search(options, base, report=lines.append)
+    rela = summary["families"]["rela"]
+    assert rela["finished"] and len(rela["trials"]) == 2 and rela["budget"]["updates_per_trial"] == 8
+    for trial in rela["trials"]:
+        assert trial["state"] == "COMPLETE" and 0 <= trial["valid_s_bleu"] <= 100
+        assert trial["sentence_updates"] + trial["document_updates"] == 8 and trial["cpu_seconds"] > 0
+    assert any("trial 1 (2/2)" in line for line in lines)
+    assert "| rela | 2 of 2 | 8 |" in (options.out / "tuning.md").read_text()
+    result = json.loads(next((options.out / "rela").glob("trial-*/result.json")).read_text())
+    assert result["segments"] > 0  # the validation chapter was translated
+    again = tune.run_search(options, base, report=lines.append)  # resumable: nothing left to train
+    assert again["families"]["rela"]["trials"] == rela["trials"]
+    presets = tune.write_presets(summary, tmp_path / "presets.json")
+    best = presets["families"]["rela"]
+    assert best["sentence_updates"] + best["max_update"] == 8 and best["train_args"][0] == "--rela-variant"
+    unfinished = replace(options, trials=3)
+    with pytest.raises(ValueError, match="has not finished"):
+        tune.write_presets(tune.report_from_journals(unfinished), tmp_path / "presets.json")
