@@ -116,3 +116,47 @@ def test_a_search_end_to_end_at_toy_scale(tmp_path):
     unfinished = replace(options, trials=3)
     with pytest.raises(ValueError, match="has not finished"):
         tune.write_presets(tune.report_from_journals(unfinished), tmp_path / "presets.json")
+
+
+def test_the_demo_trains_each_family_with_its_tuned_settings(tmp_path):
+    """family_settings over the shared preset: the family's lr, split and fairseq options, the
+    command line's train_args last; a memory family trains with its base family's; others as before."""
+    from reluformer_mt.experiments.demo import DemoOptions, family_run
+
+    tuned = {"rela": {"lr": 0.002, "warmup_updates": 400, "dropout": 0.2, "sentence_updates": 750, "max_update": 1750,
+                      "train_args": ["--rela-variant", "ungated"], "valid_s_bleu": 6.0, "trial": 3}}
+    o = DemoOptions(out=tmp_path, families=["rela", "softmax"], train_args=["--rela-gain-init", "2"],
+                    family_settings=tuned)
+    rela = family_run(o, "rela")
+    assert (rela.lr, rela.warmup_updates, rela.dropout) == (0.002, 400, 0.2)
+    assert [p.updates for p in rela.phases] == [750, 1750]
+    assert rela.extra == ("--rela-variant", "ungated", "--rela-gain-init", "2")
+    softmax = family_run(o, "softmax")
+    assert (softmax.lr, [p.updates for p in softmax.phases]) == (5e-3, [1500, 1000])
+    o = DemoOptions(out=tmp_path, families=["softmax+tm"], family_settings={"softmax": tuned["rela"]})
+    assert family_run(o, "softmax+tm").lr == 0.002
+
+
+def test_the_demo_command_reads_the_tuned_presets_unless_told_not_to(tmp_path, monkeypatch):
+    from reluformer_mt.cli import demo as demo_cli
+    from reluformer_mt.experiments import tune as tune_module
+
+    presets = tmp_path / "tuned_presets.json"
+    presets.write_text(json.dumps({"command": "x", "families": {"softmax": {"lr": 0.002, "sentence_updates": 900}}}))
+    monkeypatch.setattr(tune_module, "TUNED_PRESETS", presets)
+    args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d")])
+    assert demo_cli.tuned_settings(args) == {"softmax": {"lr": 0.002, "sentence_updates": 900}}
+    args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--lr", "0.001"])
+    assert demo_cli.tuned_settings(args) == {"softmax": {"sentence_updates": 900}}  # the command line wins
+    args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--untuned"])
+    assert demo_cli.tuned_settings(args) == {}
+    presets.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="tuned_presets.json: expected the tuner's"):
+        demo_cli.tuned_settings(demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d")]))
+
+
+def test_a_run_records_the_cpu_and_the_math_libraries():
+    from reluformer_mt.experiments.demo import versions
+
+    v = versions()
+    assert v["cpu_model"] and "torch cpu capability" in v["math_libraries"] and v["numpy"]
