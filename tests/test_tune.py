@@ -160,3 +160,74 @@ def test_a_run_records_the_cpu_and_the_math_libraries():
 
     v = versions()
     assert v["cpu_model"] and "torch cpu capability" in v["math_libraries"] and v["numpy"]
+
+
+def test_the_length_study_end_to_end_at_toy_scale(tmp_path):
+    """Two families, one seed, verses then whole chapters from the same
+    sentence model: every cell scored (BLEU of both decodings, AER, CXMI, zeros), the gaps to
+    softmax with a verdict; a second call trains and scores nothing."""
+    pytest.importorskip("bible_alignments")
+    from reluformer_mt.experiments import lengths
+    from reluformer_mt.experiments.demo import DemoOptions
+
+    out = tmp_path / "lengths"
+    base = DemoOptions(out=out, families=["rela", "softmax"], embed_dim=16, ffn_dim=32, layers=1, heads=2, beam=2,
+                       eval_chapters=1, validations=1, max_tokens=4096, sentence_updates=6, max_update=4,
+                       knn=False, pieces_weight=0.0)
+    options = lengths.LengthOptions(out=out, families=("rela", "softmax"), seeds=1, lengths=("sentence", "chapter"),
+                                    eval_chapters=1, base=base, untuned=True)
+    summary = lengths.run_lengths(options, report=lambda line: None)
+    cells = summary["families"]["rela"]
+    assert set(cells) == {"sentence", "chapter"}
+    assert "s_bleu" not in cells["sentence"] and "verse_s_bleu" in cells["sentence"]
+    for length in ("chapter",):
+        for key in ("s_bleu", "d_bleu", "verse_s_bleu", "aer_best_head", "aer_head_average", "cxmi", "cross_sparsity"):
+            assert cells[length][key]["n"] == 1, (length, key)
+    gap = summary["minus_softmax"]["rela"]["chapter"]["s_bleu"]
+    assert gap["verdict"] in ("better", "worse", "within the seed spread")
+    # one sentence model for every length; the chapter cell's segments are whole chapters
+    seed_dir = out / "rela" / "seed-1"
+    assert (seed_dir / "sentence" / "checkpoint_last.pt").exists() and not (seed_dir / "docchapter" / "sentence").exists()
+    chapter = json.loads((seed_dir / "docchapter" / "cell.json").read_text())
+    assert chapter["segments"] == 1  # one test chapter, one segment
+    stamp = (seed_dir / "docchapter" / "cell.json").stat().st_mtime
+    lengths.run_lengths(options, report=lambda line: None)
+    assert (seed_dir / "docchapter" / "cell.json").stat().st_mtime == stamp
+
+
+def test_the_families_page_states_each_claim_from_the_length_table(tmp_path):
+    """The page from a length summary (cells made up here to exercise each verdict) and a tuning
+    summary under way: the tables, the plot, a verdict per claim, and the unfinished search said."""
+    from reluformer_mt.experiments import families_page, lengths
+
+    def cells(s_bleu, aer, cxmi):
+        return {"sentence": {"verse_s_bleu": s_bleu[0], "verse_d_bleu": s_bleu[0] + 3, "aer_best_head": aer,
+                             "aer_head_average": aer, "cxmi": cxmi, "cross_sparsity": 0.5},
+                "chapter": {"s_bleu": s_bleu[1], "d_bleu": s_bleu[1] + 3, "verse_s_bleu": s_bleu[0],
+                            "verse_d_bleu": s_bleu[0] + 3, "aer_best_head": aer, "aer_head_average": aer, "cxmi": cxmi,
+                            "cross_sparsity": 0.5}}
+    results = {"softmax": {1: cells((5.0, 4.0), 0.70, 0.0), 2: cells((5.2, 4.1), 0.71, 0.001)},
+               "reluformer": {1: cells((5.1, 6.0), 0.80, 0.01), 2: cells((4.9, 6.2), 0.81, 0.02)}}
+    t = lengths.LengthOptions(out=tmp_path, families=("reluformer", "softmax"), seeds=2, lengths=("sentence", "chapter"))
+
+    class Base:
+        family_settings = {}
+    summary = lengths.summarise(results, t, Base())
+    assert summary["minus_softmax"]["reluformer"]["chapter"]["s_bleu"]["verdict"] == "better"
+    assert summary["minus_softmax"]["reluformer"]["sentence"]["verse_s_bleu"]["verdict"] == "within the seed spread"
+    (tmp_path / "lengths.json").write_text(json.dumps(summary))
+    tuning = {"command": "reluformer-study --tune softmax", "objective": "valid s-BLEU",
+              "families": {"softmax": {"trials": [], "budget": {"trials": 8, "updates_per_trial": 2500, "cpu_minutes": 0},
+                                       "search_space": {"lr": "[0.001, 0.012] log"}, "finished": False, "best": None}}}
+    (tmp_path / "tuning.json").write_text(json.dumps(tuning))
+    out = tmp_path / "FAMILIES.md"
+    assert families_page.main(["--tuning", str(tmp_path / "tuning.json"), "--lengths", str(tmp_path / "lengths.json"),
+                               "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "**Under way**: softmax" in page and "| reluformer − softmax |" in page
+    assert "better than softmax on long documents (s-BLEU, whole chapters): confirmed" in page
+    assert "on par with softmax on sentences (verse-by-verse s-BLEU, verses): confirmed (within the seed spread)" in page
+    assert "aligns better than softmax (AER head average, whole chapters): contradicted" in page
+    assert "reluformer uses its context" in page and (tmp_path / "families_gap.png").stat().st_size > 1000
+    (tmp_path / "bad.json").write_text("[1]")
+    assert families_page.main(["--tuning", str(tmp_path / "bad.json")]) == 2

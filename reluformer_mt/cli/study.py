@@ -52,6 +52,10 @@ def main(argv=None) -> int:
         from reluformer_mt.cli.tune import main as tune_main
 
         return tune_main(argv)
+    if any(a == "--lengths" or a.startswith("--lengths=") for a in argv):  # the length study (cli.lengths)
+        from reluformer_mt.cli.lengths import main as lengths_main
+
+        return lengths_main(argv)
     args = build_parser().parse_checked(argv, check_args)
     from reluformer_mt.plugin import register
 

@@ -1,0 +1,178 @@
+"""docs/FAMILIES.md from the saved outputs of the family tuner and the length study: the tuning
+table (budget, search space, best settings per family), the length table (mean ± std over seeds,
+each family minus softmax with the seed verdict), a plot of the gap against length, and each
+paper claim as confirmed, not confirmed or contradicted here.
+
+    python -m reluformer_mt.experiments.families_page --tuning runs/tune/tuning.json \\
+        --lengths runs/lengths/lengths.json --out docs/FAMILIES.md
+
+Either input may be missing (a study not run yet): its section then says so and how to run it.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from reluformer_mt.experiments.lengths import MEASURES
+
+LENGTH_LABELS = {"sentence": "verses", "128": "128 tokens", "512": "512 tokens", "chapter": "whole chapters"}
+
+
+def read_json(path: Optional[Path], what: str) -> Optional[dict]:
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e}); expected the {what}") from None
+    if not isinstance(data, dict) or "families" not in data:
+        raise ValueError(f"{path}: expected the {what} (an object with 'families')")
+    return data
+
+
+def cell(s: Optional[dict], places: int = 2) -> str:
+    return "" if s is None else f"{s['mean']:.{places}f} ± {s['std']:.{places}f}"
+
+
+def length_table(lengths: dict) -> List[str]:
+    lines = []
+    for key, label, _ in MEASURES:
+        rows = [f for f in lengths["families"] if any(key in lengths["families"][f][n] for n in lengths["lengths"])]
+        if not rows:
+            continue
+        lines += [f"**{label}** (mean ± std over {lengths['seeds']} seeds; minus softmax: difference, verdict)", "",
+                  "| family | " + " | ".join(LENGTH_LABELS.get(n, n) for n in lengths["lengths"]) + " |",
+                  "|---|" + "---|" * len(lengths["lengths"])]
+        for family in rows:
+            cells = lengths["families"][family]
+            lines.append(f"| {family} | " + " | ".join(cell(cells[n].get(key)) for n in lengths["lengths"]) + " |")
+        for family, gaps in lengths.get("minus_softmax", {}).items():
+            row = []
+            for n in lengths["lengths"]:
+                g = gaps.get(n, {}).get(key)
+                row.append("" if g is None else f"{g['difference']:+.2f} ({g['verdict']})")
+            lines.append(f"| {family} − softmax | " + " | ".join(row) + " |")
+        lines.append("")
+    return lines
+
+
+def claims(lengths: dict) -> List[str]:
+    """Each paper claim against the length table: confirmed / not confirmed / contradicted."""
+    gaps, n = lengths.get("minus_softmax", {}), lengths["lengths"]
+    longest, shortest = n[-1], n[0]
+
+    def verdict(family, length, key):
+        g = gaps.get(family, {}).get(length, {}).get(key)
+        return None if g is None else g["verdict"]
+
+    def say(question, outcomes):
+        return f"- {question}: " + "; ".join(outcomes)
+
+    lines = []
+    for family in gaps:
+        v = verdict(family, shortest, "verse_s_bleu")
+        lines.append(say(f"{family} on par with softmax on sentences (verse-by-verse s-BLEU, {LENGTH_LABELS.get(shortest, shortest)})",
+                         [{"within the seed spread": "confirmed (within the seed spread)", "better": "confirmed (better)",
+                           "worse": "contradicted (worse over every seed)", None: "not measured"}[v]]))
+        v = verdict(family, longest, "s_bleu")
+        lines.append(say(f"{family} better than softmax on long documents (s-BLEU, {LENGTH_LABELS.get(longest, longest)})",
+                         [{"better": "confirmed", "within the seed spread": "not confirmed (within the seed spread)",
+                           "worse": "contradicted", None: "not measured"}[v]]))
+        v = verdict(family, longest, "aer_head_average")
+        lines.append(say(f"{family} aligns better than softmax (AER head average, {LENGTH_LABELS.get(longest, longest)})",
+                         [{"better": "confirmed", "within the seed spread": "not confirmed (within the seed spread)",
+                           "worse": "contradicted", None: "not measured"}[v]]))
+    for family, cells in lengths["families"].items():
+        c = cells.get(longest, {}).get("cxmi")
+        if c is not None:
+            used = c["min"] > 0
+            lines.append(f"- {family} uses its context (CXMI > 0 over every seed, {LENGTH_LABELS.get(longest, longest)}): "
+                         + ("confirmed" if used else "not confirmed") + f" ({cell(c, 4)} nats/token)")
+    return lines
+
+
+def plot_gap(lengths: dict, path: Path) -> None:
+    """Each family minus softmax (s-BLEU of the document translator; verses: verse by verse) against length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = list(range(len(lengths["lengths"])))
+    for family in lengths.get("minus_softmax", {}):
+        ys, lo, hi = [], [], []
+        for n in lengths["lengths"]:
+            key = "verse_s_bleu" if n == "sentence" else "s_bleu"
+            a, b = lengths["families"][family][n][key], lengths["families"]["softmax"][n][key]
+            ys.append(a["mean"] - b["mean"])
+            lo.append(a["min"] - b["max"])
+            hi.append(a["max"] - b["min"])
+        ax.plot(xs, ys, marker="o", label=family)
+        ax.fill_between(xs, lo, hi, alpha=0.15)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(xs, [LENGTH_LABELS.get(n, n) for n in lengths["lengths"]])
+    ax.set_ylabel("s-BLEU minus softmax")
+    ax.set_title("The family gap against training length (band: seed min–max)")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[str]) -> str:
+    from reluformer_mt.experiments.tune import render as render_tuning
+
+    lines = ["# Each family at its best: ReLU against softmax attention, from verses to chapters", "",
+             "Generated by `python -m reluformer_mt.experiments.families_page` from the saved outputs of the runs "
+             "below; do not edit by hand.", "", "## Tuning: the same budget for every family", ""]
+    if tuning is None:
+        lines += ["Not run yet: `reluformer-study --tune reluformer,rela,softmax --trials 8` "
+                  "(about 24 trials of 10-13 CPU minutes each; resumable).", ""]
+    else:
+        unfinished = [f for f, s in tuning["families"].items() if not s["finished"]]
+        if unfinished:
+            lines += [f"**Under way**: {', '.join(unfinished)} have not finished their trials; the best settings "
+                      "below are provisional and the demo does not use them yet.", ""]
+        lines += render_tuning(tuning).splitlines() + [""]
+    lines += ["## The length study", ""]
+    if lengths is None:
+        lines += ["Not run yet: `reluformer-study --lengths sentence,128,512,chapter --seeds 3` "
+                  "(after the tuning; about 3 hours on 2 cores; resumable).", ""]
+    else:
+        lines += [f"Command: `{lengths['command']}`; test chapters; the diagonal alignment's AER is the line to beat "
+                  "(the demo's report gives it).", ""] + length_table(lengths)
+        if plot_name:
+            lines += [f"![the gap against length]({plot_name})", ""]
+        lines += ["## The papers' claims, here", ""] + claims(lengths) + [""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.families_page", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tuning", type=Path, default=None, help="the tuner's tuning.json")
+    p.add_argument("--lengths", type=Path, default=None, help="the length study's lengths.json")
+    p.add_argument("--out", type=Path, default=None, help="the page to write (default: print it)")
+    args = p.parse_args(argv)
+    try:
+        tuning = read_json(args.tuning, "tuner's tuning.json (reluformer-study --tune)")
+        lengths = read_json(args.lengths, "length study's lengths.json (reluformer-study --lengths)")
+    except ValueError as e:
+        print(f"families_page: error: {e}", file=sys.stderr)
+        return 2
+    plot_name = None
+    if lengths is not None and args.out is not None and lengths.get("minus_softmax"):
+        plot_name = args.out.stem.lower() + "_gap.png"
+        plot_gap(lengths, args.out.parent / plot_name)
+    page = render(tuning, lengths, plot_name)
+    if args.out is None:
+        print(page)
+    else:
+        args.out.write_text(page, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
