@@ -305,6 +305,24 @@ def fuzzy_words(text: str) -> List[str]:
     return text.lower().split()
 
 
+# How a match is scored: "words" = the CAT tools' fuzzy-match score, 1 - word edit distance / the
+# longer sentence's words; "chars" = 1 - character insertions and deletions / both lengths (the
+# Indel similarity, rapidfuzz's ``ratio``) of the lower-cased sentences, which an inflected form
+# (Greek λόγος / λόγου) costs a character or two where it costs a whole word in "words"
+MATCH_SCORES = ("words", "chars")
+
+
+def match_units(text: str, score: str = "words"):
+    """What a match score compares: the word list ("words") or the lower-cased string ("chars")."""
+    return fuzzy_words(text) if score == "words" else text.lower()
+
+
+def check_match_score(score: str) -> str:
+    if score not in MATCH_SCORES:
+        raise TranslationMemoryError(f"match score {score!r}: expected one of {', '.join(MATCH_SCORES)}")
+    return score
+
+
 def fuzzy_score(a: Sequence[str], b: Sequence[str]) -> float:
     """1 - word edit distance / length of the longer sentence (1.0 = identical)."""
     from rapidfuzz.distance import Levenshtein
@@ -314,16 +332,22 @@ def fuzzy_score(a: Sequence[str], b: Sequence[str]) -> float:
     return 1.0 - Levenshtein.distance(a, b) / max(len(a), len(b))
 
 
-def fuzzy_scores(a: Sequence[str], choices: Sequence[Sequence[str]]) -> np.ndarray:
-    """:func:`fuzzy_score` of ``a`` against each of ``choices`` (float64, the same values), in one
-    call: a retrieval reranks 128 candidates per sentence, and a Python call per pair cost more
-    than the edit distances."""
-    from rapidfuzz.distance import Levenshtein
+def _scorer(score: str):
+    from rapidfuzz.distance import Indel, Levenshtein
+
+    return Levenshtein.normalized_similarity if score == "words" else Indel.normalized_similarity
+
+
+def fuzzy_scores(a, choices: Sequence, score: str = "words") -> np.ndarray:
+    """The match score (:data:`MATCH_SCORES`; "words" = :func:`fuzzy_score`, the same values) of
+    ``a`` against each of ``choices`` (their :func:`match_units`), float64, in one call: a
+    retrieval reranks 128 candidates per sentence, and a Python call per pair cost more than the
+    edit distances."""
     from rapidfuzz.process import cdist
 
     if not choices:
         return np.zeros(0)
-    return cdist([a], choices, scorer=Levenshtein.normalized_similarity, dtype=np.float64, workers=1)[0]
+    return cdist([a], choices, scorer=_scorer(score), dtype=np.float64, workers=1)[0]
 
 
 class TfidfKeys:
@@ -352,17 +376,27 @@ class TfidfKeys:
 
 class Retriever:
     """Top-k entries of a memory for query sentences: MIPS over :class:`TfidfKeys`, the top
-    ``candidates`` reranked by fuzzy-match score."""
+    ``candidates`` reranked by the match score ``score`` (:data:`MATCH_SCORES`)."""
 
-    def __init__(self, entries: MemoryEntries, dim: int = 256, index: str = "exact", candidates: int = 32):
+    def __init__(self, entries: MemoryEntries, dim: int = 256, index: str = "exact", candidates: int = 32,
+                 score: str = "words"):
         from reluformer_mt.memory.mips import MipsIndex
 
         if len(entries) == 0:
             raise TranslationMemoryError(f"{entries.origin}: the memory is empty")
-        self.entries, self.candidates = entries, candidates
+        self.entries, self.candidates, self.score = entries, candidates, check_match_score(score)
         self.keys = TfidfKeys(dim).fit(entries.sources)
         self.index = MipsIndex(index).build(self.keys.encode(entries.sources))
-        self._words = [fuzzy_words(s) for s in entries.sources]
+        self._words = [match_units(s, score) for s in entries.sources]
+
+    def rescored(self, score: str) -> "Retriever":
+        """The same keys and index (fitting them is the slow part), reranked by another score."""
+        import copy
+
+        other = copy.copy(self)
+        other.score = check_match_score(score)
+        other._words = [match_units(s, score) for s in self.entries.sources]
+        return other
 
     def search(self, queries: Sequence[str], k: int, exclude: Optional[Sequence[int]] = None,
                batch: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
@@ -377,10 +411,10 @@ class Retriever:
             _, found = self.index.search(self.keys.encode(chunk), wanted)
             for row, (query, candidates) in enumerate(zip(chunk, found)):
                 i = start + row
-                words = fuzzy_words(query)
+                words = match_units(query, self.score)
                 skip = exclude[i] if exclude is not None else -1
                 kept = [(rank, int(c)) for rank, c in enumerate(candidates) if c >= 0 and c != skip]
-                scores_of = fuzzy_scores(words, [self._words[c] for _, c in kept]).tolist()
+                scores_of = fuzzy_scores(words, [self._words[c] for _, c in kept], self.score).tolist()
                 ranked = [(score, -rank, c) for score, (rank, c) in zip(scores_of, kept)]
                 ranked.sort(reverse=True)
                 for j, (score, _, c) in enumerate(ranked[:k]):
@@ -390,13 +424,12 @@ class Retriever:
     def exact_best(self, queries: Sequence[str], exclude: Optional[Sequence[int]] = None) -> np.ndarray:
         """The best fuzzy-match score of each query over the whole memory (scored exhaustively:
         the reference that retrieval recall is measured against)."""
-        from rapidfuzz.distance import Levenshtein
         from rapidfuzz.process import extract
 
         best = np.zeros(len(queries), dtype=np.float32)
         for i, query in enumerate(queries):
             skip = exclude[i] if exclude is not None else -1
-            found = extract(fuzzy_words(query), self._words, scorer=Levenshtein.normalized_similarity, limit=2,
+            found = extract(match_units(query, self.score), self._words, scorer=_scorer(self.score), limit=2,
                             processor=None)
             best[i] = next((score for _, score, c in found if c != skip), 0.0)
         return best
@@ -421,5 +454,5 @@ def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4,
     return {f"recall@{k}": float(np.mean(scores[:, :k].max(1) >= best - 1e-6)) for k in ks if k <= scores.shape[1]}
 
 
-__all__ = ["FUZZY_BANDS", "at_least", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score", "fuzzy_scores",
+__all__ = ["FUZZY_BANDS", "MATCH_SCORES", "at_least", "match_units", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score", "fuzzy_scores",
            "read_memory", "read_prepared", "read_tmx", "read_tsv", "recall_at_k"]

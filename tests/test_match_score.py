@@ -1,0 +1,44 @@
+"""The character-level match score: an inflected form costs characters, not a whole word, so the
+retriever finds the verse a word-level fuzzy score ranks below a stranger; the retrieval study
+judges each setting by its match targets beside the nearest-verse baseline."""
+import pytest
+
+from reluformer_mt.memory.tm import MemoryEntries, Retriever, TranslationMemoryError, fuzzy_scores, match_units
+
+
+def test_chars_score_sees_through_inflection_where_words_do_not():
+    query = "και ειπεν αυτοις ο ιησους"
+    inflected = "και ειπεν αυτω ο ιησου"  # two inflected forms: two whole words apart
+    stranger = "και ειπεν ουτος ο ανθρωπος"  # two other words
+    words = fuzzy_scores(match_units(query), [match_units(inflected), match_units(stranger)])
+    chars = fuzzy_scores(match_units(query, "chars"), [match_units(inflected, "chars"), match_units(stranger, "chars")],
+                         "chars")
+    assert words[0] == words[1]  # the word score cannot tell them apart
+    assert chars[0] > chars[1]
+    entries = MemoryEntries([stranger, inflected, "αλλο τι παντελως", "ετερον ουδεν ομοιον"],
+                            ["the man", "he said to him", "x", "y"], "toy")
+    retriever = Retriever(entries, dim=3, candidates=4, score="chars")
+    ids, scores = retriever.search([query], 2)
+    assert ids[0, 0] == 1 and scores[0, 0] > scores[0, 1]
+    assert retriever.exact_best([query])[0] == pytest.approx(scores[0, 0])
+    # the same keys reranked by words: the tie keeps the MIPS order, the character score does not matter
+    assert retriever.rescored("words").search([query], 2)[1][0, 0] == pytest.approx(words.max())
+    with pytest.raises(TranslationMemoryError, match="match score 'lemmas': expected one of words, chars"):
+        Retriever(entries, dim=3, score="lemmas")
+
+
+def test_retrieval_study_judges_each_setting_beside_the_baseline(tmp_path, capsys):
+    from reluformer_mt.experiments import retrieval_study
+
+    train_src = ["και ειπεν αυτω ο ιησου", "και ειπεν ουτος ο ανθρωπος", "αλλο τι παντελως", "ετερον ουδεν ομοιον"]
+    train_tgt = ["and jesus said to him", "and this man said", "something else", "nothing alike"]
+    for name, lines in (("train.words.grc", train_src), ("train.words.en", train_tgt),
+                        ("valid.words.grc", ["και ειπεν αυτοις ο ιησους"]), ("valid.words.en", ["and jesus said to them"])):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = retrieval_study.run_study(tmp_path, candidates=4)
+    rows = result["rows"]
+    assert set(rows) == {"nearest verse (baseline)", "memory: words", "memory: chars", "memory: mips"}
+    assert rows["memory: chars"]["chrf"] > rows["memory: words"]["chrf"] or rows["memory: words"]["chrf"] > 50
+    assert rows["memory: chars"]["ms_per_sentence"] >= 0
+    assert retrieval_study.main([str(tmp_path), "--split", "test"]) == 2  # no test files: one line, exit 2
+    assert "test.words.grc: no such file" in capsys.readouterr().err
