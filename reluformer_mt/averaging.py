@@ -15,6 +15,7 @@ from typing import List, Sequence
 import torch
 
 from reluformer_mt.checkpoints import CheckpointError, read_state
+from reluformer_mt.data.outputs import check_distinct_files, check_no_repeats
 
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates: checkpoint_EPOCH_UPDATE.pt
 _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")            # end of each epoch: checkpointEPOCH.pt
@@ -44,10 +45,9 @@ def average_checkpoints(paths: Sequence, output) -> dict:
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")
     output = Path(output)
-    if output.resolve() in {p.resolve() for p in paths}:
-        raise CheckpointError(f"--output {output}: is one of the inputs; write the average to a new file")
-    if len({p.resolve() for p in paths}) != len(paths):
-        raise CheckpointError("the same checkpoint is given twice: it would count double in the average")
+    inputs = [("--inputs", p) for p in paths]
+    check_no_repeats(inputs, "it would count double in the average")
+    check_distinct_files([("--output", output)], inputs)
     sums, first, newest, newest_updates = {}, None, None, -1
     for path in paths:
         state = read_state(path)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
                                      OneLineParser, add_device_option, check_distinct_files, check_output_file,
-                                     positive_int, resolve_device, write_error)
+                                     folder_files, positive_int, resolve_device, write_error)
 from reluformer_mt.data.textfiles import write_text_atomically
 
 
@@ -92,8 +92,10 @@ def run_tune(args) -> str:
 
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
-    if args.json:
+    if args.json:  # before the grid and the decodes, and never over what the tuning reads
         check_output_file(args.json, "--json")
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)]
+                             + folder_files("--knn", args.knn) + folder_files("--data", args.data))
     if args.adaptive_k & (args.adaptive_k - 1):
         raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
                          f"got {args.adaptive_k}")
@@ -109,13 +111,13 @@ def run_rekey(args) -> dict:
     from reluformer_mt.checkpoints import open_checkpoint
     from reluformer_mt.data.prepared import Prepared
     from reluformer_mt.memory.maintenance.rekey import rekey
-    from reluformer_mt.memory.neighbours import check_same_sentencepiece
+    from reluformer_mt.memory.neighbours import MEMORY_DIR, check_same_sentencepiece
 
     data = Path(args.data)
     if args.json:  # before the neighbours are rewritten, not after
         check_output_file(args.json, "--json")
-        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint),
-                                                       ("--data", str(Prepared.path(data)))])
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--data", data)
+                             + folder_files("--data", data / MEMORY_DIR))
     if not Prepared.exists(data):
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():

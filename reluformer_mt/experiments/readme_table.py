@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from reluformer_mt.data.outputs import check_distinct_files
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SUMMARY_COPY = ROOT / "docs" / "benchmarks" / "demo_summary.json"
@@ -84,6 +86,10 @@ def main(argv=None) -> int:
                                 description="rewrite README.md's demo table from a demo run's summary.json")
     p.add_argument("summary", help="a demo run's summary.json (runs/demo/report/summary.json)")
     source = Path(p.parse_args(argv).summary)
+    try:
+        check_distinct_files([("README.md", README)], [("summary", source)])
+    except ValueError as e:
+        p.error(str(e))
     try:
         summary = json.loads(source.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from reluformer_mt.data.outputs import check_distinct_files
 from reluformer_mt.evaluation.reports import markdown_table, write_json
 
 BASELINE_FAMILY = "softmax"
@@ -36,6 +37,8 @@ COLUMNS = (("s_bleu", "s-BLEU (document translator)", True), ("d_bleu", "d-BLEU 
            ("aer_best_head", "AER best head", False), ("aer_head_average", "AER head average", False),
            ("cross_sparsity", "exact zeros in cross-attention", None))
 SECTION_TITLE = "## Spread over training seeds"
+READ_NAMES = ("summary.json", "report.json", "metrics.json")  # what each run's report/ gives
+REPORT_NAMES = ("seeds.json", "seeds.md", "table.md", "index.html")  # what the report folder gets
 
 
 def column_value(family: dict, key: str) -> Optional[float]:
@@ -183,6 +186,8 @@ def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
         raise ValueError(f"a seed spread needs two runs or more, got {len(run_dirs)}")
     runs = read_summaries(run_dirs)
     report_dir = Path(report_dir) if report_dir else Path(run_dirs[0]) / "report"
+    check_distinct_files([("--report-dir", report_dir / name) for name in REPORT_NAMES],
+                         [("runs", Path(run) / "report" / name) for run in run_dirs for name in READ_NAMES])
     unknown = sorted(set(exclude) - {key for key, _, _ in COLUMNS})
     if unknown:
         raise ValueError(f"--exclude: unknown column(s) {', '.join(unknown)}; expected some of "

@@ -27,11 +27,14 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reluformer_mt.data.outputs import check_distinct_files, folder_files
+
 logger = logging.getLogger(__name__)
 
 FORMAT = "reluformer-knn-datastore"
 VERSION = 1
 META_NAME = "datastore.json"
+OUTPUT_NAMES = (META_NAME, "keys.npy", "values.npy", "pairs.npy", "index.faiss")  # what a build writes into --out
 SHARD_BATCHES = 50
 # ``--index auto``: exact search up to this many entries, IVF above. Measured on the bible's 312k
 # entries of dim 64 (docs/KNN_MT.md): exact search answers ~60-150 queries/s on one core, far too
@@ -261,11 +264,12 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DatastoreError(f"--out {out}: exists and is not a directory")
-    if (out / META_NAME).is_file():
-        if not force:
-            raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
-        (out / META_NAME).unlink()  # a rebuild killed half-way must not look finished
+    if (out / META_NAME).is_file() and not force:
+        raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
     loaded = load_model(checkpoint, data, device=device)
+    check_distinct_files([("--out", out / name) for name in OUTPUT_NAMES],
+                         [("--checkpoint", checkpoint)] + folder_files("--data", loaded.data_dir))
+    (out / META_NAME).unlink(missing_ok=True)  # a rebuild killed half-way must not look finished
     model, task = loaded.model, loaded.task
     fingerprint = model_fingerprint(model)
     source = {"data": str(Path(loaded.data_dir).resolve()), "split": split}
