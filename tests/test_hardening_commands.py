@@ -99,3 +99,123 @@ def test_seed_report_over_a_run_summary_is_refused(tmp_path):
     (out / "seeds.json").symlink_to(runs[1] / "report" / "summary.json")
     with pytest.raises(ValueError, match=r"--report-dir .*seeds\.json: the same file as the input runs .*summary\.json"):
         write_seed_report(runs, report_dir=out)
+
+
+# ---------------------------------------------------------------- one vocabulary, compared by content
+
+@pytest.fixture(scope="module")
+def other_vocabulary(prepared_doc_data, tmp_path_factory):
+    """The document directory with two symbols of its (joined) dictionaries swapped: the same
+    size, the same SentencePiece model, another vocabulary (its binarised ids unchanged)."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("other_vocabulary") / "doc128"
+    shutil.copytree(prepared_doc_data["doc"], out)
+    for lang in ("en", "de"):
+        path = out / f"dict.{lang}.txt"
+        lines = path.read_text(encoding="utf-8").splitlines()
+        lines[20], lines[21] = lines[21], lines[20]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def checkpoint_copy(source, dest, data=None, **model):
+    """``source`` saved again as ``dest`` with another recorded training data / model options."""
+    import argparse
+
+    import torch
+
+    state = torch.load(source, map_location="cpu", weights_only=False)
+    if data is not None:
+        state["cfg"]["task"]["data"] = str(data)
+    for key, value in model.items():
+        m = state["cfg"]["model"]
+        setattr(m, key, value) if isinstance(m, argparse.Namespace) else m.__setitem__(key, value)
+    torch.save(state, dest)
+    return dest
+
+
+OTHER_DICTIONARIES = r"its source dictionary and target dictionary differ from the checkpoint .*, compared by content"
+
+
+def test_datastore_build_refuses_data_of_another_vocabulary(doc_checkpoint, other_vocabulary, tmp_path, capsys):
+    """Before, the directory was force-decoded without a word: its ids mean other pieces to the model."""
+    from reluformer_mt.cli import memory
+
+    code, err = main_of(memory, ["datastore", "build", "-c", doc_checkpoint, "--data", other_vocabulary,
+                                 "--out", tmp_path / "store", "--quiet"], capsys)
+    one_line(code, err, rf"--data {re.escape(str(other_vocabulary))}: {OTHER_DICTIONARIES}")
+    assert not (tmp_path / "store").exists()
+
+
+def test_tune_refuses_data_of_another_vocabulary(doc_checkpoint, other_vocabulary, tmp_path, capsys):
+    from reluformer_mt.cli import memory
+
+    code, err = main_of(memory, ["tune", "-c", doc_checkpoint, "--data", other_vocabulary, "--no-decode",
+                                 "--device", "cpu", "--json", tmp_path / "t.json"], capsys)
+    one_line(code, err, rf"--data {re.escape(str(other_vocabulary))}: {OTHER_DICTIONARIES}")
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_translate_refuses_an_ensemble_member_of_another_vocabulary(doc_checkpoint, prepared_doc_data,
+                                                                    other_vocabulary, tmp_path, capsys):
+    """Before, with --data both members read the same dictionaries and the ensemble averaged
+    probabilities over different pieces; a --data of another vocabulary was used as well."""
+    from reluformer_mt.cli import translate
+
+    other = checkpoint_copy(doc_checkpoint, tmp_path / "other.pt", data=other_vocabulary)
+    src = tmp_path / "in.en"
+    src.write_text("Thank you.\n", encoding="utf-8")
+    fast = ["--beam", "1", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu", "-o", tmp_path / "out.de"]
+    code, err = main_of(translate, ["-c", doc_checkpoint, other, "--data", prepared_doc_data["doc"], "-i", src, *fast],
+                        capsys)
+    one_line(code, err, rf"--checkpoint {re.escape(str(other))}: {OTHER_DICTIONARIES}.*models combined need one vocabulary")
+    code, err = main_of(translate, ["-c", doc_checkpoint, "--data", other_vocabulary, "-i", src, *fast], capsys)
+    one_line(code, err, rf"--data {re.escape(str(other_vocabulary))}: {OTHER_DICTIONARIES}")
+    assert not (tmp_path / "out.de").exists()
+
+
+def test_average_refuses_another_vocabulary_and_another_architecture(doc_checkpoint, other_vocabulary, tmp_path,
+                                                                     capsys):
+    """Before, both were averaged: the weights have the same names and shapes."""
+    from reluformer_mt.cli import average
+
+    other = checkpoint_copy(doc_checkpoint, tmp_path / "other.pt", data=other_vocabulary)
+    code, err = main_of(average, ["--inputs", doc_checkpoint, other, "-o", tmp_path / "avg.pt"], capsys)
+    one_line(code, err, rf"{re.escape(str(other))}: {OTHER_DICTIONARIES.replace('the checkpoint ', '')}"
+                        r".*average checkpoints of one model")
+    plain = checkpoint_copy(doc_checkpoint, tmp_path / "transformer.pt", arch="transformer", _name="transformer")
+    code, err = main_of(average, ["--inputs", doc_checkpoint, plain, "-o", tmp_path / "avg.pt"], capsys)
+    one_line(code, err, r"transformer\.pt: its architecture is 'transformer', .*'reluformer_tiny': another model")
+    softmax = checkpoint_copy(doc_checkpoint, tmp_path / "softmax.pt", cross_attn_fn="softmax")
+    code, err = main_of(average, ["--inputs", doc_checkpoint, softmax, "-o", tmp_path / "avg.pt"], capsys)
+    one_line(code, err, r"softmax\.pt: its --cross-attn-fn is 'softmax', .*'relu': another model")
+    assert not (tmp_path / "avg.pt").exists()
+
+
+@pytest.mark.parametrize("command", ["rekey", "datastore"])
+def test_data_whose_vocabulary_cannot_be_checked_is_refused(command, doc_checkpoint, prepared_doc_data, tmp_path,
+                                                            capsys, monkeypatch):
+    """Before, rekey skipped its SentencePiece check when the checkpoint's relative training-data
+    path did not resolve from the current folder, and rewrote the neighbours."""
+    import shutil
+
+    from reluformer_mt.cli import memory
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_doc_data["doc"], data)
+    (tmp_path / "ckpt").mkdir()
+    moved = checkpoint_copy(doc_checkpoint, tmp_path / "ckpt" / "model.pt", data="runs/demo/data/doc128")
+    monkeypatch.chdir(tmp_path)
+    argv = (["rekey", "-c", moved, "--data", data, "--quiet"] if command == "rekey" else
+            ["datastore", "build", "-c", moved, "--data", data, "--out", tmp_path / "store", "--quiet"])
+    code, err = main_of(memory, argv, capsys)
+    one_line(code, err, rf"--data {re.escape(str(data))}: cannot check that it holds the vocabulary of .*model\.pt: "
+                        r"the training data it records \(runs/demo/data/doc128\) is not found from .* and no dict\.en\.txt")
+    assert not (tmp_path / "store").exists() and not (data / "memory" / "REWRITING").exists()
+    for name in ("dict.en.txt", "dict.de.txt", "prepared.json", "spm.model"):  # its resources beside it: checked
+        shutil.copy(prepared_doc_data["doc"] / name, tmp_path / "ckpt")
+    if command == "datastore":
+        code, err = main_of(memory, argv, capsys)
+        assert code == 0 and (tmp_path / "store" / "datastore.json").is_file(), err
+

@@ -108,10 +108,10 @@ def run_tune(args) -> str:
 
 
 def run_rekey(args) -> dict:
-    from reluformer_mt.checkpoints import open_checkpoint
+    from reluformer_mt.checkpoints import check_data_vocabulary, open_checkpoint
     from reluformer_mt.data.prepared import Prepared
     from reluformer_mt.memory.maintenance.rekey import rekey
-    from reluformer_mt.memory.neighbours import MEMORY_DIR, check_same_sentencepiece
+    from reluformer_mt.memory.neighbours import MEMORY_DIR
 
     data = Path(args.data)
     if args.json:  # before the neighbours are rewritten, not after
@@ -123,11 +123,9 @@ def run_rekey(args) -> dict:
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     opened = open_checkpoint(args.checkpoint, data)
-    trained_on = Path(str(opened.cfg.task.get("data") or "")) if opened.cfg.task.get("data") else None
-    if trained_on is not None and Prepared.exists(trained_on) and trained_on.resolve() != data.resolve():
-        # the model's pieces are those of the directory it was trained on: --data's must be the same
-        sp_src, sp_tgt = Prepared.load(trained_on).sentencepiece(check_separator=False)
-        check_same_sentencepiece(data, sp_src, sp_tgt, "--data", f"{args.checkpoint}'s training data {trained_on}")
+    # the neighbours are rewritten from --data's pieces read with the model's dictionary: the same
+    # vocabulary, checked against what the checkpoint was trained with (refused when that is not found)
+    check_data_vocabulary(opened)
     loaded = opened.load(device=resolve_device(args.device))
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)

@@ -266,7 +266,7 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
         raise DatastoreError(f"--out {out}: exists and is not a directory")
     if (out / META_NAME).is_file() and not force:
         raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
-    loaded = load_model(checkpoint, data, device=device)
+    loaded = load_model(checkpoint, data, device=device, check_data=True)  # --data of the model's vocabulary
     check_distinct_files([("--out", out / name) for name in OUTPUT_NAMES],
                          [("--checkpoint", checkpoint)] + folder_files("--data", loaded.data_dir))
     (out / META_NAME).unlink(missing_ok=True)  # a rebuild killed half-way must not look finished
