@@ -8,6 +8,7 @@ tensors (version counters) must be equal in every checkpoint. The result keeps t
 checkpoint's configuration and training counters and drops its optimizer state (which belongs to
 that one checkpoint's weights), so it is for translation and evaluation, not for resuming.
 """
+import io
 import re
 from pathlib import Path
 from typing import List, Sequence
@@ -16,6 +17,7 @@ import torch
 
 from reluformer_mt.checkpoints import CheckpointError, _get, config_of, read_state, recorded_vocabulary
 from reluformer_mt.data.outputs import check_distinct_files, check_no_repeats
+from reluformer_mt.data.textfiles import replace_atomically
 
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates: checkpoint_EPOCH_UPDATE.pt
 _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")            # end of each epoch: checkpointEPOCH.pt
@@ -116,6 +118,10 @@ def average_checkpoints(paths: Sequence, output) -> dict:
     newest["model"] = averaged
     dropped = newest.pop("last_optimizer_state", None) is not None
     output.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(newest, output)
+    # serialised in memory first: a write error inside torch.save (a full disk) surfaces as its
+    # RuntimeError ('unexpected pos'); f.write gives the OSError that names the file
+    serialised = io.BytesIO()
+    torch.save(newest, serialised)
+    replace_atomically(output, lambda f: f.write(serialised.getbuffer()))  # whole or not at all
     return {"inputs": [str(p) for p in paths], "output": str(output), "parameters": sum(v.numel() for v in averaged.values()),
             "newest_updates": newest_updates, "optimizer_state_dropped": dropped}

@@ -219,3 +219,51 @@ def test_data_whose_vocabulary_cannot_be_checked_is_refused(command, doc_checkpo
         code, err = main_of(memory, argv, capsys)
         assert code == 0 and (tmp_path / "store" / "datastore.json").is_file(), err
 
+
+# ---------------------------------------------------------------- writers: whole or not at all
+
+def with_file_size_limit(limit: int):
+    """A child process whose files cannot grow beyond ``limit`` bytes: each write past it fails
+    with EFBIG, as on a full disk (SIGXFSZ ignored so that the write returns the error)."""
+    import resource
+    import signal
+
+    def limit_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return limit_files
+
+
+def test_average_on_a_full_disk_leaves_no_partial_output(doc_checkpoint, tmp_path, capsys):
+    """Before, torch's RuntimeError (a traceback) and a partial avg.pt; -o /dev/full too."""
+    from helpers import run_subprocess
+
+    from reluformer_mt.cli import average
+
+    second = checkpoint_copy(doc_checkpoint, tmp_path / "second.pt")
+    code, err = main_of(average, ["--inputs", doc_checkpoint, second, "-o", "/dev/full"], capsys)
+    one_line(code, err, r"reluformer-average: error: cannot write /dev/full: No space left on device")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_subprocess(["reluformer-average", "--inputs", doc_checkpoint, second, "-o", out / "avg.pt"],
+                          preexec_fn=with_file_size_limit(32 * 1024), timeout=300)
+    one_line(proc.returncode, proc.stderr, rf"reluformer-average: error: cannot write {re.escape(str(out / 'avg.pt'))}: "
+                                           r"File too large")
+    assert list(out.iterdir()) == []  # neither avg.pt nor its temporary file
+
+
+def test_datastore_build_on_a_full_disk_leaves_no_shard_a_rerun_would_trust(doc_checkpoint, tmp_path):
+    """Before, 'cannot write' named the data directory instead of the shard, and the half-written
+    shard stayed behind."""
+    from helpers import run_subprocess
+
+    store = tmp_path / "store"
+    argv = ["reluformer-memory", "datastore", "build", "-c", doc_checkpoint, "--out", store, "--device", "cpu", "--quiet"]
+    proc = run_subprocess(argv, preexec_fn=with_file_size_limit(16 * 1024), timeout=300)
+    one_line(proc.returncode, proc.stderr, rf"reluformer-memory: error: cannot write {re.escape(str(store))}/shards/00000\.npz: "
+                                           r"File too large")
+    assert sorted(f.name for f in (store / "shards").iterdir()) == ["plan.json"]
+    proc = run_subprocess(argv, timeout=300)  # the rerun on a disk with room: a whole datastore
+    assert proc.returncode == 0 and (store / "datastore.json").is_file(), proc.stderr
+    assert "resumed" not in proc.stdout
+

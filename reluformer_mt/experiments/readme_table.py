@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.data.outputs import check_distinct_files
+from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -73,7 +74,7 @@ def block(summary: dict) -> str:
 def rewrite(readme: Path, summary: dict) -> None:
     text = readme.read_text(encoding="utf-8")
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    readme.write_text(text[:start] + block(summary) + text[end:], encoding="utf-8")
+    write_text_atomically(readme, text[:start] + block(summary) + text[end:])
 
 
 def readme_block(readme: Path = README) -> str:
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
     rewrite(README, summary)
     SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
     if source.resolve() != SUMMARY_COPY.resolve():
-        shutil.copyfile(source, SUMMARY_COPY)
+        replace_atomically(SUMMARY_COPY, lambda f: f.write(source.read_bytes()))
     print(f"README.md's demo table rewritten from {source}; copy kept in {SUMMARY_COPY.relative_to(ROOT)}")
     return 0
 

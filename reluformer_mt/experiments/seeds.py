@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from reluformer_mt.data.outputs import check_distinct_files
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.reports import markdown_table, write_json
 
 BASELINE_FAMILY = "softmax"
@@ -173,7 +174,7 @@ def replace_section(table_md: Path, section: str) -> None:
     """table.md with this section at its end (a rerun replaces it instead of adding another)."""
     text = table_md.read_text(encoding="utf-8") if table_md.exists() else ""
     text = text.split("\n" + SECTION_TITLE)[0].rstrip("\n") + "\n"
-    table_md.write_text(text + "\n" + section, encoding="utf-8")
+    write_text_atomically(table_md, text + "\n" + section)
 
 
 def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
@@ -200,7 +201,7 @@ def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
                   bootstrap=bootstrap_verdicts(Path(run_dirs[0]) / "report", list(result["families"])))
     write_json(report_dir / "seeds.json", result, command=" ".join(sys.argv))
     section = render(result)
-    (report_dir / "seeds.md").write_text(section, encoding="utf-8")
+    write_text_atomically(report_dir / "seeds.md", section)
     if (report_dir / "table.md").exists():
         replace_section(report_dir / "table.md", section)
     write_html_report(report_dir)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import List
 
 from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.bleu import corpus_sbleu
 from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, family_run, limit_chapters,
                                             prepare_corpus, read_split_documents)
@@ -80,6 +81,6 @@ def run_tm_study(out: Path, families: List[str], ks: List[int], updates: int, bi
              r["s_bleu"] - r["without_memory"], r["close"]["with memory"] if r["close"]["sentences"] else float("nan"),
              r["close"]["sentences"]] for r in results]
     table = format_table(HEADERS, rows)
-    (out / "tm_study.md").write_text(table + "\n", encoding="utf-8")
+    write_text_atomically(out / "tm_study.md", table + "\n")
     print(table)
     return results
