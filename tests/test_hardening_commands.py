@@ -267,3 +267,68 @@ def test_datastore_build_on_a_full_disk_leaves_no_shard_a_rerun_would_trust(doc_
     assert proc.returncode == 0 and (store / "datastore.json").is_file(), proc.stderr
     assert "resumed" not in proc.stdout
 
+
+# ---------------------------------------------------------------- a killed rekey reruns to the end
+
+from test_learned_keys import key_checkpoint, key_data  # noqa: E402,F401 (fixtures)
+
+
+def test_a_rerun_completes_a_killed_rekey(key_checkpoint, key_data, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """Before, the REWRITING marker asked for a rerun and the rerun was refused because of it."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from reluformer_mt.checkpoints import load_model
+    from reluformer_mt.cli import memory
+    from reluformer_mt.memory.maintenance import rekey as rekey_lib
+
+    unbroken, killed = tmp_path / "unbroken", tmp_path / "killed"
+    shutil.copytree(key_data, unbroken)
+    shutil.copytree(key_data, killed)
+    tfidf = {f.name: f.read_bytes() for f in (key_data / "memory").glob("*.npy")}
+    m = load_model(key_checkpoint, killed)
+    real, calls = rekey_lib.neighbours_from_keys, []
+
+    def killed_after_the_first_split(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as SIGINT, between the training split and the next
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rekey_lib, "neighbours_from_keys", killed_after_the_first_split)
+    with pytest.raises(KeyboardInterrupt):
+        rekey_lib.rekey(killed, m.model, m.task.source_dictionary, checkpoint=str(key_checkpoint), progress=False)
+    monkeypatch.setattr(rekey_lib, "neighbours_from_keys", real)
+    assert (killed / "memory" / "REWRITING").is_file()
+    # the kill's half-written state: the training split re-keyed, the others not, half a TF-IDF copy
+    assert (killed / "memory" / "train.ids.npy").read_bytes() != tfidf["train.ids.npy"]
+    (killed / "memory" / ".valid.ids.tfidf.npy.123.partial").write_bytes(b"half")
+    for directory in (killed, unbroken):
+        code, err = main_of(memory, ["rekey", "-c", key_checkpoint, "--data", directory, "--device", "cpu", "--quiet"],
+                            capsys)
+        assert code == 0, err
+    assert not (killed / "memory" / "REWRITING").exists()
+    for f in sorted((unbroken / "memory").glob("*.npy")):  # the neighbours an unbroken run writes
+        assert np.array_equal(np.load(killed / "memory" / f.name), np.load(f)), f.name
+        if f.name.endswith(".tfidf.npy"):  # and the TF-IDF ones kept as they were before any re-keying
+            assert f.read_bytes() == tfidf[f.name.replace(".tfidf", "")]
+    described = [json.loads((d / "prepared.json").read_text())["memory"] for d in (killed, unbroken)]
+    for d in described:
+        d.pop("seconds")
+    assert described[0] == described[1] and described[0]["keys"].startswith("learned")
+
+
+def test_rekey_still_refuses_a_memory_step_left_unfinished(key_checkpoint, key_data, tmp_path, capsys):  # noqa: F811
+    import shutil
+
+    from reluformer_mt.cli import memory
+    from reluformer_mt.memory.neighbours import mark_rewriting
+
+    data = tmp_path / "data"
+    shutil.copytree(key_data, data)
+    mark_rewriting(data, "reluformer-prepare's memory step")
+    code, err = main_of(memory, ["rekey", "-c", key_checkpoint, "--data", data, "--device", "cpu", "--quiet"], capsys)
+    one_line(code, err, r"REWRITING: .*left half rewritten \(reluformer-prepare's memory step\); re-run that command")
+
