@@ -332,3 +332,52 @@ def test_rekey_still_refuses_a_memory_step_left_unfinished(key_checkpoint, key_d
     code, err = main_of(memory, ["rekey", "-c", key_checkpoint, "--data", data, "--device", "cpu", "--quiet"], capsys)
     one_line(code, err, r"REWRITING: .*left half rewritten \(reluformer-prepare's memory step\); re-run that command")
 
+
+# ---------------------------------------------------------------- experiment modules: no silent exit 0
+
+def seed_runs(tmp_path, families=("softmax", "reluformer")):
+    import json
+
+    runs = []
+    for seed in (1, 2):
+        report = tmp_path / f"run{seed}" / "report"
+        report.mkdir(parents=True)
+        scores = {f: {"s_bleu": 10.0 + seed + i} for i, f in enumerate(families)}
+        (report / "summary.json").write_text(json.dumps({"families": scores}))
+        (report / "report.json").write_text(json.dumps({"options": {"seed": seed}}))
+        runs.append(report.parent)
+    return runs
+
+
+def test_seeds_with_an_unknown_baseline_is_one_line(tmp_path, capsys):
+    """Before, --baseline bogus exited 0 and the comparison section was dropped without a word."""
+    from reluformer_mt.experiments import seeds
+
+    runs = seed_runs(tmp_path)
+    code, err = main_of(seeds, [*runs, "--baseline", "bogus"], capsys)
+    one_line(code, err, r"seeds: error: --baseline bogus: unknown family; the families of every run: softmax, reluformer")
+    assert not (runs[0] / "report" / "seeds.json").exists()
+
+
+def test_seeds_without_the_default_baseline_says_so(tmp_path, capsys):
+    from reluformer_mt.experiments import seeds
+
+    runs = seed_runs(tmp_path, families=("reluformer", "rela"))
+    code, err = main_of(seeds, runs, capsys)
+    assert code == 0, err
+    assert "No comparison between families: softmax, the baseline, is not in every run." in \
+        (runs[0] / "report" / "seeds.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("module, command", [("tm_study", "python -m reluformer_mt.cli.tm_study"),
+                                             ("sweep", "reluformer-sweep")])
+def test_an_old_study_command_line_says_where_the_command_is(module, command, tmp_path):
+    """Before, `python -m reluformer_mt.experiments.tm_study --out ... --ks 1` exited 0 doing nothing."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", f"reluformer_mt.experiments.{module}", "--out", str(tmp_path / "o"),
+                           "--ks", "1"], capture_output=True, text=True, timeout=300)
+    one_line(proc.returncode, proc.stderr, rf"python -m reluformer_mt\.experiments\.{module}: error: this module is a "
+                                           rf"library; its command line is '{re.escape(command)} --out .*o --ks 1'")
+    assert not (tmp_path / "o").exists()

@@ -160,6 +160,8 @@ def render(result: dict) -> str:
                   f"the paired bootstrap over the test verses of seed {result['seeds'][0]}'s run only.", "",
                   markdown_table(["family", "column", f"Δ vs {result['baseline']}", "over seeds",
                                   "bootstrap over verses (one run)"], rows)]
+    if not result["comparison"] and result["baseline"] not in families:
+        lines += ["", f"No comparison between families: {result['baseline']}, the baseline, is not in every run."]
     if len(result.get("commits", [])) > 1:
         lines += ["", f"The runs come from different commits ({', '.join(result['commits'])}): columns whose "
                   "method changed between them do not measure the seed alone."]
@@ -177,10 +179,20 @@ def replace_section(table_md: Path, section: str) -> None:
     write_text_atomically(table_md, text + "\n" + section)
 
 
-def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
+def check_baseline(baseline: str, result: dict) -> None:
+    """A baseline family asked for by name must be one the comparison can use: in every run."""
+    if baseline not in result["families"]:
+        partly = baseline in result["left_out_families"]
+        raise ValueError(f"--baseline {baseline}: {'not in every run' if partly else 'unknown family'}; the families "
+                         f"of every run: {', '.join(result['families']) or 'none'}")
+
+
+def write_seed_report(run_dirs: Sequence[Path], baseline: Optional[str] = None,
                       report_dir: Optional[Path] = None, exclude: Sequence[str] = ()) -> dict:
     """Aggregate the runs, write seeds.json / seeds.md into ``report_dir`` (default: the first run's
-    report folder), put the section into its table.md and rebuild its index.html."""
+    report folder), put the section into its table.md and rebuild its index.html. ``baseline``: the
+    family the others are compared with, an error when the runs lack it (default: softmax, when
+    every run has it; else the section says that nothing is compared)."""
     from reluformer_mt.evaluation.html_report import write_html_report
 
     if len(run_dirs) < 2:
@@ -194,6 +206,9 @@ def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
         raise ValueError(f"--exclude: unknown column(s) {', '.join(unknown)}; expected some of "
                          f"{', '.join(key for key, _, _ in COLUMNS)}")
     result = aggregate(runs, exclude)
+    if baseline is not None:
+        check_baseline(baseline, result)
+    baseline = baseline or BASELINE_FAMILY
     result.update(commits=sorted({str(r["summary"].get("commit")) for r in runs}), excluded=list(exclude),seeds=[r["seed"] for r in runs], runs=[r["dir"] for r in runs], baseline=baseline,
                   labels={key: label for key, label, _ in COLUMNS}, digits={key: digits(key) for key, _, _ in COLUMNS},
                   baselines=runs[0]["summary"].get("baselines", {}),
@@ -230,7 +245,8 @@ def run_demo_seeds(options, n: int, run_demo: Callable) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.seeds", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="folders of finished reluformer-demo runs that differ in --seed")
-    parser.add_argument("--baseline", default=BASELINE_FAMILY, help="family the others are compared with")
+    parser.add_argument("--baseline", help=f"family the others are compared with (default: {BASELINE_FAMILY}, "
+                                           "when every run has it)")
     parser.add_argument("--report-dir", help="where seeds.json / seeds.md go (default: the first run's report/)")
     parser.add_argument("--exclude", default="", help="comma-separated columns left out (e.g. mode:knn when the "
                         "runs decoded kNN-MT differently): " + ", ".join(key for key, _, _ in COLUMNS))

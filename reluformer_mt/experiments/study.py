@@ -12,6 +12,11 @@ docs/QUALITY_STUDY.md holds the measured study from which the demo's defaults we
 Minutes are wall-clock minutes of one training process with ``threads`` threads; on a shared
 machine they are noisy, so the table also gives updates.
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.study", "reluformer-study"))
+
 import dataclasses
 import json
 import os

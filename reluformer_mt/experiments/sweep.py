@@ -10,6 +10,11 @@ Without a binarised directory the corpus is built from ``../shared/data/docmt_en
 dictionary of ``nwords`` words. Finished runs (``runs/<variant>_<slots>.json``) are reused, so an
 interrupted sweep resumes.
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.sweep", "reluformer-sweep"))
+
 import json
 import logging
 import os

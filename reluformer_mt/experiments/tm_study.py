@@ -10,6 +10,11 @@ chapters verse by verse with its memory, without it, and beside copying the best
 
     python -m reluformer_mt.cli.tm_study --out runs/tm_study --families softmax,reluformer,rela --ks 1,4,16
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.tm_study", "python -m reluformer_mt.cli.tm_study"))
+
 import time
 from dataclasses import replace
 from pathlib import Path
