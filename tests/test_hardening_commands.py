@@ -220,6 +220,22 @@ def test_data_whose_vocabulary_cannot_be_checked_is_refused(command, doc_checkpo
         assert code == 0 and (tmp_path / "store" / "datastore.json").is_file(), err
 
 
+
+def test_tune_json_on_the_training_data_it_reads_is_refused(doc_checkpoint, prepared_doc_data, tmp_path, capsys):
+    """Without --data the tuner reads the checkpoint's training data: its files are inputs too."""
+    import shutil
+
+    from reluformer_mt.cli import memory
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_doc_data["doc"], data)
+    checkpoint = checkpoint_copy(doc_checkpoint, tmp_path / "model.pt", data=data)
+    before = (data / "prepared.json").read_bytes()
+    code, err = main_of(memory, ["tune", "-c", checkpoint, "--no-decode", "--device", "cpu",
+                                 "--json", data / "prepared.json"], capsys)
+    one_line(code, err, r"--json .*prepared\.json: the same file as the input --data .*prepared\.json")
+    assert (data / "prepared.json").read_bytes() == before
+
 # ---------------------------------------------------------------- writers: whole or not at all
 
 def with_file_size_limit(limit: int):

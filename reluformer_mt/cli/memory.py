@@ -87,6 +87,14 @@ def run_datastore(args) -> str:
             + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else ""))
 
 
+def data_of(checkpoint, data) -> Path:
+    """The data directory a command reads: ``data``, else the one the checkpoint's loader finds
+    (the checkpoint is read, its model not built)."""
+    from reluformer_mt.checkpoints import open_checkpoint
+
+    return Path(data) if data else open_checkpoint(checkpoint).data.path
+
+
 def run_tune(args) -> str:
     from reluformer_mt.experiments.knn_tune import format_report, tune
 
@@ -94,8 +102,8 @@ def run_tune(args) -> str:
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     if args.json:  # before the grid and the decodes, and never over what the tuning reads
         check_output_file(args.json, "--json")
-        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)]
-                             + folder_files("--knn", args.knn) + folder_files("--data", args.data))
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--knn", args.knn))
+        check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))
     if args.adaptive_k & (args.adaptive_k - 1):
         raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
                          f"got {args.adaptive_k}")
