@@ -357,6 +357,14 @@ def _stored_data(cfg) -> Optional[Path]:
     return Path(stored) if stored else None
 
 
+def _not_found(opened: "OpenedCheckpoint") -> str:
+    """Why a checkpoint's own vocabulary cannot be found, and what to do."""
+    src, tgt = opened.data.src_lang, opened.data.tgt_lang
+    return (f"the training data it records ({_stored_data(opened.cfg) or 'none'}) is not found from {Path.cwd()} and "
+            f"no dict.{src}.txt / dict.{tgt}.txt lie beside it; run from the folder it was trained in, or copy its "
+            "dictionaries (and prepared.json with its SentencePiece model) beside the checkpoint")
+
+
 def check_data_vocabulary(opened: "OpenedCheckpoint", option: str = "--data") -> None:
     """Refuse a data directory (``option``, the one ``opened`` was opened with) whose dictionaries
     or SentencePiece models are not the checkpoint's (:func:`trained_vocabulary`), compared by
@@ -367,19 +375,16 @@ def check_data_vocabulary(opened: "OpenedCheckpoint", option: str = "--data") ->
     data = opened.data
     reference = trained_vocabulary(opened)
     if reference is None:
-        raise VocabularyError(
-            f"{option} {data.path}: cannot check that it holds the vocabulary of {opened.path}: the training data it "
-            f"records ({_stored_data(opened.cfg) or 'none'}) is not found from {Path.cwd()} and no dict.{data.src_lang}.txt "
-            f"/ dict.{data.tgt_lang}.txt lie beside it; run from the folder it was trained in, or copy its dictionaries "
-            "(and prepared.json with its SentencePiece model) beside the checkpoint")
+        raise VocabularyError(f"{option} {data.path}: cannot check that it holds the vocabulary of {opened.path}: "
+                              + _not_found(opened))
     check_same_vocabulary(reference, vocabulary_of(data.path, data.src_lang, data.tgt_lang), f"{option} {data.path}",
                           f"the checkpoint {opened.path}")
 
 
 def check_ensemble_vocabulary(opened: List["OpenedCheckpoint"], data_given: bool) -> None:
-    """Models combined (an ensemble, averaged weights, with ``data_given``: --data their
-    resources) share one vocabulary, each compared by what it was trained with
-    (:func:`trained_vocabulary`): refused when they differ or when a member's cannot be found."""
+    """The models of an ensemble share one vocabulary, each compared by what it was trained with
+    (:func:`trained_vocabulary`): refused when they differ or when a member's cannot be found; with
+    ``data_given``, --data (their resources) must hold the first one's too, when it is found."""
     from reluformer_mt.data.vocabulary import VocabularyError, check_same_vocabulary, vocabulary_of
 
     first = opened[0]
@@ -392,11 +397,8 @@ def check_ensemble_vocabulary(opened: List["OpenedCheckpoint"], data_given: bool
     for other in opened[1:]:
         theirs = trained_vocabulary(other)
         if theirs is None:
-            raise VocabularyError(
-                f"--checkpoint {other.path}: cannot check that it shares the vocabulary of {first.path}: the training "
-                f"data it records ({_stored_data(other.cfg) or 'none'}) is not found from {Path.cwd()} and no "
-                "dictionaries lie beside it; copy its dictionaries (and prepared.json with its SentencePiece model) "
-                "beside it")
+            raise VocabularyError(f"--checkpoint {other.path}: cannot check that it shares the vocabulary of "
+                                  f"{first.path}: " + _not_found(other))
         check_same_vocabulary(reference, theirs, f"--checkpoint {other.path}", f"the checkpoint {first.path}",
                               remedy="models combined need one vocabulary")
 
