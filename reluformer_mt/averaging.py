@@ -8,13 +8,16 @@ tensors (version counters) must be equal in every checkpoint. The result keeps t
 checkpoint's configuration and training counters and drops its optimizer state (which belongs to
 that one checkpoint's weights), so it is for translation and evaluation, not for resuming.
 """
+import io
 import re
 from pathlib import Path
 from typing import List, Sequence
 
 import torch
 
-from reluformer_mt.checkpoints import CheckpointError, read_state
+from reluformer_mt.checkpoints import CheckpointError, _get, config_of, read_state, recorded_vocabulary
+from reluformer_mt.data.outputs import check_distinct_files, check_no_repeats
+from reluformer_mt.data.textfiles import replace_atomically
 
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates: checkpoint_EPOCH_UPDATE.pt
 _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")            # end of each epoch: checkpointEPOCH.pt
@@ -38,20 +41,60 @@ def last_checkpoints(folder, n: int) -> List[Path]:
     return [p for _, p in found[-n:]]
 
 
+# the options that say what a model's weights compute (beside its architecture's name): two
+# checkpoints with the same parameter names and shapes but another attention function, FFN or
+# memory reader are two models, whose average is neither
+FUNCTION_OPTIONS = ("activation_fn", "encoder_attn_fn", "decoder_attn_fn", "cross_attn_fn", "tm_attn_fn", "ffn_variant",
+                    "rela_variant", "relu_gamma_mode", "tm_fusion", "memory_layers", "memory_activation",
+                    "encoder_normalize_before", "decoder_normalize_before")
+
+
+class ModelOf:
+    """What an averaged checkpoint must share with the others: its architecture, the options of
+    :data:`FUNCTION_OPTIONS` and its vocabulary (the dictionaries' symbols and SentencePiece models
+    it was trained with: another vocabulary of the same size has the same shapes)."""
+
+    def __init__(self, path: Path, state: dict):
+        cfg = config_of(state)
+        self.path, self.data = path, str(_get(cfg.task, "data", "") or "")
+        self.function = {"arch": _get(cfg.model, "arch") or _get(cfg.model, "_name"),
+                         **{name: _get(cfg.model, name) for name in FUNCTION_OPTIONS}}
+        self.vocabulary = recorded_vocabulary(path, cfg)
+
+    def check_same(self, other: "ModelOf") -> None:
+        from reluformer_mt.data.vocabulary import check_same_vocabulary
+
+        for name, mine in self.function.items():
+            if other.function[name] != mine:
+                what = "architecture" if name == "arch" else f"--{name.replace('_', '-')}"
+                raise CheckpointError(f"{other.path}: its {what} is {other.function[name]!r}, {self.path}'s {mine!r}: "
+                                      "another model; average checkpoints of one model")
+        if self.vocabulary is not None and other.vocabulary is not None:
+            check_same_vocabulary(self.vocabulary, other.vocabulary, str(other.path), str(self.path),
+                                  remedy="average checkpoints of one model")
+        elif self.data != other.data:  # one is not found from here: their recorded training data must agree
+            raise CheckpointError(f"{other.path}: cannot check that it shares the vocabulary of {self.path}: they record "
+                                  f"other training data ({other.data or 'none'}, {self.data or 'none'}) and the "
+                                  "dictionaries of one are not found from here; run from the folder they were trained in")
+
+
 def average_checkpoints(paths: Sequence, output) -> dict:
     """Write the average of ``paths`` to ``output``; returns what was done (for the summary)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")
     output = Path(output)
-    if output.resolve() in {p.resolve() for p in paths}:
-        raise CheckpointError(f"--output {output}: is one of the inputs; write the average to a new file")
-    if len({p.resolve() for p in paths}) != len(paths):
-        raise CheckpointError("the same checkpoint is given twice: it would count double in the average")
+    inputs = [("--inputs", p) for p in paths]
+    check_no_repeats(inputs, "it would count double in the average")
+    check_distinct_files([("--output", output)], inputs)
     sums, first, newest, newest_updates = {}, None, None, -1
     for path in paths:
         state = read_state(path)
         model = state["model"]
+        if first is None:
+            model_of_first = ModelOf(paths[0], state)
+        else:
+            model_of_first.check_same(ModelOf(path, state))
         if first is None:
             first = {k: (v.shape, v.dtype) for k, v in model.items()}
             sums = {k: v.to(torch.float64).clone() if v.is_floating_point() else v.clone() for k, v in model.items()}
@@ -75,6 +118,10 @@ def average_checkpoints(paths: Sequence, output) -> dict:
     newest["model"] = averaged
     dropped = newest.pop("last_optimizer_state", None) is not None
     output.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(newest, output)
+    # serialised in memory first: a write error inside torch.save (a full disk) surfaces as its
+    # RuntimeError ('unexpected pos'); f.write gives the OSError that names the file
+    serialised = io.BytesIO()
+    torch.save(newest, serialised)
+    replace_atomically(output, lambda f: f.write(serialised.getbuffer()))  # whole or not at all
     return {"inputs": [str(p) for p in paths], "output": str(output), "parameters": sum(v.numel() for v in averaged.values()),
             "newest_updates": newest_updates, "optimizer_state_dropped": dropped}

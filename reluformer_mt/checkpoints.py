@@ -109,7 +109,7 @@ class CheckpointInfo:
 def checkpoint_info(path) -> CheckpointInfo:
     """Parameter count, updates and architecture (for tables), without building the model."""
     state = read_state(path)
-    cfg = _config(state)
+    cfg = config_of(state)
     history = state.get("optimizer_history") or [{}]
     return CheckpointInfo(
         path=str(path), arch=str(_get(cfg.model, "arch") or _get(cfg.model, "_name", "?")),
@@ -118,7 +118,7 @@ def checkpoint_info(path) -> CheckpointInfo:
         updates=int(history[-1].get("num_updates", 0)))
 
 
-def _config(state: dict):
+def config_of(state: dict):
     """The checkpoint's config; an old argparse checkpoint converted as fairseq does."""
     if state.get("args") is not None:
         from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -177,8 +177,8 @@ def find_data_dir(checkpoint: Path, cfg, data=None) -> DataDir:
             raise CheckpointError(f"--data {data}: directory not found")
         candidates = [Path(data)]
     else:
-        stored = str(_get(cfg.task, "data", "") or "").split(":")[0]
-        candidates = [checkpoint.parent] + ([Path(stored)] if stored else [])
+        stored = _stored_data(cfg)
+        candidates = [checkpoint.parent] + ([stored] if stored else [])
     looked = [str(c) for c in candidates]
     src, tgt = _get(cfg.task, "source_lang"), _get(cfg.task, "target_lang")
     for directory in candidates:
@@ -329,6 +329,80 @@ def _run_triton_elsewhere(path: Path, state: dict, device: str) -> None:
         "route (--attn-impl auto; the same weights and function)", path, device)
 
 
+def trained_vocabulary(opened: "OpenedCheckpoint"):
+    """:func:`recorded_vocabulary` of an opened checkpoint."""
+    return recorded_vocabulary(opened.path, opened.cfg)
+
+
+def recorded_vocabulary(path, cfg):
+    """The vocabulary (:class:`reluformer_mt.data.vocabulary.Vocabulary`) the checkpoint at
+    ``path`` was trained with: that of the data directory its configuration records
+    (``task.data``), else of the dictionaries beside it; None when neither is found from the
+    current folder."""
+    from reluformer_mt.data.vocabulary import vocabulary_of
+
+    path = Path(path)
+    for directory in (_stored_data(cfg), path.parent):
+        if directory is not None and directory.is_dir():
+            try:
+                found = find_data_dir(path, cfg, directory)
+            except CheckpointError:  # no dictionaries there
+                continue
+            return vocabulary_of(found.path, found.src_lang, found.tgt_lang)
+    return None
+
+
+def _stored_data(cfg) -> Optional[Path]:
+    stored = str(_get(cfg.task, "data", "") or "").split(":")[0]
+    return Path(stored) if stored else None
+
+
+def _not_found(opened: "OpenedCheckpoint") -> str:
+    """Why a checkpoint's own vocabulary cannot be found, and what to do."""
+    src, tgt = opened.data.src_lang, opened.data.tgt_lang
+    return (f"the training data it records ({_stored_data(opened.cfg) or 'none'}) is not found from {Path.cwd()} and "
+            f"no dict.{src}.txt / dict.{tgt}.txt lie beside it; run from the folder it was trained in, or copy its "
+            "dictionaries (and prepared.json with its SentencePiece model) beside the checkpoint")
+
+
+def check_data_vocabulary(opened: "OpenedCheckpoint", option: str = "--data") -> None:
+    """Refuse a data directory (``option``, the one ``opened`` was opened with) whose dictionaries
+    or SentencePiece models are not the checkpoint's (:func:`trained_vocabulary`), compared by
+    content; and one whose check cannot be made (the checkpoint's own vocabulary not found):
+    never combine the model with data on faith."""
+    from reluformer_mt.data.vocabulary import VocabularyError, check_same_vocabulary, vocabulary_of
+
+    data = opened.data
+    reference = trained_vocabulary(opened)
+    if reference is None:
+        raise VocabularyError(f"{option} {data.path}: cannot check that it holds the vocabulary of {opened.path}: "
+                              + _not_found(opened))
+    check_same_vocabulary(reference, vocabulary_of(data.path, data.src_lang, data.tgt_lang), f"{option} {data.path}",
+                          f"the checkpoint {opened.path}")
+
+
+def check_ensemble_vocabulary(opened: List["OpenedCheckpoint"], data_given: bool) -> None:
+    """The models of an ensemble share one vocabulary, each compared by what it was trained with
+    (:func:`trained_vocabulary`): refused when they differ or when a member's cannot be found; with
+    ``data_given``, --data (their resources) must hold the first one's too, when it is found."""
+    from reluformer_mt.data.vocabulary import VocabularyError, check_same_vocabulary, vocabulary_of
+
+    first = opened[0]
+    reference = trained_vocabulary(first)
+    if data_given and reference is not None:
+        check_same_vocabulary(reference, vocabulary_of(first.data.path, first.data.src_lang, first.data.tgt_lang),
+                              f"--data {first.data.path}", f"the checkpoint {first.path}")
+    if reference is None:  # --data holds the first one's resources: the others must match them
+        reference = vocabulary_of(first.data.path, first.data.src_lang, first.data.tgt_lang)
+    for other in opened[1:]:
+        theirs = trained_vocabulary(other)
+        if theirs is None:
+            raise VocabularyError(f"--checkpoint {other.path}: cannot check that it shares the vocabulary of "
+                                  f"{first.path}: " + _not_found(other))
+        check_same_vocabulary(reference, theirs, f"--checkpoint {other.path}", f"the checkpoint {first.path}",
+                              remedy="models combined need one vocabulary")
+
+
 def open_checkpoint(path, data=None) -> OpenedCheckpoint:
     """Read ``path`` (the one weights_only policy), check that fairseq knows its architecture and
     task, and find its data directory (``data``, else beside it, else where it was trained)."""
@@ -340,15 +414,20 @@ def open_checkpoint(path, data=None) -> OpenedCheckpoint:
     path = Path(path)
     state = read_state(path)
     if state.get("cfg") is None:
-        state["cfg"] = _config(state)
+        state["cfg"] = config_of(state)
     _check_known(path, state["cfg"])
     return OpenedCheckpoint(path, state, find_data_dir(path, state["cfg"], data))
 
 
 def load_model(path, data=None, spm_models=None, device: str = "cpu", need_attention: bool = False,
-               check_separator: bool = False, quiet: bool = True) -> "LoadedModel":
-    """:func:`open_checkpoint` then :meth:`OpenedCheckpoint.load`: what every tool calls."""
-    return open_checkpoint(path, data).load(device, spm_models, need_attention, check_separator, quiet)
+               check_separator: bool = False, quiet: bool = True, check_data: bool = False) -> "LoadedModel":
+    """:func:`open_checkpoint` then :meth:`OpenedCheckpoint.load`: what every tool calls. With
+    ``check_data``, a ``data`` directory given is first checked to hold the checkpoint's vocabulary
+    (:func:`check_data_vocabulary`): for tools that read the data's token ids with the model."""
+    opened = open_checkpoint(path, data)
+    if check_data and data is not None:
+        check_data_vocabulary(opened)
+    return opened.load(device, spm_models, need_attention, check_separator, quiet)
 
 
 def _build(path: Path, state: dict, data: DataDir, quiet: bool):

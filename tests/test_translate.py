@@ -452,7 +452,7 @@ def test_side_outputs_must_be_other_files(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     cases = [(["--scores", tmp_path / "a" / ".." / "talk.de"], r"--scores .*: the same file as --output .*talk.de"),
              (["--alignments", tmp_path / "link.de"], r"--alignments .*link.de: the same file as --output"),
-             (["--alignments", src], r"--alignments .*talk.en: the same file as --input"),
+             (["--alignments", src], r"--alignments .*talk.en: the same file as the input --input"),
              (["--scores", tmp_path / "s", "--alignments", tmp_path / "s"], r"--alignments .*s: the same file as --scores")]
     for extra, pattern in cases:
         rc, err = translate_main(["-c", tmp_path / "never-loaded.pt", "-i", src, "-o", out, *extra], capsys)

@@ -132,7 +132,7 @@ def test_ensembles_average_the_checkpoints(doc_checkpoint, sentence_data, traine
     # a checkpoint over other dictionaries (the word-level sentence model) is refused by name
     rc, err = translate_main(["-c", doc_checkpoint, trained_checkpoint, "-i", tmp_path / "in.txt", *FAST], capsys)
     assert rc == 2
-    one_line_error(err, rf"--checkpoint {trained_checkpoint}: its source dictionary .* differs .* one vocabulary")
+    one_line_error(err, rf"--checkpoint {trained_checkpoint}: its source dictionary .*differ.* one vocabulary")
 
 
 def test_option_and_input_checks_come_before_the_model_loads(doc_checkpoint, tmp_path, capsys):
@@ -227,7 +227,7 @@ def test_reluformer_average_the_last_checkpoints(doc_checkpoint, tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--last 4 asks for 4 checkpoints but it holds 3" in proc.stderr
     proc = run_subprocess(["reluformer-average", "--inputs", run / "checkpoint_1_5.pt", "--output", run / "checkpoint_1_5.pt"])
-    assert proc.returncode == 2 and "is one of the inputs" in proc.stderr
+    assert proc.returncode == 2 and "the same file as the input --inputs" in proc.stderr
 
 
 def test_every_device_option_defaults_to_auto():

@@ -16,6 +16,9 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+# the one output-versus-input check of every command (below the CLIs: the library's writers use it too)
+from reluformer_mt.data.outputs import check_distinct_files, check_no_repeats, folder_files, same_file  # noqa: F401
+
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -260,33 +263,6 @@ def check_output_file(path, option: str, creates_folders: bool = False) -> None:
         raise ValueError(f"{option} {path}: {folder} is a file, expected a folder")
     if not os.access(folder, os.W_OK) and not (p.exists() and os.access(p, os.W_OK)):
         raise ValueError(f"{option} {path}: cannot write (permission denied)")
-
-
-def same_file(a, b) -> bool:
-    """Whether two paths name one file (a symlink, './x' and x included)."""
-    pa, pb = Path(a), Path(b)
-    try:
-        if pa.exists() and pb.exists():
-            return os.path.samefile(pa, pb)
-    except OSError:
-        pass
-    return pa.resolve() == pb.resolve()
-
-
-def check_distinct_files(outputs, inputs) -> None:
-    """Refuse, before any work, an output that is one of the command's inputs (writing it would
-    destroy what is being read) or another output (one would replace the other). ``outputs`` and
-    ``inputs``: (option, path) pairs; None paths and standard streams ('-') are left out."""
-    outputs = [(o, p) for o, p in outputs if p and str(p) != "-"]
-    inputs = [(o, p) for o, p in inputs if p and str(p) != "-"]
-    for i, (option, path) in enumerate(outputs):
-        for other, other_path in outputs[:i]:
-            if same_file(path, other_path):
-                raise ValueError(f"{option} {path}: the same file as {other} {other_path}; give each output its own file")
-        for other, other_path in inputs:
-            if same_file(path, other_path):
-                raise ValueError(f"{option} {path}: the same file as the input {other} {other_path}; "
-                                 "writing it would overwrite what the command reads")
 
 
 def write_error(e: OSError, path=None) -> str:

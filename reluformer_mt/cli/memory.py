@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
                                      OneLineParser, add_device_option, check_distinct_files, check_output_file,
-                                     positive_int, resolve_device, write_error)
+                                     folder_files, positive_int, resolve_device, write_error)
 from reluformer_mt.data.textfiles import write_text_atomically
 
 
@@ -87,13 +87,23 @@ def run_datastore(args) -> str:
             + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else ""))
 
 
+def data_of(checkpoint, data) -> Path:
+    """The data directory a command reads: ``data``, else the one the checkpoint's loader finds
+    (the checkpoint is read, its model not built)."""
+    from reluformer_mt.checkpoints import open_checkpoint
+
+    return Path(data) if data else open_checkpoint(checkpoint).data.path
+
+
 def run_tune(args) -> str:
     from reluformer_mt.experiments.knn_tune import format_report, tune
 
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
-    if args.json:
+    if args.json:  # before the grid and the decodes, and never over what the tuning reads
         check_output_file(args.json, "--json")
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--knn", args.knn))
+        check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))
     if args.adaptive_k & (args.adaptive_k - 1):
         raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
                          f"got {args.adaptive_k}")
@@ -106,26 +116,24 @@ def run_tune(args) -> str:
 
 
 def run_rekey(args) -> dict:
-    from reluformer_mt.checkpoints import open_checkpoint
+    from reluformer_mt.checkpoints import check_data_vocabulary, open_checkpoint
     from reluformer_mt.data.prepared import Prepared
     from reluformer_mt.memory.maintenance.rekey import rekey
-    from reluformer_mt.memory.neighbours import check_same_sentencepiece
+    from reluformer_mt.memory.neighbours import MEMORY_DIR
 
     data = Path(args.data)
     if args.json:  # before the neighbours are rewritten, not after
         check_output_file(args.json, "--json")
-        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint),
-                                                       ("--data", str(Prepared.path(data)))])
+        check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--data", data)
+                             + folder_files("--data", data / MEMORY_DIR))
     if not Prepared.exists(data):
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     opened = open_checkpoint(args.checkpoint, data)
-    trained_on = Path(str(opened.cfg.task.get("data") or "")) if opened.cfg.task.get("data") else None
-    if trained_on is not None and Prepared.exists(trained_on) and trained_on.resolve() != data.resolve():
-        # the model's pieces are those of the directory it was trained on: --data's must be the same
-        sp_src, sp_tgt = Prepared.load(trained_on).sentencepiece(check_separator=False)
-        check_same_sentencepiece(data, sp_src, sp_tgt, "--data", f"{args.checkpoint}'s training data {trained_on}")
+    # the neighbours are rewritten from --data's pieces read with the model's dictionary: the same
+    # vocabulary, checked against what the checkpoint was trained with (refused when that is not found)
+    check_data_vocabulary(opened)
     loaded = opened.load(device=resolve_device(args.device))
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)

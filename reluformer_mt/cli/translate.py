@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Iterator, List
 
 from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
-                                     check_output_file, non_negative_float, non_negative_int, segment_tokens, writing,
-                                     write_error)
+                                     check_distinct_files, check_no_repeats, check_output_file, non_negative_float,
+                                     non_negative_int, segment_tokens, writing, write_error)
 
 
 def translator_defaults() -> dict:
@@ -183,18 +183,14 @@ def check_paths(args) -> None:
                              "which --memory none withholds; drop one of the two")
     memory_file = args.memory if args.memory and args.memory != "none" and Path(args.memory).is_file() else None
     checkpoints = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]  # several: an ensemble
-    files = [(o, p) for o, p in ([("--checkpoint", c) for c in checkpoints] + [("--memory", memory_file),
-                                 ("--input", args.input), ("--doc-ids", args.doc_ids), ("--output", args.output),
-                                 ("--scores", args.scores), ("--alignments", args.alignments),
-                                 ("--memory-matches", args.memory_matches)]) if p and p != "-"]
-    seen = {}
-    for option, path in files:
-        key = Path(path).resolve()
-        if key in seen:
-            raise ValueError(f"{option} {path}: the same file as {seen[key]}; give each input and output its own file")
-        seen[key] = f"{option} {path}"
-    for option, path in files:
-        if option in ("--output", "--scores", "--alignments", "--memory-matches"):
+    inputs = [("--checkpoint", c) for c in checkpoints] + [("--memory", memory_file), ("--input", args.input),
+                                                            ("--doc-ids", args.doc_ids)]
+    outputs = [("--output", args.output), ("--scores", args.scores), ("--alignments", args.alignments),
+               ("--memory-matches", args.memory_matches)]
+    check_no_repeats(inputs, "give each input its own file (an ensemble member given twice would count double)")
+    check_distinct_files(outputs, inputs)
+    for option, path in outputs:
+        if path and path != "-":
             check_output_file(path, option)
 
 

@@ -29,6 +29,7 @@ from reluformer_mt.data.readers import Document, Report, read_corpus
 from reluformer_mt.data.prepared import PREPARED_NAME, Prepared, SplitInfo, parse_spm_models
 from reluformer_mt.data.segmentation import parse_segment_tokens, segment_document
 from reluformer_mt.data.segments import SEPARATOR, metadata_path, write_segment_metadata
+from reluformer_mt.data.textfiles import write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def run_step(out: Path, name: str, config: dict, fn, force: bool):
     print(f"[prepare] step {name} ...", flush=True)
     result = fn()
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps({"config": config, "result": result}, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_text_atomically(stamp, json.dumps({"config": config, "result": result}, indent=1, ensure_ascii=False))
     return result
 
 
@@ -424,7 +425,7 @@ def prepare(cfg: PrepareConfig) -> Report:
 
     describe(cfg, spm_result, stats, extras, report).write(out)
     summary = report.summary()
-    (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
+    write_text_atomically(out / "summary.txt", summary + "\n")
     print(summary, flush=True)
     task = "translation" if cfg.segment_tokens == 0 else "document_translation"
     print(f"[prepare] done: fairseq-train {out} --user-dir {user_dir()} --task {task} "

@@ -10,7 +10,6 @@ prepared before this module load unchanged and older readers keep working.
 Standard library only (SentencePiece is imported when :meth:`Prepared.sentencepiece` is called).
 """
 import json
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
@@ -168,10 +167,9 @@ class Prepared:
     def write(self, directory) -> Path:
         path = self.path(directory)
         # written whole, then renamed: a reader (another run preparing the same folder) never sees half a file
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(self.to_json(), indent=1, ensure_ascii=False), encoding="utf-8")
-        os.replace(partial, path)
-        return path
+        from reluformer_mt.data.textfiles import write_text_atomically
+
+        return write_text_atomically(path, json.dumps(self.to_json(), indent=1, ensure_ascii=False))
 
 
 REPORT_KEYS = ("counts", "repaired", "skipped", "warnings")

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from reluformer_mt.data.textfiles import write_text_atomically
+
 
 def to_jsonable(obj: Any) -> Any:
     """Plain JSON types: dataclasses and objects with to_dict become dicts, tensors lists, NaN null."""
@@ -31,8 +33,6 @@ def write_json(path, report: dict, command: str = "") -> None:
     """Write ``report`` with the command line and time it came from."""
     body = {"command": command or " ".join(sys.argv), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **to_jsonable(report)}
-    from reluformer_mt.data.textfiles import write_text_atomically
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     # whole or not at all: a killed run or a full disk leaves the previous report intact
     write_text_atomically(path, json.dumps(body, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
@@ -78,7 +78,7 @@ def write_table_files(report_dir, headers: Sequence[str], rows: Sequence[Sequenc
             "```text", fixed, "```"]
     if notes:
         text += ["", "Published points of comparison:", ""] + [f"- {n}" for n in notes]
-    (report_dir / "table.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+    write_text_atomically(report_dir / "table.md", "\n".join(text) + "\n")
     write_json(report_dir / "table.json", {"headers": list(headers), "rows": [list(r) for r in rows],
                                            "notes": list(notes)})
     return fixed

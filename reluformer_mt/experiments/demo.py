@@ -21,6 +21,11 @@ Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 21 
 cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
 (docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.demo", "reluformer-demo"))
+
 import contextlib
 import json
 import logging

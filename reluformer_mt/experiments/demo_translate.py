@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from reluformer_mt.data.textfiles import write_text_atomically
+
 MODES = ("constrained", "free", "sentence", "without-memory", "pieces", "knn", "knn-memory", "knn+pieces")
 LABELS = {"constrained": "document translator", "free": "free separators", "sentence": "verse by verse",
           "without-memory": "without its matches", "pieces": "+ translation pieces", "knn": "+ kNN-MT",
@@ -65,7 +67,7 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
                       beam=o.beam, memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=documents, knn=o.knn,
                       progress=lambda line: print(f"  {family}: {line}"))
         report.pop("grid")  # hundreds of rows the demo does not use (reluformer-memory tune --json keeps them)
-        report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_text_atomically(report_path, json.dumps(report, indent=1) + "\n")
     datastore = None if store is None else {"entries": store.meta["size"], "mib": round(store.meta["bytes"] / 2 ** 20, 1),
                                             "build_seconds": store.meta["build_seconds"], "index": store.meta["index"]["kind"]}
     return {"chosen": report["chosen"], "decodes": report["decodes"], "report": str(report_path),

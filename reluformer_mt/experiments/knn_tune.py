@@ -279,7 +279,7 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     if split == "test":
         raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
     started = time.time()
-    loaded = load_model(checkpoint, data, device=device)
+    loaded = load_model(checkpoint, data, device=device, check_data=True)  # --data of the model's vocabulary
     model, task, data_dir = loaded.model, loaded.task, Path(loaded.data_dir)
     report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": split, "fingerprint": model_fingerprint(model),
               "tuner_version": TUNER_VERSION}

@@ -13,6 +13,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from reluformer_mt.data.outputs import check_distinct_files
+from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SUMMARY_COPY = ROOT / "docs" / "benchmarks" / "demo_summary.json"
@@ -71,7 +74,7 @@ def block(summary: dict) -> str:
 def rewrite(readme: Path, summary: dict) -> None:
     text = readme.read_text(encoding="utf-8")
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    readme.write_text(text[:start] + block(summary) + text[end:], encoding="utf-8")
+    write_text_atomically(readme, text[:start] + block(summary) + text[end:])
 
 
 def readme_block(readme: Path = README) -> str:
@@ -85,6 +88,10 @@ def main(argv=None) -> int:
     p.add_argument("summary", help="a demo run's summary.json (runs/demo/report/summary.json)")
     source = Path(p.parse_args(argv).summary)
     try:
+        check_distinct_files([("README.md", README)], [("summary", source)])
+    except ValueError as e:
+        p.error(str(e))
+    try:
         summary = json.loads(source.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         p.error(f"{source}: {e}")
@@ -93,7 +100,7 @@ def main(argv=None) -> int:
     rewrite(README, summary)
     SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
     if source.resolve() != SUMMARY_COPY.resolve():
-        shutil.copyfile(source, SUMMARY_COPY)
+        replace_atomically(SUMMARY_COPY, lambda f: f.write(source.read_bytes()))
     print(f"README.md's demo table rewritten from {source}; copy kept in {SUMMARY_COPY.relative_to(ROOT)}")
     return 0
 

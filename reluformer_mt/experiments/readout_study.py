@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from reluformer_mt.evaluation.reports import markdown_table, write_json
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.experiments.knn_tune import GRID_K, ForcedSplit, fixed_nll, grid_scores, read_split_sentences
 from reluformer_mt.memory.tm import FUZZY_BANDS, band_of
 
@@ -155,7 +156,7 @@ def run_study(run_dir: Path, families: Optional[Sequence[str]] = None, ks: Seque
         study["decoded"][family] = decode_family(run_dir, family, data_dir, study["families"][family]["settings"],
                                                  report["options"]["beam"], device, progress)
     write_json(run_dir / "report" / "readout_study.json", study, command=" ".join(sys.argv))
-    (run_dir / "report" / "readout_study.md").write_text(render(study), encoding="utf-8")
+    write_text_atomically(run_dir / "report" / "readout_study.md", render(study))
     return study
 
 

@@ -35,6 +35,7 @@ from reluformer_mt.evaluation.align import MODES, head_variants
 from reluformer_mt.evaluation.baselines import nearest_verse_translations
 from reluformer_mt.evaluation.html_report import write_html_report
 from reluformer_mt.evaluation.reports import write_json
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.significance import paired_bootstrap
 from reluformer_mt.evaluation.stats import argmax_links, word_attention
 
@@ -71,7 +72,7 @@ def write_plain_files(report_dir: Path, hypotheses: Mapping[str, Mapping[str, Do
     written = []
 
     def lines(path: Path, rows: Sequence[str]) -> None:
-        path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+        write_text_atomically(path, "".join(r + "\n" for r in rows))
         written.append(path)
 
     lines(report_dir / "test.chapters.txt", [c for c in chapters for _ in references[c]])
@@ -82,7 +83,7 @@ def write_plain_files(report_dir: Path, hypotheses: Mapping[str, Mapping[str, Do
             lines(report_dir / f"test_{model}.{mode}.txt", flat(docs, chapters))
             if mode == "free":
                 path = report_dir / f"test_{model}.free.hyp.json"
-                path.write_text(json.dumps(docs, ensure_ascii=False, indent=0), encoding="utf-8")
+                write_text_atomically(path, json.dumps(docs, ensure_ascii=False, indent=0))
                 written.append(path)
     return written
 

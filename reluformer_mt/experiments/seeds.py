@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from reluformer_mt.data.outputs import check_distinct_files
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.reports import markdown_table, write_json
 
 BASELINE_FAMILY = "softmax"
@@ -36,6 +38,8 @@ COLUMNS = (("s_bleu", "s-BLEU (document translator)", True), ("d_bleu", "d-BLEU 
            ("aer_best_head", "AER best head", False), ("aer_head_average", "AER head average", False),
            ("cross_sparsity", "exact zeros in cross-attention", None))
 SECTION_TITLE = "## Spread over training seeds"
+READ_NAMES = ("summary.json", "report.json", "metrics.json")  # what each run's report/ gives
+REPORT_NAMES = ("seeds.json", "seeds.md", "table.md", "index.html")  # what the report folder gets
 
 
 def column_value(family: dict, key: str) -> Optional[float]:
@@ -156,6 +160,8 @@ def render(result: dict) -> str:
                   f"the paired bootstrap over the test verses of seed {result['seeds'][0]}'s run only.", "",
                   markdown_table(["family", "column", f"Δ vs {result['baseline']}", "over seeds",
                                   "bootstrap over verses (one run)"], rows)]
+    if not result["comparison"] and result["baseline"] not in families:
+        lines += ["", f"No comparison between families: {result['baseline']}, the baseline, is not in every run."]
     if len(result.get("commits", [])) > 1:
         lines += ["", f"The runs come from different commits ({', '.join(result['commits'])}): columns whose "
                   "method changed between them do not measure the seed alone."]
@@ -170,24 +176,39 @@ def replace_section(table_md: Path, section: str) -> None:
     """table.md with this section at its end (a rerun replaces it instead of adding another)."""
     text = table_md.read_text(encoding="utf-8") if table_md.exists() else ""
     text = text.split("\n" + SECTION_TITLE)[0].rstrip("\n") + "\n"
-    table_md.write_text(text + "\n" + section, encoding="utf-8")
+    write_text_atomically(table_md, text + "\n" + section)
 
 
-def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
+def check_baseline(baseline: str, result: dict) -> None:
+    """A baseline family asked for by name must be one the comparison can use: in every run."""
+    if baseline not in result["families"]:
+        partly = baseline in result["left_out_families"]
+        raise ValueError(f"--baseline {baseline}: {'not in every run' if partly else 'unknown family'}; the families "
+                         f"of every run: {', '.join(result['families']) or 'none'}")
+
+
+def write_seed_report(run_dirs: Sequence[Path], baseline: Optional[str] = None,
                       report_dir: Optional[Path] = None, exclude: Sequence[str] = ()) -> dict:
     """Aggregate the runs, write seeds.json / seeds.md into ``report_dir`` (default: the first run's
-    report folder), put the section into its table.md and rebuild its index.html."""
+    report folder), put the section into its table.md and rebuild its index.html. ``baseline``: the
+    family the others are compared with, an error when the runs lack it (default: softmax, when
+    every run has it; else the section says that nothing is compared)."""
     from reluformer_mt.evaluation.html_report import write_html_report
 
     if len(run_dirs) < 2:
         raise ValueError(f"a seed spread needs two runs or more, got {len(run_dirs)}")
     runs = read_summaries(run_dirs)
     report_dir = Path(report_dir) if report_dir else Path(run_dirs[0]) / "report"
+    check_distinct_files([("--report-dir", report_dir / name) for name in REPORT_NAMES],
+                         [("runs", Path(run) / "report" / name) for run in run_dirs for name in READ_NAMES])
     unknown = sorted(set(exclude) - {key for key, _, _ in COLUMNS})
     if unknown:
         raise ValueError(f"--exclude: unknown column(s) {', '.join(unknown)}; expected some of "
                          f"{', '.join(key for key, _, _ in COLUMNS)}")
     result = aggregate(runs, exclude)
+    if baseline is not None:
+        check_baseline(baseline, result)
+    baseline = baseline or BASELINE_FAMILY
     result.update(commits=sorted({str(r["summary"].get("commit")) for r in runs}), excluded=list(exclude),seeds=[r["seed"] for r in runs], runs=[r["dir"] for r in runs], baseline=baseline,
                   labels={key: label for key, label, _ in COLUMNS}, digits={key: digits(key) for key, _, _ in COLUMNS},
                   baselines=runs[0]["summary"].get("baselines", {}),
@@ -195,7 +216,7 @@ def write_seed_report(run_dirs: Sequence[Path], baseline: str = BASELINE_FAMILY,
                   bootstrap=bootstrap_verdicts(Path(run_dirs[0]) / "report", list(result["families"])))
     write_json(report_dir / "seeds.json", result, command=" ".join(sys.argv))
     section = render(result)
-    (report_dir / "seeds.md").write_text(section, encoding="utf-8")
+    write_text_atomically(report_dir / "seeds.md", section)
     if (report_dir / "table.md").exists():
         replace_section(report_dir / "table.md", section)
     write_html_report(report_dir)
@@ -224,7 +245,8 @@ def run_demo_seeds(options, n: int, run_demo: Callable) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.seeds", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="folders of finished reluformer-demo runs that differ in --seed")
-    parser.add_argument("--baseline", default=BASELINE_FAMILY, help="family the others are compared with")
+    parser.add_argument("--baseline", help=f"family the others are compared with (default: {BASELINE_FAMILY}, "
+                                           "when every run has it)")
     parser.add_argument("--report-dir", help="where seeds.json / seeds.md go (default: the first run's report/)")
     parser.add_argument("--exclude", default="", help="comma-separated columns left out (e.g. mode:knn when the "
                         "runs decoded kNN-MT differently): " + ", ".join(key for key, _, _ in COLUMNS))

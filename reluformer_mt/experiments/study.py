@@ -12,6 +12,11 @@ docs/QUALITY_STUDY.md holds the measured study from which the demo's defaults we
 Minutes are wall-clock minutes of one training process with ``threads`` threads; on a shared
 machine they are noisy, so the table also gives updates.
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.study", "reluformer-study"))
+
 import dataclasses
 import json
 import os
@@ -24,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from reluformer_mt.data.prepared import Prepared
 from reluformer_mt.data.prepare import PrepareConfig, prepare
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation.align import run_align
 from reluformer_mt.evaluation.baselines import diagonal_aer as diagonal
@@ -260,7 +266,7 @@ def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: 
             train(run, data_dir, run_dir, budget_minutes, threads, max_update, device, progress)
             (run_dir / "done").write_text(f"{time.time() - start:.0f} s\n")
         if not skip_alignment and not (run_dir / "aer.json").exists():
-            (run_dir / "aer.json").write_text(json.dumps(alignment_curve(run_dir, data_dir, device)))
+            write_text_atomically(run_dir / "aer.json", json.dumps(alignment_curve(run_dir, data_dir, device)))
         summaries.append(summarise(run, run_dir, threads))
         print(f"[study] {name}: best valid s-BLEU {summaries[-1]['best_s_bleu']} after "
               f"{summaries[-1]['best_s_bleu_minutes']} min; AER {summaries[-1]['best_aer']}", flush=True)
@@ -273,8 +279,7 @@ def run_study(out: Path, names: Sequence[Union[str, StudyRun]], budget_minutes: 
     if seeds > 1:
         result["seed_table"] = table = table + "\n\n" + seed_table(summaries, seeds)
     write_json(out / "study.json", result, command=" ".join(sys.argv))
-    (out / "study.md").write_text(table + f"\n\ndiagonal-baseline AER on the same gold links: {diagonal:.3f}\n",
-                                  encoding="utf-8")
+    write_text_atomically(out / "study.md", table + f"\n\ndiagonal-baseline AER on the same gold links: {diagonal:.3f}\n")
     plot_study(summaries, diagonal, out / "study.png")
     print(table)
     print(f"diagonal-baseline AER (valid chapters): {diagonal:.3f}")

@@ -10,6 +10,11 @@ Without a binarised directory the corpus is built from ``../shared/data/docmt_en
 dictionary of ``nwords`` words. Finished runs (``runs/<variant>_<slots>.json``) are reused, so an
 interrupted sweep resumes.
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.sweep", "reluformer-sweep"))
+
 import json
 import logging
 import os
@@ -21,6 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from reluformer_mt.fairseq_runner import run_fairseq
 from reluformer_mt.data.readers import Report, read_docmt
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.bleu import corpus_sbleu, read_fairseq_generate, read_lines
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train_args
@@ -190,7 +196,7 @@ def write_report(o: SweepOptions, results: List[dict]) -> str:
     settings = (f"arch {t.arch}, {o.max_update} updates of <= {t.max_tokens} tokens, lr {t.lr}, "
                 f"beam {o.beam}; data {o.data_bin or o.corpus}")
     text = table(results, p0)
-    (o.out / "results.md").write_text(f"# FFN-as-memory sweep\n\n{settings}\n\n```\n{text}\n```\n", encoding="utf-8")
+    write_text_atomically(o.out / "results.md", f"# FFN-as-memory sweep\n\n{settings}\n\n```\n{text}\n```\n")
     write_json(o.out / "results.json", {"settings": settings, "results": results})
     panels = [("bleu", "BLEU"), ("valid_loss", "valid loss"), ("top_score_ratio", f"top {p0}% score ratio"),
               ("anisotropy", "anisotropy (mean pairwise cosine)")]
@@ -214,7 +220,7 @@ def run_sweep(o: SweepOptions, say=print) -> List[dict]:
                 continue
             say(f"== {variant}, {s} slots")
             result = one_run(data, variant, s, o)
-            path.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+            write_text_atomically(path, json.dumps(result, indent=1, allow_nan=True) + "\n")
             results.append(result)
             say(f"   BLEU {result['bleu']:.2f}, valid loss {result['valid_loss']}, {result['train_seconds']:.0f} s")
     say(write_report(o, results))

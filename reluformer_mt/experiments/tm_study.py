@@ -10,12 +10,18 @@ chapters verse by verse with its memory, without it, and beside copying the best
 
     python -m reluformer_mt.cli.tm_study --out runs/tm_study --families softmax,reluformer,rela --ks 1,4,16
 """
+if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
+    from reluformer_mt.experiments.moved import say_moved
+
+    raise SystemExit(say_moved("reluformer_mt.experiments.tm_study", "python -m reluformer_mt.cli.tm_study"))
+
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import List
 
 from reluformer_mt.evaluation.reports import format_table, write_json
+from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.bleu import corpus_sbleu
 from reluformer_mt.experiments.demo import (PRESETS, DemoOptions, bleu_of_model, family_run, limit_chapters,
                                             prepare_corpus, read_split_documents)
@@ -80,6 +86,6 @@ def run_tm_study(out: Path, families: List[str], ks: List[int], updates: int, bi
              r["s_bleu"] - r["without_memory"], r["close"]["with memory"] if r["close"]["sentences"] else float("nan"),
              r["close"]["sentences"]] for r in results]
     table = format_table(HEADERS, rows)
-    (out / "tm_study.md").write_text(table + "\n", encoding="utf-8")
+    write_text_atomically(out / "tm_study.md", table + "\n")
     print(table)
     return results

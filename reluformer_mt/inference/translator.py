@@ -37,7 +37,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from reluformer_mt.checkpoints import OpenedCheckpoint, open_checkpoint, pick_device  # noqa: F401  (pick_device re-exported)
+from reluformer_mt.checkpoints import (OpenedCheckpoint, check_ensemble_vocabulary, open_checkpoint,  # noqa: F401
+                                      pick_device)  # (pick_device re-exported)
 from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
 from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
@@ -203,6 +204,7 @@ class DocumentTranslator:
         # an ensemble: every checkpoint opened (and checked) before any model is built
         # (each with its own resources unless --data: a member over other dictionaries is refused by name, not built wrong)
         others = [open_checkpoint(c, data) for c in self.checkpoints[1:]]
+        check_ensemble_vocabulary([opened] + others, data_given=data is not None)  # before any model is built
         self.resources = res = find_resources(opened, spm_model, segment_tokens)
         loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                              check_separator=True, quiet=quiet)
@@ -335,18 +337,7 @@ class DocumentTranslator:
             if opened.cfg.task.get("tm_fusion", "none") != "none":
                 raise TranslationError(f"--checkpoint {opened.path}: reads a translation memory (--tm-fusion "
                                        f"{opened.cfg.task.tm_fusion}); ensembles take models without one")
-        from fairseq.data import Dictionary
-
-        def dictionaries(o: OpenedCheckpoint):  # the files as written, before a task adds its symbols
-            return [Dictionary.load(str(Path(o.data.path) / f"dict.{lang}.txt")) for lang in (o.data.src_lang, o.data.tgt_lang)]
-
-        mine = dictionaries(first)
-        for opened in others:
-            for side, ours, theirs in zip(("source", "target"), mine, dictionaries(opened)):
-                if ours.symbols != theirs.symbols:  # checked before the member is built
-                    raise TranslationError(f"--checkpoint {opened.path}: its {side} dictionary ({len(theirs):,} entries, "
-                                           f"{opened.data.path}) differs from {self.checkpoint}'s ({len(ours):,}); "
-                                           "an ensemble needs one vocabulary")
+        for opened in others:  # one vocabulary: checked when they were opened
             loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                                  check_separator=True, quiet=quiet)
             models.append(loaded.model)

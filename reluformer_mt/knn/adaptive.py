@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from reluformer_mt.data.textfiles import replace_atomically
 from reluformer_mt.knn.readout import MODEL_SHARE, knn_probabilities, neighbour_weights
 
 FILE_NAME = "adaptive.npz"  # plain arrays and a JSON header: nothing to unpickle
@@ -91,12 +92,9 @@ class MetaK(nn.Module):
     # ------------------------------------------------------------------ files
     def save(self, directory: Path, fingerprint: str, report: dict) -> Path:
         path = Path(directory) / FILE_NAME
-        tmp = path.with_name(path.name + ".tmp")
         header = json.dumps({"config": asdict(self.config), "fingerprint": fingerprint, "report": report})
-        with open(tmp, "wb") as f:
-            np.savez(f, header=np.array(header), **{k: v.detach().cpu().numpy() for k, v in self.state_dict().items()})
-        tmp.replace(path)
-        return path
+        arrays = {k: v.detach().cpu().numpy() for k, v in self.state_dict().items()}
+        return replace_atomically(path, lambda f: np.savez(f, header=np.array(header), **arrays))
 
     @classmethod
     def load(cls, directory: Path, fingerprint: str) -> "MetaK":

@@ -19,7 +19,6 @@ trained with memory attention is force-decoded with the training neighbours it w
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Sequence, Tuple
@@ -27,11 +26,15 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reluformer_mt.data.outputs import check_distinct_files, folder_files
+from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+
 logger = logging.getLogger(__name__)
 
 FORMAT = "reluformer-knn-datastore"
 VERSION = 1
 META_NAME = "datastore.json"
+OUTPUT_NAMES = (META_NAME, "keys.npy", "values.npy", "pairs.npy", "index.faiss")  # what a build writes into --out
 SHARD_BATCHES = 50
 # ``--index auto``: exact search up to this many entries, IVF above. Measured on the bible's 312k
 # entries of dim 64 (docs/KNN_MT.md): exact search answers ~60-150 queries/s on one core, far too
@@ -190,9 +193,14 @@ class Datastore:
 
 
 def write_meta(directory: Path, meta: dict) -> None:
-    tmp = directory / (META_NAME + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / META_NAME)
+    write_text_atomically(directory / META_NAME, json.dumps(meta, indent=1) + "\n")
+
+
+def write_index(index, path: Path) -> None:
+    """A faiss index written whole (serialised in memory, then through a temporary file)."""
+    import faiss
+
+    replace_atomically(path, lambda f: f.write(faiss.serialize_index(index).tobytes()))
 
 
 def choose_index(kind: str, size: int) -> str:
@@ -227,10 +235,10 @@ def build_index(kind: str, keys: np.ndarray, path: Path) -> dict:
         index = faiss.IndexHNSWFlat(keys.shape[1], 32)
         index.hnsw.efConstruction = 64
         index.add(np.ascontiguousarray(keys, dtype=np.float32))
-        faiss.write_index(index, str(path))
+        write_index(index, path)
         return {"kind": "hnsw", "m": 32, "ef_construction": 64, "ef_search": 128}
     mips = MipsIndex("ivf", nprobe=IVF_NPROBE).build(augmented(keys))
-    faiss.write_index(mips.index, str(path))
+    write_index(mips.index, path)
     return {"kind": "ivf", "nlist": int(mips.index.nlist), "nprobe": IVF_NPROBE}
 
 
@@ -253,6 +261,7 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     from tqdm import tqdm
 
     from reluformer_mt.checkpoints import load_model, pick_device
+    from reluformer_mt.memory.neighbours import save_array
 
     device = pick_device(device)
     if max_tokens < 1:
@@ -261,11 +270,12 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DatastoreError(f"--out {out}: exists and is not a directory")
-    if (out / META_NAME).is_file():
-        if not force:
-            raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
-        (out / META_NAME).unlink()  # a rebuild killed half-way must not look finished
-    loaded = load_model(checkpoint, data, device=device)
+    if (out / META_NAME).is_file() and not force:
+        raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
+    loaded = load_model(checkpoint, data, device=device, check_data=True)  # --data of the model's vocabulary
+    check_distinct_files([("--out", out / name) for name in OUTPUT_NAMES],
+                         [("--checkpoint", checkpoint)] + folder_files("--data", loaded.data_dir))
+    (out / META_NAME).unlink(missing_ok=True)  # a rebuild killed half-way must not look finished
     model, task = loaded.model, loaded.task
     fingerprint = model_fingerprint(model)
     source = {"data": str(Path(loaded.data_dir).resolve()), "split": split}
@@ -285,7 +295,7 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     if plan_path.is_file() and json.loads(plan_path.read_text()) != plan:
         for stale in shard_dir.glob("*.npz"):  # another checkpoint or data: start over
             stale.unlink()
-    plan_path.write_text(json.dumps(plan) + "\n")
+    write_text_atomically(plan_path, json.dumps(plan) + "\n")
     n_shards = (len(batches) + SHARD_BATCHES - 1) // SHARD_BATCHES
     bar = tqdm(total=len(batches), desc="datastore", unit="batch", disable=not progress, leave=False)
     resumed = 0
@@ -307,16 +317,16 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
             keys.append(k.to(torch.float16).cpu().numpy())
             values.append(v.to(torch.int32).cpu().numpy())
             bar.update(1)
-        tmp = shard_dir / f"{s:05d}.tmp.npz"
-        np.savez(tmp, keys=np.concatenate(keys), values=np.concatenate(values))
-        os.replace(tmp, path)
+        # whole or not at all: a rerun trusts every shard file it finds
+        shard = {"keys": np.concatenate(keys), "values": np.concatenate(values)}
+        replace_atomically(path, lambda f: np.savez(f, **shard))
     bar.close()
     shards = [np.load(shard_dir / f"{s:05d}.npz") for s in range(n_shards)]
     keys = np.concatenate([s["keys"] for s in shards])
     values = np.concatenate([s["values"] for s in shards])
-    np.save(out / "keys.npy", keys)
-    np.save(out / "values.npy", values)
-    np.save(out / "pairs.npy", pair_hashes(sources, targets))
+    save_array(out / "keys.npy", keys)
+    save_array(out / "values.npy", values)
+    save_array(out / "pairs.npy", pair_hashes(sources, targets))
     kind = choose_index(index, len(values))
     index_meta = build_index(kind, keys, out / "index.faiss")
     meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(checkpoint), "fingerprint": fingerprint,

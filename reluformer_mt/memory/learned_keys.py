@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
 from reluformer_mt.memory.tm import TranslationMemoryError, fuzzy_score, fuzzy_words
 
 KEY_DEFAULTS = {"tm_key_layers": 1, "tm_key_dim": 0, "tm_keys": False}
@@ -191,8 +192,8 @@ def positives_of(directory, progress: bool = False) -> np.ndarray:
     memory = read_prepared(directory, "train")
     positives = best_target_positives(np.load(ids_path), memory.targets, memory.targets)
     try:
-        np.save(path, positives.astype(np.int32))
-        stamp_path.write_text(json.dumps(stamp), encoding="utf-8")
+        replace_atomically(path, lambda f: np.save(f, positives.astype(np.int32)))
+        write_text_atomically(stamp_path, json.dumps(stamp))  # last: the stamp vouches for the array
     except OSError as e:  # a read-only data directory: use them without storing
         if progress:
             print(f"[memory] cannot store {path} ({e.strerror}); positives computed for this run only", flush=True)

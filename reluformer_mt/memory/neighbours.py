@@ -35,11 +35,19 @@ def rewriting_marker(directory) -> Path:
     return Path(directory) / MEMORY_DIR / REWRITING
 
 
+def left_rewriting(directory) -> str:
+    """What left ``directory``'s neighbours half rewritten (the marker's text), '' when nothing did."""
+    marker = rewriting_marker(directory)
+    if not marker.is_file():
+        return ""
+    return marker.read_text(encoding="utf-8", errors="replace").strip() or "a rewrite"
+
+
 def check_complete(directory) -> None:
     """One line when ``directory``'s neighbours were left half rewritten by a killed run."""
     marker = rewriting_marker(directory)
-    if marker.is_file():
-        what = marker.read_text(encoding="utf-8", errors="replace").strip() or "a rewrite"
+    what = left_rewriting(directory)
+    if what:
         raise TranslationMemoryError(f"{marker}: {directory}'s memory was left half rewritten ({what}); "
                                      "re-run that command (or reluformer-prepare --force) before using it")
 
@@ -210,5 +218,5 @@ def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
     return rows
 
 
-__all__ = ["MEMORY_DIR", "REWRITING", "band_counts", "check_complete", "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
+__all__ = ["MEMORY_DIR", "REWRITING", "band_counts", "check_complete", "left_rewriting", "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
 

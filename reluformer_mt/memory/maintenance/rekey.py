@@ -19,7 +19,6 @@ copying the top-1 match's target as the translation.
 """
 import dataclasses
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -28,12 +27,13 @@ import numpy as np
 import torch
 
 from reluformer_mt.memory.learned_keys import TFIDF_SUFFIX, encode_keys, neighbours_from_keys
-from reluformer_mt.data.textfiles import write_text_atomically
-from reluformer_mt.memory.neighbours import (MEMORY_DIR, RECALL_SAMPLE, band_counts, check_complete, mark_rewriting,
-                                             neighbour_paths, save_array)
+from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+from reluformer_mt.memory.neighbours import (MEMORY_DIR, RECALL_SAMPLE, band_counts, check_complete, left_rewriting,
+                                             mark_rewriting, neighbour_paths, save_array)
 from reluformer_mt.memory.tm import Retriever, TranslationMemoryError, fuzzy_words, read_prepared, recall_at_k
 
 RERANKS = ("fuzzy", "none")
+REKEY = "reluformer-memory rekey"  # how its REWRITING marker starts
 
 
 def source_tokens(directory, split: str, dictionary) -> List[torch.Tensor]:
@@ -52,11 +52,12 @@ def source_tokens(directory, split: str, dictionary) -> List[torch.Tensor]:
 
 
 def keep_tfidf_neighbours(directory, split: str) -> Path:
-    """Copy a split's model-free neighbours aside the first time the directory is re-keyed."""
+    """Copy a split's model-free neighbours aside the first time the directory is re-keyed (whole
+    or not at all: a rerun after a kill trusts a copy it finds)."""
     for path in neighbour_paths(directory, split):
         kept = path.with_name(path.name.replace(".npy", f"{TFIDF_SUFFIX}.npy"))
         if not kept.is_file():
-            shutil.copyfile(path, kept)
+            replace_atomically(kept, lambda f: f.write(path.read_bytes()))
     return neighbour_paths(directory, split)[0].with_name(f"{split}.ids{TFIDF_SUFFIX}.npy")
 
 
@@ -95,6 +96,7 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
         raise TranslationMemoryError(f"{directory}: its dictionary has {len(dictionary)} entries but the checkpoint's "
                                      f"embeddings {model.encoder.embed_tokens.num_embeddings}; re-key with the data "
                                      "directory the model was trained on")
+    check_rekey_can_run(directory)  # before the keys are encoded
     start = time.time()
     memory = read_prepared(directory, "train")
     entry_words = [fuzzy_words(s) for s in memory.sources]
@@ -106,8 +108,7 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
     description = f"learned-enc{layers}-mean-{projection}{keys.shape[1]}, rerank {rerank}"
     report = {"keys": description, "checkpoint": str(checkpoint), "splits": {}}
     splits = {}
-    check_complete(directory)  # a half-rewritten directory has no TF-IDF neighbours to keep aside
-    marker = mark_rewriting(directory, f"reluformer-memory rekey --checkpoint {checkpoint}")
+    marker = mark_rewriting(directory, f"{REKEY} --checkpoint {checkpoint}")
     for split in prepared.splits:
         pairs = memory if split == "train" else read_prepared(directory, split)
         exclude = np.arange(len(pairs)) if split == "train" else None
@@ -140,6 +141,17 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
     update_stamp(directory, info)
     marker.unlink()  # the neighbours, prepared.json and the stamp agree again
     return report
+
+
+def check_rekey_can_run(directory) -> None:
+    """A directory left half rewritten by a killed re-keying is re-keyed again from the start: each
+    split's TF-IDF neighbours were copied aside whole before its files changed, and every split is
+    rewritten from the keys, so the rerun ends where an unbroken run would have. One left half
+    rewritten by another command (the preparation's memory step) is refused: its TF-IDF neighbours
+    themselves are unfinished."""
+    what = left_rewriting(directory)
+    if what and not what.startswith(REKEY):
+        check_complete(directory)
 
 
 def update_stamp(directory, info: dict) -> None:
