@@ -140,10 +140,14 @@ def score_cell(o, checkpoint: Path, data_dir: Path, length: str, cell_dir: Path)
     cell["cxmi"] = cxmi_value(cxmi)
     cell["cpu_seconds_scoring"] = round(process_cpu_seconds() - started, 1)
     done.parent.mkdir(parents=True, exist_ok=True)
-    tmp = done.with_name("cell.json.tmp")
-    tmp.write_text(json.dumps(cell, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(done)
+    _write_atomic(done, json.dumps(cell, indent=1) + "\n")
     return cell
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    from reluformer_mt.data.textfiles import write_text_atomically
+
+    write_text_atomically(path, text)
 
 
 def cxmi_value(report: dict) -> float:
@@ -202,9 +206,7 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
             report(f"lengths: {family} seed {seed} done ({sum(map(len, results.values()))}/{len(jobs)}), "
                    f"{(time.time() - started) / 60:.1f} min elapsed")
     summary = summarise(results, t, base)
-    tmp = t.out / "lengths.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(t.out / "lengths.json")
+    _write_atomic(t.out / "lengths.json", json.dumps(summary, indent=1) + "\n")
     return summary
 
 

@@ -157,9 +157,9 @@ def run_trial(base, family: str, params: dict, total_updates: int, trial_dir: Pa
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from reluformer_mt.data.textfiles import write_text_atomically
+
+    write_text_atomically(path, text)
 
 
 def _quiet_worker() -> None:
