@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.experiments.study import RUNS
 
     p = OneLineParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
-                      formatter_class=DefaultsHelpFormatter)
+                      formatter_class=DefaultsHelpFormatter,
+                      epilog="The family tuner and the length study: reluformer-study --tune FAMILY,... --help; "
+                             "reluformer-study --lengths LENGTH,... --help (docs/USAGE.md).")
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
     add_run_options(p, dict(budget_minutes=20, update_limit=0, threads=1))
