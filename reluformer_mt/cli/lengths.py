@@ -6,20 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_input_folder, check_output_folder, non_negative_int, positive_int)
-from reluformer_mt.cli.tune import family_list
+from reluformer_mt.cli.checks import DefaultsHelpFormatter, OneLineParser, non_negative_int, positive_int
+from reluformer_mt.cli.tune import check_args, comma_list, family_list, run_command
 
 LENGTHS = ("sentence", "128", "512", "chapter")  # reluformer_mt.experiments.lengths.LENGTHS, without its imports
 
 
-def length_list(text: str) -> list:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in LENGTHS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or '(none given)'}; expected some of "
-                                         f"{', '.join(LENGTHS)}")
-    return names
+length_list = comma_list(LENGTHS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,11 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_args(args) -> None:
-    check_output_folder(args.out, "--out")
-    check_input_folder(args.bible_root, "--bible-root")
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_checked(argv, check_args)
     from reluformer_mt.cli.checks import quiet_logging
@@ -55,16 +43,7 @@ def main(argv=None) -> int:
     options = lengths.LengthOptions(out=Path(args.out), families=args.families, seeds=args.seeds, lengths=args.lengths,
                                     jobs=args.jobs, untuned=args.untuned, bible_root=args.bible_root,
                                     eval_chapters=args.eval_chapters)
-    try:
-        lengths.run_lengths(options)
-    except ValueError as error:
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except (RuntimeError, OSError) as error:
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
-
+    return run_command(lambda: lengths.run_lengths(options))
 
 if __name__ == "__main__":
     sys.exit(main())

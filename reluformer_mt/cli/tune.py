@@ -15,13 +15,32 @@ from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Default
 FAMILIES = ("reluformer", "rela", "softmax")  # the families with knobs of their own (experiments/tune.py)
 
 
-def family_list(text: str) -> list:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FAMILIES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or '(none given)'}; expected some of "
-                                         f"{', '.join(FAMILIES)}")
-    return names
+def comma_list(choices) -> callable:
+    """An argparse type: comma-separated names, each one of ``choices``."""
+    def parse(text: str) -> list:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or '(none given)'}; expected some of "
+                                             f"{', '.join(choices)}")
+        return names
+    return parse
+
+
+family_list = comma_list(FAMILIES)
+
+
+def run_command(call) -> int:
+    """``call()`` with the exit-code convention of reluformer_mt.cli.checks: bad input 2, a failed run 1."""
+    try:
+        call()
+    except ValueError as error:
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (RuntimeError, OSError) as error:
+        print(f"reluformer-study: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
+    """--out and --bible-root before any work (the length study's too)."""
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
 
@@ -63,7 +83,7 @@ def main(argv=None) -> int:
                                total_updates=args.tune_updates, jobs=args.jobs, startup_trials=args.startup_trials,
                                sampler_seed=args.sampler_seed, bible_root=args.bible_root,
                                valid_chapters=args.valid_chapters)
-    try:
+    def search():
         if args.report_only:
             summary = tune.report_from_journals(options)
         else:
@@ -74,14 +94,8 @@ def main(argv=None) -> int:
         if args.write_presets:
             tune.write_presets(summary)
             print(f"reluformer-study: wrote {tune.TUNED_PRESETS}", file=sys.stderr)
-    except ValueError as error:
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except (RuntimeError, OSError) as error:
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
 
+    return run_command(search)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,9 +23,9 @@ checkpoint, so rerunning the same command continues where it stopped.
 import json
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 LENGTHS = ("sentence", "128", "512", "chapter")
 CHAPTER_TOKENS = 4096  # a segment bound above the longest chapter of the corpus: every chapter is one segment
@@ -155,34 +155,12 @@ def cxmi_value(report: dict) -> float:
     return float(report["per_token"]["cxmi"])
 
 
-def _in_worker(log_file: Path, *args) -> dict:
-    import contextlib
-    import logging
-
-    import torch
-
-    from reluformer_mt.plugin import register
-
-    torch.set_num_threads(1)
-    register()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        logging.basicConfig(stream=log, level=logging.INFO, force=True,
-                            format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-        return run_family_seed(*args)
-
-
-def _quiet_worker() -> None:
-    from reluformer_mt.cli.checks import quiet_logging
-
-    quiet_logging()
-
-
 # ------------------------------------------------------------------------------------ the study
 def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     """Every (family, seed), ``t.jobs`` at a time, one thread each; writes ``OUT/lengths.json``."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
+
+    from reluformer_mt.experiments.workers import run_in_worker, spawn_pool
 
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     unknown = [length for length in t.lengths if length not in LENGTHS]
@@ -194,12 +172,11 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     report(f"lengths: {len(jobs)} runs ({', '.join(t.families)} x {t.seeds} seeds), lengths {', '.join(t.lengths)}, "
            f"{t.jobs} at a time; " + ("shared preset" if not base.family_settings else "each family's tuned settings"))
     started, results = time.time(), {}
-    with ProcessPoolExecutor(max_workers=t.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_quiet_worker) as pool:
+    with spawn_pool(t.jobs) as pool:
         futures = {}
         for family, seed in jobs:
             root = t.out / family / f"seed-{seed}"
-            futures[pool.submit(_in_worker, root / "run.log", base, family, seed, list(t.lengths), dirs, root)] = (family, seed)
+            futures[pool.submit(run_in_worker, root / "run.log", run_family_seed, base, family, seed, list(t.lengths), dirs, root)] = (family, seed)
         for future in as_completed(futures):
             family, seed = futures[future]
             results.setdefault(family, {})[seed] = future.result()

@@ -162,31 +162,6 @@ def _write_atomic(path: Path, text: str) -> None:
     write_text_atomically(path, text)
 
 
-def _quiet_worker() -> None:
-    """Before a worker unpickles its first trial (which imports fairseq): no import-time chatter."""
-    from reluformer_mt.cli.checks import quiet_logging
-
-    quiet_logging()
-
-
-def _trial_in_worker(log_file: Path, *args) -> dict:
-    """:func:`run_trial` in a spawned worker: one thread, its output into the trial's log."""
-    import contextlib
-    import logging
-
-    import torch
-
-    from reluformer_mt.plugin import register
-
-    torch.set_num_threads(1)
-    register()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        logging.basicConfig(stream=log, level=logging.INFO, force=True,
-                            format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-        return run_trial(*args)
-
-
 # ------------------------------------------------------------------------------------ the search
 @dataclass
 class TuneOptions:
@@ -274,10 +249,10 @@ def prepare_data(t: TuneOptions, base) -> Dict[str, Path]:
 def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) -> dict:
     """Every family's trials, round robin (so the families advance at the same pace), ``t.jobs`` at
     a time; returns and writes the summary (``OUT/tuning.json``)."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     from reluformer_mt.experiments.demo import DemoOptions
+    from reluformer_mt.experiments.workers import run_in_worker, spawn_pool
 
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     base = base or DemoOptions(out=t.out, families=list(t.families), bible_root=t.bible_root, device=t.device,
@@ -289,14 +264,13 @@ def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) 
     report(f"tune: {', '.join(t.families)}: {t.trials} trials each of {t.total_updates} updates, {t.jobs} at a time; "
            + "; ".join(f"{f} {t.trials - s.remaining()} done" for f, s in searches.items()))
     started, running = time.time(), {}
-    with ProcessPoolExecutor(max_workers=t.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_quiet_worker) as pool:
+    with spawn_pool(t.jobs) as pool:
         while True:
             while len(running) < t.jobs and _next_family(searches, running):
                 family = _next_family(searches, running)
                 trial, params = searches[family].ask()
                 trial_dir = searches[family].trial_dir(params)
-                future = pool.submit(_trial_in_worker, trial_dir / "trial.log", base, family, params,
+                future = pool.submit(run_in_worker, trial_dir / "trial.log", run_trial, base, family, params,
                                      t.total_updates, trial_dir, dirs)
                 running[future] = (family, trial, params)
                 report(f"tune: {family} trial {trial.number} started: {describe_params(params)}")
