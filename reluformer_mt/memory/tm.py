@@ -351,15 +351,23 @@ def fuzzy_scores(a, choices: Sequence, score: str = "words") -> np.ndarray:
 
 
 class TfidfKeys:
-    """Model-free sentence keys: char 2-4-gram TF-IDF -> truncated SVD -> L2 norm."""
+    """Model-free sentence keys: char 2-4-gram TF-IDF -> truncated SVD -> L2 norm.
 
-    def __init__(self, dim: int = 256, seed: int = 0):
-        self.dim, self.seed = dim, seed
+    A large memory is fitted on a fixed-seed sample of ``fit_sample`` sentences and encoded in
+    chunks: the whole memory's sparse n-gram matrix (about 300 n-grams a sentence) would cost
+    hundreds of MiB for a 100,000-unit TMX, while the n-gram statistics of 20,000 sentences already
+    fix the idf weights and the SVD's directions. Memories up to that size are fitted whole, as before."""
+
+    def __init__(self, dim: int = 256, seed: int = 0, fit_sample: int = 20_000, chunk: int = 4096):
+        self.dim, self.seed, self.fit_sample, self.chunk = dim, seed, fit_sample, chunk
 
     def fit(self, sentences: Sequence[str]) -> "TfidfKeys":
         from sklearn.decomposition import TruncatedSVD
         from sklearn.feature_extraction.text import TfidfVectorizer
 
+        if len(sentences) > self.fit_sample:
+            rows = np.sort(np.random.default_rng(self.seed).choice(len(sentences), self.fit_sample, replace=False))
+            sentences = [sentences[i] for i in rows]
         self.vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), sublinear_tf=True, lowercase=True,
                                           dtype=np.float32)
         matrix = self.vectorizer.fit_transform(sentences)
@@ -369,9 +377,13 @@ class TfidfKeys:
         return self
 
     def encode(self, sentences: Sequence[str]) -> np.ndarray:
-        vectors = self.svd.transform(self.vectorizer.transform(sentences)).astype(np.float32)
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return vectors / np.maximum(norms, 1e-8)
+        """Unit-norm float32 keys, ``chunk`` sentences at a time (the sparse matrix of one chunk at once)."""
+        out = np.empty((len(sentences), self.svd.n_components), dtype=np.float32)
+        for start in range(0, len(sentences), self.chunk):
+            part = list(sentences[start:start + self.chunk])
+            out[start:start + len(part)] = self.svd.transform(self.vectorizer.transform(part))
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-8)
 
 
 class Retriever:
@@ -387,7 +399,6 @@ class Retriever:
         self.entries, self.candidates, self.score = entries, candidates, check_match_score(score)
         self.keys = TfidfKeys(dim).fit(entries.sources)
         self.index = MipsIndex(index).build(self.keys.encode(entries.sources))
-        self._words = [match_units(s, score) for s in entries.sources]
 
     def rescored(self, score: str) -> "Retriever":
         """The same keys and index (fitting them is the slow part), reranked by another score."""
@@ -395,7 +406,6 @@ class Retriever:
 
         other = copy.copy(self)
         other.score = check_match_score(score)
-        other._words = [match_units(s, score) for s in self.entries.sources]
         return other
 
     def search(self, queries: Sequence[str], k: int, exclude: Optional[Sequence[int]] = None,
@@ -414,7 +424,10 @@ class Retriever:
                 words = match_units(query, self.score)
                 skip = exclude[i] if exclude is not None else -1
                 kept = [(rank, int(c)) for rank, c in enumerate(candidates) if c >= 0 and c != skip]
-                scores_of = fuzzy_scores(words, [self._words[c] for _, c in kept], self.score).tolist()
+                # the candidates' words are split here, not kept for the whole memory (a list of
+                # word strings per entry is the largest part of a big memory's footprint)
+                choices = [match_units(self.entries.sources[c], self.score) for _, c in kept]
+                scores_of = fuzzy_scores(words, choices, self.score).tolist()
                 ranked = [(score, -rank, c) for score, (rank, c) in zip(scores_of, kept)]
                 ranked.sort(reverse=True)
                 for j, (score, _, c) in enumerate(ranked[:k]):
@@ -429,8 +442,8 @@ class Retriever:
         best = np.zeros(len(queries), dtype=np.float32)
         for i, query in enumerate(queries):
             skip = exclude[i] if exclude is not None else -1
-            found = extract(match_units(query, self.score), self._words, scorer=_scorer(self.score), limit=2,
-                            processor=None)
+            found = extract(query, self.entries.sources, scorer=_scorer(self.score), limit=2,
+                            processor=lambda s: match_units(s, self.score))
             best[i] = next((score for _, score, c in found if c != skip), 0.0)
         return best
 
