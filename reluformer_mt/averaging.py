@@ -12,9 +12,8 @@ import re
 from pathlib import Path
 from typing import List, Sequence
 
-import torch
-
-from reluformer_mt.checkpoints import CheckpointError, read_state
+# torch and the checkpoint loader are imported by average_checkpoints only: choosing the files
+# (last_checkpoints) answers a wrong --dir or --last before they load
 
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates: checkpoint_EPOCH_UPDATE.pt
 _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")            # end of each epoch: checkpointEPOCH.pt
@@ -25,21 +24,25 @@ def last_checkpoints(folder, n: int) -> List[Path]:
     --save-interval-updates when there are any (by update), else the epoch checkpoints (by epoch)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"--dir {folder}: folder not found")
+        raise ValueError(f"--dir {folder}: folder not found")
     if n < 1:
-        raise CheckpointError(f"--last {n}: expected a positive number")
+        raise ValueError(f"--last {n}: expected a positive number")
     by_update = sorted((int(m.group(2)), p) for p in folder.iterdir() if (m := _UPDATE.match(p.name)))
     by_epoch = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _EPOCH.match(p.name)))
     found = by_update or by_epoch
     if len(found) < n:
         names = ", ".join(p.name for _, p in found) or "none"
-        raise CheckpointError(f"--dir {folder}: --last {n} asks for {n} checkpoints but it holds {len(found)} "
+        raise ValueError(f"--dir {folder}: --last {n} asks for {n} checkpoints but it holds {len(found)} "
                               f"(checkpoint_E_U.pt or checkpointE.pt: {names}); checkpoint_best/last are copies, not counted")
     return [p for _, p in found[-n:]]
 
 
 def average_checkpoints(paths: Sequence, output) -> dict:
     """Write the average of ``paths`` to ``output``; returns what was done (for the summary)."""
+    import torch
+
+    from reluformer_mt.checkpoints import CheckpointError, read_state
+
     paths = [Path(p) for p in paths]
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")

@@ -6,7 +6,8 @@
 """
 import sys
 
-from reluformer_mt.cli.checks import EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_output_file
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_checkpoint_file,
+                                     check_output_file)
 
 
 def build_parser():
@@ -29,13 +30,14 @@ def main(argv=None) -> int:
     # fairseq's speech task logs an install hint at import (as register() quiets it for the other commands)
     logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
     from reluformer_mt.averaging import average_checkpoints, last_checkpoints
-    from reluformer_mt.checkpoints import CheckpointError
 
-    try:
+    try:  # the files are chosen and checked before torch loads (seconds)
         check_output_file(args.output, "--output", creates_folders=True)
         paths = last_checkpoints(args.dir, args.last) if args.dir else args.inputs
+        for path in paths:
+            check_checkpoint_file(path)
         done = average_checkpoints(paths, args.output)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError
         print(f"reluformer-average: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:

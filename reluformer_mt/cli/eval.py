@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
-                                     add_spm_model_option, check_distinct_files, check_output_file, non_negative_int,
-                                     percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
+                                     add_spm_model_option, check_checkpoint_file, check_distinct_files, check_output_file,
+                                     non_negative_int, percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
@@ -633,11 +633,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     quiet_logging()  # before the subcommand imports fairseq (whose imports would set DEBUG)
     args = build_parser().parse_args(argv)
     run = SUBCOMMANDS[args.command][2]
-    if getattr(args, "checkpoint", None):  # subcommands that load models: the entry point registers
-        from reluformer_mt.plugin import register
-
-        register()
     try:
+        checkpoints = getattr(args, "checkpoint", None)
+        for path in checkpoints if isinstance(checkpoints, list) else [checkpoints] if checkpoints else []:
+            check_checkpoint_file(path)  # before torch and fairseq load (seconds)
         for option in ("json", "plot", "write_pred", "output", "html"):  # before any work, not after an hour of it
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
@@ -648,6 +647,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_tokenizer(args.tokenize)
         check_distinct_files([("--" + o.replace("_", "-"), getattr(args, o, None))
                               for o in ("json", "plot", "write_pred", "output", "html")], input_files(args))
+        if checkpoints:  # subcommands that load models: the entry point registers
+            from reluformer_mt.plugin import register
+
+            register()
         command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
         tee = Tee(sys.stdout) if getattr(args, "html", None) else None
         with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():
