@@ -84,10 +84,15 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
                    help="paired bootstrap resampling (sacreBLEU's own implementation) of every system against the "
                         "first (the baseline), at each level scored; needs two or more -i files")
     p.add_argument("--paired-bs-n", type=positive_int, default=1000, metavar="N", help="bootstrap resamples")
-    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, "plain"],
-                   help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; else plain")
+    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, bleu_lib.LINES, "plain"],
+                   help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; a file with blank "
+                        "lines = lines (a blank line between documents, reluformer-translate's lines output) when "
+                        "the reference has documents too or its sentences are the lines less the blank ones; "
+                        "else plain (a blank line is an empty sentence)")
     p.add_argument("--hyp-doc-ids", help="doc id per line of a plain hypothesis")
-    p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, "plain"])
+    p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, bleu_lib.LINES, "plain"],
+                   help="as --hyp-format: a reference with blank lines is read as lines when the hypothesis has "
+                        "documents")
     p.add_argument("--ref-doc-ids", help="doc id per line of a plain reference (each reference, with several)")
     p.add_argument("--ref-from-generate", action="store_true",
                    help="use the T- lines of the hypothesis as reference (binarised targets: may hold <unk>)")

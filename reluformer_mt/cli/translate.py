@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--nbest", type=int, default=D["nbest"], metavar="N",
                      help="write the N best translations of every sentence instead, Moses' n-best format: "
                           "'SENTENCE ||| translation ||| score' (0-based sentence number over the input, mean token "
-                          "log-probability), best first; N <= --beam")
+                          "log-probability in natural log, where fairseq-generate prints base 2), best first; "
+                          "N <= --beam")
     gen.add_argument("--lenpen", type=float, default=D["lenpen"], help="length penalty")
     gen.add_argument("--batch-size", type=int, default=D["batch_size"], help="most segments per batch")
     gen.add_argument("--max-tokens", type=int, default=D["max_tokens"], help="most source tokens per batch (padded)")
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "trained beside the --knn datastore picks k and the neighbours' share at every step "
                           "(--knn-k/--knn-lambda then unused; default: as tuned, else off)")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
-    out.add_argument("--scores", help="write each sentence's mean token log-probability here")
+    out.add_argument("--scores", help="write each sentence's mean token log-probability here (natural log)")
     out.add_argument("--memory-matches", metavar="FILE",
                      help="write each sentence's best memory match here: 'fuzzy score<TAB>entry id<TAB>entry target' "
                           "(what a translator checks first)")
