@@ -8,6 +8,7 @@ import sys
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_checkpoint_file,
                                      check_output_file)
+from reluformer_mt.data.wording import counted
 
 
 def build_parser():
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"reluformer-average: error: cannot write {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"reluformer-average: {len(done['inputs'])} checkpoints ({', '.join(done['inputs'])}) averaged into "
+    print(f"reluformer-average: {counted(len(done['inputs']), 'checkpoint')} ({', '.join(done['inputs'])}) averaged into "
           f"{done['output']} ({done['parameters']:,} weights; configuration of the newest, update "
           f"{done['newest_updates']:,}" + ("; its optimizer state dropped: for translation, not for resuming)"
                                            if done["optimizer_state_dropped"] else ")"), file=sys.stderr)

@@ -28,6 +28,7 @@ from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
                                      add_spm_model_option, check_checkpoint_file, check_distinct_files, check_output_file,
                                      non_negative_int, percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
+from reluformer_mt.data.wording import counted
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.reports import format_table, write_json
@@ -143,7 +144,8 @@ def print_bleu_report(report: dict, width: int = 2) -> None:
                            [(r.name, r.score, r.n_items) for r in report["ter"].values()], digits=width))
         print(f"TER signature: TER|{next(iter(report['ter'].values())).signature}")
     if report["mismatches"]:
-        print(f"\n{len(report['mismatches'])} documents differ in sentence count:")
+        n = len(report["mismatches"])
+        print(f"\n{counted(n, 'document')} {'differs' if n == 1 else 'differ'} in sentence count:")
         print(format_table(["doc id", "hyp sentences", "ref sentences"],
                            [(m["doc_id"], m["hyp_sentences"], m["ref_sentences"]) for m in report["mismatches"]]))
     for note in report["notes"]:

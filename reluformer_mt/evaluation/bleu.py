@@ -33,6 +33,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from reluformer_mt.data import textfiles
 from reluformer_mt.data.documents import DOC_MARKER, FORMAT as DOCMT, read_documents, starts_with_marker
 from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, read_segment_metadata, segments_to_documents, split_segment
+from reluformer_mt.data.wording import counted
 
 SPM_SPACE = "\u2581"  # SentencePiece's word-start mark '▁'
 
@@ -748,7 +749,8 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
     if not any(hs or rs for _, hs, rs in pairs):
         raise ValueError(f"nothing to score: {hyp} and {ref or hyp} hold no sentences")
     if mismatches:
-        notes.append(f"{len(mismatches)} documents differ in sentence count: s-BLEU not computed, d-BLEU only")
+        notes.append(f"{counted(len(mismatches), 'document')} {'differs' if len(mismatches) == 1 else 'differ'} "
+                     "in sentence count: s-BLEU not computed, d-BLEU only")
     if "segment" in levels and segments is None:
         notes.append("segment-level d-BLEU needs --segments: skipped")
     if detokenize == "moses":

@@ -161,6 +161,15 @@ def _renamed_options(renamed: dict, pieces_weight, pieces_k, pieces_max_n):
     return values["pieces_weight"], values["pieces_k"], values["pieces_max_n"]
 
 
+def _in_band_order(key: str):
+    """Summary keys alphabetically, but those ending in a fuzzy band (<50, 50-70, ...) in band order."""
+    from reluformer_mt.memory.tm import FUZZY_BANDS
+
+    bands = [name for _, _, name in FUZZY_BANDS]
+    head, _, last = key.rpartition(" ")
+    return (head, bands.index(last)) if last in bands else (key, -1)
+
+
 class DocumentTranslator:
     """A loaded checkpoint with its resources; :meth:`translate` maps documents (lists of
     sentences) to lists of :class:`SentenceResult`, one per sentence."""
@@ -860,9 +869,12 @@ class DocumentTranslator:
         s = self.stats
         fallbacks = s["fallbacks: segment retranslated as halves"] + s["fallbacks: segment retranslated sentence by sentence"]
         rate = s["sentences"] / s["seconds"] if s["seconds"] else 0.0
-        lines = [f"translated {s['documents']:,} documents, {s['sentences']:,} sentences in {s['segments']:,} segments "
-                 f"in {s['seconds']:.1f} s ({rate:.1f} sentences/s); fallbacks: {fallbacks:,}"]
-        for key in sorted(s):
+        from reluformer_mt.data.wording import counted
+
+        lines = [f"translated {counted(s['documents'], 'document')}, {counted(s['sentences'], 'sentence')} in "
+                 f"{counted(s['segments'], 'segment')} in {s['seconds']:.1f} s ({rate:.1f} sentences/s); "
+                 f"fallbacks: {fallbacks:,}"]
+        for key in sorted(s, key=_in_band_order):
             if key not in ("documents", "sentences", "segments", "seconds") and s[key]:
                 lines.append(f"  {key}: {s[key]:,}")
         return "\n".join(lines)
