@@ -1,6 +1,6 @@
-"""Progress within a long stage (issue 33): a real fairseq training in a child process, watched
-through its --log-file, moves a tqdm bar on a terminal console to the final update count; a
-console that is not a terminal (a log, a pipe) and --no-progress get nothing."""
+"""Progress within a long stage: a real fairseq training in a child process, watched through its
+--log-file, moves a tqdm bar on a terminal console to the final update count; a console that is
+not a terminal (a log, a pipe) gets plain lines every so often; --no-progress gets nothing."""
 import io
 import subprocess
 import sys
@@ -28,11 +28,43 @@ def test_a_training_bar_follows_fairseqs_log(sentence_data, tmp_path):
     shown = console.getvalue()
     assert "train tiny" in shown and "12/12" in shown and "upd" in shown, shown[-500:]
     assert last_updates(log.read_text(encoding="utf-8")) == 12
-    for quiet in (io.StringIO(), Terminal()):  # not a terminal; --no-progress
-        with TrainingProgress(updates_in_file(log), 12, "train", console=quiet,
-                              enabled=None if not quiet.isatty() else False) as progress:
+    for quiet in (io.StringIO(), Terminal()):  # --no-progress
+        with TrainingProgress(updates_in_file(log), 12, "train", console=quiet, enabled=False) as progress:
             assert not progress.enabled
         assert quiet.getvalue() == ""
+
+
+def test_a_console_that_is_no_terminal_gets_plain_progress_lines(sentence_data, tmp_path):
+    """A pipe or a log file: no bar (tqdm's carriage returns would fill it) but a plain line every
+    line_interval seconds, as fairseq's log lines, with the rate and the time left, and the final count."""
+    log = tmp_path / "train.log"
+    argv = tiny_train_args(sentence_data["bin"], tmp_path / "ckpt", max_update=40,
+                           extra=["--disable-validation", "--log-format", "json", "--log-interval", "2",
+                                  "--log-file", str(log), "--cpu"])
+    pipe = io.StringIO()
+    train = [str(Path(sys.executable).parent / "fairseq-train"), *map(str, argv)]
+    with TrainingProgress(updates_in_file(log), 40, "train tiny", console=pipe, interval=0.1, line_interval=0.3):
+        subprocess.run(train, check=True, capture_output=True, timeout=600)
+    lines = pipe.getvalue().splitlines()
+    assert "\r" not in pipe.getvalue() and len(lines) >= 2, lines
+    assert all(line.startswith("train tiny: ") and " of 40 updates (" in line for line in lines), lines
+    assert lines[-1].startswith("train tiny: 40 of 40 updates (100 %)")
+    assert any("updates/s, about " in line and " left" in line for line in lines[:-1]), lines
+
+
+def test_progress_lines_within_a_demo_stage_go_under_its_line():
+    from reluformer_mt.experiments.progress import Stages
+
+    console = io.StringIO()
+    stages = Stages(plan=[("train", 0.01), ("decode", 0.01)], console=console)
+    with stages.stage("train"):
+        stages.note("train: 5 of 10 updates (50 %) in 1 s")
+    with stages.stage("decode"):
+        pass
+    lines = console.getvalue().splitlines()
+    assert lines[0] == "[demo 1/2] train ..." and lines[1] == "  train: 5 of 10 updates (50 %) in 1 s"
+    assert lines[2].startswith("[demo 1/2] train: ") and "total" in lines[2]
+    assert lines[3].startswith("[demo 2/2] decode ... ") and len(lines) == 4
 
 
 def test_update_counts_from_each_fairseq_log_format():

@@ -132,7 +132,7 @@ class DemoOptions:
     knn_memory_k: int = 8
     # validation chapters the tuner decodes (its teacher-forced grid reads all of them; 0: all)
     tune_chapters: int = 7
-    # no progress bar within the training stage (it is off anyway when the console is not a terminal)
+    # no progress within the training stage (a bar on a terminal, else a line every 30 s)
     no_progress: bool = False
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
@@ -285,10 +285,11 @@ def process_cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def training_progress(o: "DemoOptions", families: List[str]):
-    """A progress bar on the console (not in the log) for a training stage: the updates the
-    families' fairseq logs report so far, summed, of all they will do; off with --no-progress or
-    when the console is not a terminal (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
+def training_progress(o: "DemoOptions", families: List[str], stages: Optional[Stages] = None):
+    """Progress on the console (not in the log) of a training stage: the updates the families'
+    fairseq logs report so far, summed, of all they will do: a bar on a terminal, else a line
+    under the stage's every 30 s; off with --no-progress
+    (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
     from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
 
     phases = [entry for f in families for entry in phase_files(o, f, family_run(o, f))]
@@ -298,7 +299,8 @@ def training_progress(o: "DemoOptions", families: List[str]):
         return sum(r() or 0 for r in readers)
 
     total = None if o.budget_minutes else sum(phase.updates for phase, _, _ in phases)
-    return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None)
+    return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None,
+                            say=stages.note if stages is not None else None)
 
 
 def training_jobs(o: "DemoOptions") -> int:
@@ -717,12 +719,12 @@ def train_stage(o: DemoOptions, stages: Stages, dirs: Dict[str, Path]) -> tuple:
         (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
     if training_jobs(o) > 1:
         with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"), \
-                training_progress(o, o.families):
+                training_progress(o, o.families, stages):
             trained = train_in_parallel(o, dirs)
     else:
         trained = {}
         for family in o.families:
-            with stages.stage(f"train {family} ({budget})"), training_progress(o, [family]):
+            with stages.stage(f"train {family} ({budget})"), training_progress(o, [family], stages):
                 trained[family] = train_family(o, family, dirs)
     results = {}
     for family in o.families:
