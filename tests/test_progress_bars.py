@@ -2,6 +2,7 @@
 --log-file, moves a tqdm bar on a terminal console to the final update count; a console that is
 not a terminal (a log, a pipe) gets plain lines every so often; --no-progress gets nothing."""
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,23 @@ def test_update_counts_from_each_fairseq_log_format():
     assert last_updates('{"epoch": 1, "num_updates": "25", "lr": "0.001"}\n{"num_updates": "50"}') == 50
     assert last_updates("epoch 001 | loss 3.2 | num_updates 75 | lr 0.001") == 75
     assert last_updates("no update yet") is None
+
+
+def test_translate_reports_progress_and_retranslations_when_stderr_is_a_pipe(doc_checkpoint, tmp_path, monkeypatch):
+    """reluformer-translate on a file of 60 two-sentence documents, standard error a pipe: plain
+    progress lines (no bar), the retranslated segments (free separators: the untrained model's
+    outputs do not split into their sentences) counted in them, and the final count."""
+    from helpers import run_subprocess
+
+    monkeypatch.setenv("RELUFORMER_PROGRESS_SECONDS", "0")  # a line at every batch, not every 30 s
+    source = tmp_path / "docs.en"
+    source.write_text("\n\n".join(f"Sentence {k} here.\nAnd one more, {k}." for k in range(60)) + "\n", encoding="utf-8")
+    proc = run_subprocess(["reluformer-translate", "-c", doc_checkpoint, "-i", source, "-o", tmp_path / "out.de",
+                           "--separators", "free", "--beam", "1", "--max-len-a", "0", "--max-len-b", "3"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("translate: ")]
+    assert "\r" not in proc.stderr and len(lines) >= 2, proc.stderr[-2000:]
+    assert any("retranslations (outputs that did not split into their sentences)" in line for line in lines), lines
+    total = re.search(r" of ([\d,]+) segments", lines[-1]).group(1)
+    assert lines[-1].startswith(f"translate: {total} of {total} segments (100 %)"), lines[-1]
+    assert int(total.replace(",", "")) > 60  # the first pass and the retranslations

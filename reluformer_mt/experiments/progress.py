@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from reluformer_mt.console import line_seconds
+
 # expected seconds on the 2-core machine of the measured quick run (see the module docstring)
 PREPARE_SECONDS = 13.0
 MEMORY_NEIGHBOURS_SECONDS = 15.0
@@ -189,7 +191,7 @@ class TrainingProgress:
     ``interval`` seconds (fairseq logs every --log-interval updates, so the count moves at that pace).
 
     On a terminal console a tqdm bar; on any other console (a pipe, a log file) a plain line every
-    ``line_interval`` seconds and one at the end, through ``say`` (default: a line on the console;
+    ``line_interval`` seconds (RELUFORMER_PROGRESS_SECONDS, else 30) and one at the end, through ``say`` (default: a line on the console;
     the demo's ``Stages.note``), as fairseq's own log lines; nothing when ``enabled`` is False
     (``--no-progress``)::
 
@@ -198,14 +200,14 @@ class TrainingProgress:
     """
 
     def __init__(self, updates: Callable[[], Optional[int]], total: Optional[int], desc: str = "train",
-                 console=None, enabled: Optional[bool] = None, interval: float = 5.0, line_interval: float = 30.0,
-                 say: Optional[Callable[[str], None]] = None):
+                 console=None, enabled: Optional[bool] = None, interval: float = 5.0,
+                 line_interval: Optional[float] = None, say: Optional[Callable[[str], None]] = None):
         self.updates, self.total, self.desc, self.interval = updates, total, desc, interval
         self.console = console or sys.stderr
         isatty = getattr(self.console, "isatty", lambda: False)
         self.enabled = enabled is not False
         self.mode = None if not self.enabled else "bar" if isatty() else "lines"
-        self.line_interval = line_interval
+        self.line_interval = line_seconds() if line_interval is None else line_interval
         self.say = say or (lambda text: print(text, file=self.console, flush=True))
         self._stop = threading.Event()
         self._thread = None

@@ -710,7 +710,7 @@ class DocumentTranslator:
                   progress: Optional[bool] = None) -> List[List[SentenceResult]]:
         """Translate documents (lists of sentence strings); returns, per document, exactly one
         :class:`SentenceResult` per input sentence (empty sentences give empty results)."""
-        from tqdm import tqdm
+        from reluformer_mt.console import Progress
 
         if isinstance(documents, str) or any(isinstance(doc, str) for doc in documents):
             # a list of strings would be read as documents of single characters
@@ -750,9 +750,11 @@ class DocumentTranslator:
         if new["separator tokens removed from the input"]:
             logger.warning("%d %r tokens in the input were replaced by spaces (the separator is reserved)",
                            new["separator tokens removed from the input"], self.resources.separator)
-        # progress None: a bar on stderr for long inputs (>= 50 segments) when stderr is a terminal
-        disable = (not progress) if progress is not None else (len(pending) < 50 or None)
-        bar = tqdm(total=len(pending), desc="translate", unit="seg", disable=disable, leave=False)
+        # progress None: for long inputs (>= 50 segments) a bar on stderr when it is a terminal, else a
+        # line every 30 s (retranslations included: they can take longer than the first pass)
+        first_pass = len(pending)
+        bar = Progress(first_pass, "translate", "segments", enabled=progress if progress is not None
+                       else first_pass >= 50)
         self._look_up_matches(documents, encoded, owners)
         while pending:
             sources = [self._source_ids(encoded, seg) for seg in pending]
@@ -781,8 +783,10 @@ class DocumentTranslator:
                     self.stats["fallbacks: segment retranslated sentence by sentence"] += 1
                     retry += [_Segment(seg.doc, [i], "sentence") for i in seg.sentences]
             pending = retry
-            bar.total += len(pending)
-            bar.refresh()
+            bar.add(len(pending))
+            if pending:
+                bar.set_postfix(f"{bar.total - first_pass:,} retranslations (outputs that did not split "
+                                "into their sentences)")
         bar.close()
         if self.knn is not None:  # the mixer's counts join the summary
             self.stats.update(self.knn.stats)
