@@ -177,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(what a translator checks first)")
     out.add_argument("--alignments", help="write each sentence's attention alignment here: 'i-j' pairs, 0-based "
                                           "source word i, target word j (words = SentencePiece words)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error (there is none when "
-                                                               "standard error is not a terminal)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on standard error (for inputs of 50 segments or more read from a file: a bar "
+                        "on a terminal, else a line every 30 s)")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary and warnings on standard error")
     return p
 

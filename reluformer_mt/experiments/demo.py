@@ -796,9 +796,27 @@ def demo_table(results: Dict[str, dict], base: dict, reference: Optional[dict]) 
 
 
 def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypotheses: Dict[str, Dict[str, dict]],
+                 checkpoints: Dict[str, Path], translated: dict, dirs: Dict[str, Path], stages: Stages,
+                 started: float) -> dict:
+    """summary.json, report.json, table.md, the hypothesis files and index.html (a step with its
+    own console line: its bootstrap intervals and alignments log to the log file); prints the table."""
+    with stages.stage("write the report: summary, tables, bootstrap intervals, index.html", planned=False):
+        report, page = write_report(o, results, base, hypotheses, checkpoints, translated, dirs,
+                                    dict(stages.times), time.time() - started)
+    total = time.time() - started
+    print(f"\nHTML report (opens from the file system): {page}")
+    print("\n" + report["table"])
+    print("published points of comparison:\n" + "\n".join(f"- {point}" for point in PAPER_POINTS))
+    print(f"\nreport: {o.out / 'report'}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
+          f"aer_per_layer.png, sparsity_per_layer.png, chapter_{translated['chapter']}.side_by_side.md, "
+          f"{Path(translated['translation']).name}); total {total / 60:.1f} min")
+    return report
+
+
+def write_report(o: DemoOptions, results: Dict[str, dict], base: dict, hypotheses: Dict[str, Dict[str, dict]],
                  checkpoints: Dict[str, Path], translated: dict, dirs: Dict[str, Path], stage_seconds,
-                 total: float) -> dict:
-    """summary.json, report.json, table.md, the hypothesis files and index.html; prints the table."""
+                 total: float):
+    """(report, page): the files of :func:`report_stage`."""
     report_dir = o.out / "report"
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = demo_table(results, base, reference)
@@ -810,19 +828,12 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
               "definitions": DEFINITIONS, "baselines": base, "models": results, "translated_chapter": translated,
               "table": table}
     write_json(report_dir / "report.json", report, command=" ".join(sys.argv))
-    notes = "\n".join(f"- {point}" for point in PAPER_POINTS)
     # the readable report: table.md (Markdown and fixed width), plain hypothesis files, index.html
     write_table_files(report_dir, TABLE_HEADERS, comparison_rows(results, base, reference), PAPER_POINTS,
                       title=f"reluformer-demo, {o.preset} preset")
     page = write_report_page(report_dir, dirs["doc"], checkpoints, hypotheses,
                              {f: results[f]["aer"] for f in o.families}, device=o.device)
-    print(f"\nHTML report (opens from the file system): {page}")
-    print("\n" + table)
-    print("published points of comparison:\n" + notes)
-    print(f"\nreport: {report_dir}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
-          f"aer_per_layer.png, sparsity_per_layer.png, chapter_{translated['chapter']}.side_by_side.md, "
-          f"{Path(translated['translation']).name}); total {total / 60:.1f} min")
-    return report
+    return report, page
 
 
 def run_demo(o: DemoOptions) -> dict:
@@ -844,7 +855,7 @@ def run_demo(o: DemoOptions) -> dict:
         evaluate_stage(o, checkpoints, results, hypotheses, dirs["doc"], report_dir)
     with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
         translated = chapter_stage(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
-    return report_stage(o, results, base, hypotheses, checkpoints, translated, dirs, stages.times, time.time() - started)
+    return report_stage(o, results, base, hypotheses, checkpoints, translated, dirs, stages, started)
 
 
 __all__ = ["DemoOptions", "PRESETS", "run_demo"]

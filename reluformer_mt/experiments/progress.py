@@ -121,10 +121,13 @@ class Stages:
             self._open = False
 
     @contextlib.contextmanager
-    def stage(self, name: str):
-        self.done += 1
-        self.total = max(self.total or 0, self.done)  # an unplanned stage still gets a sensible counter
-        number = f"[demo {self.done}/{self.total}]"
+    def stage(self, name: str, planned: bool = True):
+        """A numbered stage of the plan; ``planned=False``: a short step after them (the report), with
+        the same line and log but no number and no part in the estimate."""
+        if planned:
+            self.done += 1
+            self.total = max(self.total or 0, self.done)  # an unplanned stage still gets a sensible counter
+        number = f"[demo {self.done}/{self.total}]" if planned else "[demo]"
         with self._lock:
             print(f"{number} {name} ...", end="", file=self.console, flush=True)
             self._open = True
@@ -146,7 +149,8 @@ class Stages:
                 log.close()
         seconds = time.time() - start
         self.times[name] = round(seconds, 1)
-        self._actual.append(seconds)
+        if planned:
+            self._actual.append(seconds)
         self._close(number, name, f"{minutes(seconds)} (total {minutes(time.time() - self.started)}{self.left()})")
 
 
