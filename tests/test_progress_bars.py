@@ -93,3 +93,23 @@ def test_translate_reports_progress_and_retranslations_when_stderr_is_a_pipe(doc
     total = re.search(r" of ([\d,]+) segments", lines[-1]).group(1)
     assert lines[-1].startswith(f"translate: {total} of {total} segments (100 %)"), lines[-1]
     assert int(total.replace(",", "")) > 60  # the first pass and the retranslations
+
+
+def test_counted_progress_draws_a_bar_on_a_terminal_and_prints_lines_elsewhere():
+    """reluformer_mt.console.Progress (translate, datastore build, prepare, contrastive scoring)."""
+    from reluformer_mt.console import Progress
+
+    pipe, terminal, off = io.StringIO(), Terminal(), io.StringIO()
+    for stream, enabled in ((pipe, True), (terminal, True), (off, False)):
+        progress = Progress(4, "datastore", "batches", enabled=enabled, every=0, stream=stream)
+        for _ in range(3):
+            progress.update(1)
+        progress.add(2)
+        progress.set_postfix("2 added")
+        progress.update(3)
+        progress.close()
+    lines = pipe.getvalue().splitlines()
+    assert lines[0] == "datastore: 1 of 4 batches (25 %) in 0 s, about 0 s left"
+    assert lines[-1] == "datastore: 6 of 6 batches (100 %) in 0 s; 2 added" and "\r" not in pipe.getvalue()
+    assert "\r" in terminal.getvalue() and "datastore" in terminal.getvalue()  # tqdm's bar
+    assert off.getvalue() == ""
