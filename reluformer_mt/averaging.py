@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import List, Sequence
 
-import torch
-
-from reluformer_mt.checkpoints import CheckpointError, _get, config_of, read_state, recorded_vocabulary
 from reluformer_mt.data.outputs import check_distinct_files, check_no_repeats
 from reluformer_mt.data.textfiles import replace_atomically
+
+# torch and the checkpoint loader are imported where a checkpoint is read: choosing the files
+# (last_checkpoints) answers a wrong --dir or --last before they load
 
 _UPDATE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates: checkpoint_EPOCH_UPDATE.pt
 _EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")            # end of each epoch: checkpointEPOCH.pt
@@ -28,15 +28,15 @@ def last_checkpoints(folder, n: int) -> List[Path]:
     --save-interval-updates when there are any (by update), else the epoch checkpoints (by epoch)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"--dir {folder}: folder not found")
+        raise ValueError(f"--dir {folder}: folder not found")
     if n < 1:
-        raise CheckpointError(f"--last {n}: expected a positive number")
+        raise ValueError(f"--last {n}: expected a positive number")
     by_update = sorted((int(m.group(2)), p) for p in folder.iterdir() if (m := _UPDATE.match(p.name)))
     by_epoch = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _EPOCH.match(p.name)))
     found = by_update or by_epoch
     if len(found) < n:
         names = ", ".join(p.name for _, p in found) or "none"
-        raise CheckpointError(f"--dir {folder}: --last {n} asks for {n} checkpoints but it holds {len(found)} "
+        raise ValueError(f"--dir {folder}: --last {n} asks for {n} checkpoints but it holds {len(found)} "
                               f"(checkpoint_E_U.pt or checkpointE.pt: {names}); checkpoint_best/last are copies, not counted")
     return [p for _, p in found[-n:]]
 
@@ -55,6 +55,8 @@ class ModelOf:
     it was trained with: another vocabulary of the same size has the same shapes)."""
 
     def __init__(self, path: Path, state: dict):
+        from reluformer_mt.checkpoints import _get, config_of, recorded_vocabulary
+
         cfg = config_of(state)
         self.path, self.data = path, str(_get(cfg.task, "data", "") or "")
         self.function = {"arch": _get(cfg.model, "arch") or _get(cfg.model, "_name"),
@@ -62,6 +64,7 @@ class ModelOf:
         self.vocabulary = recorded_vocabulary(path, cfg)
 
     def check_same(self, other: "ModelOf") -> None:
+        from reluformer_mt.checkpoints import CheckpointError
         from reluformer_mt.data.vocabulary import check_same_vocabulary
 
         for name, mine in self.function.items():
@@ -80,6 +83,10 @@ class ModelOf:
 
 def average_checkpoints(paths: Sequence, output) -> dict:
     """Write the average of ``paths`` to ``output``; returns what was done (for the summary)."""
+    import torch
+
+    from reluformer_mt.checkpoints import CheckpointError, read_state
+
     paths = [Path(p) for p in paths]
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")

@@ -184,7 +184,7 @@ def tiny_demo(tmp_path_factory):
     translation memory (32-dim, 2+2 layers; two trained at a time),
     2 sentence-level then 4 document-level updates, one held-out chapter translated with beam 1.
     Returns {"out": the run folder (report in out/report), "code": the exit code, "stdout": what
-    it printed (the table)}."""
+    it printed (the stage lines, the table), "stderr": what it printed there}."""
     pytest.importorskip("bible_alignments")
     import contextlib
     import io
@@ -192,10 +192,10 @@ def tiny_demo(tmp_path_factory):
     from reluformer_mt.cli import demo
 
     out = tmp_path_factory.mktemp("tiny_demo") / "demo"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    printed, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
         code = demo.main(["--out", str(out), "--families", ",".join(TINY_DEMO_FAMILIES), "--sentence-updates", "2",
                           "--max-update", "4", "--validations", "1", "--embed-dim", "32", "--ffn-dim", "64",
                           "--layers", "2", "--eval-chapters", "1", "--beam", "1", "--vocab-size", "1000",
                           "--segment-tokens", "128", "--tm-k", "1"])
-    return {"out": out, "code": code, "stdout": printed.getvalue()}
+    return {"out": out, "code": code, "stdout": printed.getvalue(), "stderr": errors.getvalue()}

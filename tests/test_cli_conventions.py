@@ -184,3 +184,14 @@ def test_prepare_help_shows_the_defaults():
     text = " ".join(build_parser().format_help().split())
     assert "(default: docmt)" in text and "(default: sentence)" in text and "(default: 1)" in text
     assert "(default: [])" not in text  # --train/--valid/--test: nothing until given
+
+
+@pytest.mark.parametrize("module", ["tm_study", "study", "sweep", "demo"])
+def test_help_of_the_study_commands_prints_no_library_lines(module):
+    """`python -m reluformer_mt.cli.tm_study --help` printed matplotlib's DEBUG lines and fairseq's
+    tensorboardX notice: the help alone, on standard output, and nothing on standard error."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-m", f"reluformer_mt.cli.{module}", "--help"], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0 and run.stdout.startswith("usage:"), run.stderr[-500:]
+    assert run.stderr == "", run.stderr[:500]

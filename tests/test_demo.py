@@ -46,6 +46,12 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     assert summary["preset"] == "quick" and set(summary["families"]) == set(TINY_DEMO_FAMILIES)
     assert summary["families"]["softmax"]["s_bleu"] == round(report["models"]["softmax"]["s_bleu"], 2)
     table = tiny_demo["stdout"]
+    # the console: the stage lines, the report's step among them, then the table; libraries' lines
+    # (sacreBLEU's INFO, torch's warnings, eflomal's) went to the log
+    head = table.split("\nHTML report", 1)[0].strip().splitlines()
+    assert all(line.startswith(("[demo", "  train: ")) for line in head), head
+    assert head[-1].startswith("[demo] write the report: summary, tables, bootstrap intervals, index.html ... ")
+    assert tiny_demo["stderr"] == "", tiny_demo["stderr"][:2000]
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
     # every family in every decoding mode, each mode's hypotheses in a plain file that recomputes its numbers

@@ -94,3 +94,51 @@ def test_docs_do_not_copy_the_demo_table():
     for page in ("REFERENCE_RUN.md", "TRANSLATION_MEMORY.md", "USAGE.md", "DESIGN.md"):
         text = (REPO / "docs" / page).read_text(encoding="utf-8")
         assert "| baseline: copy the nearest training verse |" not in text, page
+
+
+def _checkout_state() -> str:
+    import subprocess
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_readme_table_prints_the_table_and_changes_no_file(tmp_path):
+    """The documented command (`python -m reluformer_mt.experiments.readme_table summary.json`)
+    prints the table of a run and leaves the checkout as it was; only --write rewrites README.md."""
+    import json
+    import subprocess
+    import sys
+
+    from reluformer_mt.experiments.readme_table import SUMMARY_COPY, render
+
+    summary = json.loads(SUMMARY_COPY.read_text(encoding="utf-8"))
+    for family in summary["families"].values():  # a run whose numbers differ from the README's
+        family["modes"]["constrained"]["s_bleu"] += 1
+    run_summary = tmp_path / "summary.json"
+    run_summary.write_text(json.dumps(summary), encoding="utf-8")
+    before = _checkout_state()
+    readme_before = (REPO / "README.md").read_bytes()
+    out = subprocess.run([sys.executable, "-m", "reluformer_mt.experiments.readme_table", str(run_summary)],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == render(summary)
+    assert _checkout_state() == before
+    assert (REPO / "README.md").read_bytes() == readme_before
+
+
+def test_readme_table_write_rewrites_the_readme_block(tmp_path, monkeypatch):
+    import json
+
+    from reluformer_mt.experiments import readme_table
+
+    summary = json.loads(readme_table.SUMMARY_COPY.read_text(encoding="utf-8"))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n" + readme_table.BEGIN + " old -->\n| x |\n" + readme_table.END + "\nrest\n",
+                      encoding="utf-8")
+    copy = tmp_path / "docs" / "benchmarks" / "demo_summary.json"
+    monkeypatch.setattr(readme_table, "README", readme)
+    monkeypatch.setattr(readme_table, "SUMMARY_COPY", copy)
+    monkeypatch.setattr(readme_table, "ROOT", tmp_path)
+    assert readme_table.main([str(REPO / "docs" / "benchmarks" / "demo_summary.json"), "--write"]) == 0
+    assert readme_table.readme_block(readme) == readme_table.block(summary)
+    assert readme.read_text(encoding="utf-8").startswith("intro\n") and json.loads(copy.read_text()) == summary

@@ -146,7 +146,7 @@ def test_document_mismatch_error_and_allow_mismatch(tmp_path, capsys):
     js = tmp_path / "r.json"
     assert main(["bleu", "--hyp", str(hyp), "--ref", str(ref), "--allow-mismatch", "--json", str(js)]) == 0
     out = capsys.readouterr().out
-    assert "d-BLEU (documents)" in out and "signature: BLEU|nrefs:1" in out and "1 documents differ" in out
+    assert "d-BLEU (documents)" in out and "signature: BLEU|nrefs:1" in out and "1 document differs" in out
     import json
     assert json.loads(js.read_text())["scores"]["document"]["score"] == pytest.approx(100)
 

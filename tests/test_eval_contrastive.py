@@ -169,6 +169,8 @@ def _small_contrapro(tmp_path: Path, groups: str) -> Path:
 
 @needs_suites
 def test_bad_suites_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "never-loaded.pt").write_bytes(b"")  # there (checked first), never loaded: the suite fails before
+
     def error(suite, suite_dir):
         rc, _, err = run_cli(["contrastive", "--checkpoint", tmp_path / "never-loaded.pt", "--suite", suite,
                               "--suite-dir", suite_dir], capsys)

@@ -51,3 +51,27 @@ def test_every_python_block_of_the_page_runs_as_written(doc_checkpoint, tmp_path
     assert run.returncode == 0, run.stderr[-3000:]
     printed = eval(run.stdout.strip().splitlines()[-1])
     assert len(printed) == 1 and len(printed[0]) == 2 and all(isinstance(t, str) for t in printed[0])
+
+
+def documented_signature(page_text: str, name: str):
+    """(positional parameters, {keyword: default}) of the page's `` `NAME(...)` `` line."""
+    import ast
+
+    text = re.search(rf"`{name}\((.*?)\)`", page_text, flags=re.S).group(1)
+    call = ast.parse(f"f({' '.join(text.split())})", mode="eval").body
+    return [a.id for a in call.args], {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
+def test_the_pages_documenttranslator_signature_is_the_codes():
+    """Whatever DocumentTranslator's parameters are, the page lists each with its default
+    (its **renamed catch-all of old names aside)."""
+    import inspect
+
+    from reluformer_mt.inference.translator import DocumentTranslator
+
+    params = [p for p in inspect.signature(DocumentTranslator.__init__).parameters.values()
+              if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    positional, keywords = documented_signature(PAGE.read_text(encoding="utf-8"), "DocumentTranslator")
+    assert positional == [p.name for p in params if p.default is p.empty]
+    assert keywords == {p.name: p.default for p in params if p.default is not p.empty}
+    assert list(keywords) == [p.name for p in params if p.default is not p.empty]  # in the code's order

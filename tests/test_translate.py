@@ -45,6 +45,34 @@ def test_lines_format_keeps_blank_lines_and_empty_documents():
     assert parse_input([], "x", "lines").documents == []
 
 
+def test_an_unknown_splitter_language_warns_only_where_text_is_split(caplog):
+    """Greek (pysbd has no 'grc'): detecting the format of verse lines splits nothing, so no
+    warning; raw input, which is split, says once that English rules split it."""
+    verses = ["Ἐν ἀρχῇ ἦν ὁ λόγος, καὶ ὁ λόγος ἦν πρὸς τὸν θεόν.", "οὗτος ἦν ἐν ἀρχῇ πρὸς τὸν θεόν."]
+    with caplog.at_level("WARNING"):
+        assert parse_input(verses, "x", "auto", language="grc").fmt == "lines"
+    assert "no sentence splitter" not in caplog.text
+    with caplog.at_level("WARNING"):
+        parse_input([" ".join(verses)], "x", "raw", language="grc")
+    assert caplog.text.count("pysbd has no sentence splitter for 'grc'") == 1
+
+
+def test_the_summary_counts_in_the_singular_and_lists_the_fuzzy_bands_in_order():
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from reluformer_mt.inference.translator import DocumentTranslator
+
+    stats = Counter({"documents": 1, "sentences": 1, "segments": 1, "seconds": 2.0,
+                     "fallbacks: segment retranslated as halves": 0,
+                     "fallbacks: segment retranslated sentence by sentence": 0})
+    for band, n in (("<50", 3), ("50-70", 2), ("70-90", 1), (">=90", 4)):
+        stats[f"memory: units whose best match has fuzzy {band}"] = n
+    lines = DocumentTranslator.summary(SimpleNamespace(stats=stats)).splitlines()
+    assert lines[0].startswith("translated 1 document, 1 sentence in 1 segment in 2.0 s")
+    assert [line.rsplit(" ", 1)[0].split()[-1] for line in lines[1:]] == ["<50:", "50-70:", "70-90:", ">=90:"]
+
+
 def test_docmt_format_empty_document_and_errors():
     lines = ["<d>", "a .", "", "b .", "<d>", "<d>", "c ."]
     parsed = parse_input(lines, "x", "auto")
@@ -493,5 +521,5 @@ def test_disk_full_and_detected_format_through_the_cli(doc_checkpoint, tmp_path,
     rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", out, "--language", "de", *FAST], capsys)
     assert rc == 0, err
     assert len(out.read_text(encoding="utf-8").split("\n")) == 3
-    assert "translated 1 documents, 2 sentences" in err
+    assert "translated 1 document, 2 sentences" in err
     assert "input format: lines (detected: 0 of 2 lines look like paragraphs" in err

@@ -190,7 +190,7 @@ def test_separators_option_through_the_cli(doc_checkpoint, tmp_path, capsys):
         rc, err = translate_main(["-c", doc_checkpoint, "-i", src, "-o", tmp_path / f"{mode}.de", "--separators", mode,
                                   *FAST], capsys)
         assert rc == 0, err
-        assert f"segments of <= 128 tokens, {mode} separators" in err and "translated 1 documents, 4 sentences" in err
+        assert f"segments of <= 128 tokens, {mode} separators" in err and "translated 1 document, 4 sentences" in err
     with pytest.raises(SystemExit) as e:
         translate_main(["-c", doc_checkpoint, "-i", src, "--separators", "loose"])
     assert e.value.code == 2 and "invalid choice: 'loose'" in capsys.readouterr().err

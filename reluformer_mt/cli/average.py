@@ -6,7 +6,9 @@
 """
 import sys
 
-from reluformer_mt.cli.checks import EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_output_file
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_checkpoint_file,
+                                     check_output_file)
+from reluformer_mt.data.wording import counted
 
 
 def build_parser():
@@ -29,19 +31,20 @@ def main(argv=None) -> int:
     # fairseq's speech task logs an install hint at import (as register() quiets it for the other commands)
     logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
     from reluformer_mt.averaging import average_checkpoints, last_checkpoints
-    from reluformer_mt.checkpoints import CheckpointError
 
-    try:
+    try:  # the files are chosen and checked before torch loads (seconds)
         check_output_file(args.output, "--output", creates_folders=True)
         paths = last_checkpoints(args.dir, args.last) if args.dir else args.inputs
+        for path in paths:
+            check_checkpoint_file(path)
         done = average_checkpoints(paths, args.output)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError
         print(f"reluformer-average: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
         print(f"reluformer-average: error: cannot write {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"reluformer-average: {len(done['inputs'])} checkpoints ({', '.join(done['inputs'])}) averaged into "
+    print(f"reluformer-average: {counted(len(done['inputs']), 'checkpoint')} ({', '.join(done['inputs'])}) averaged into "
           f"{done['output']} ({done['parameters']:,} weights; configuration of the newest, update "
           f"{done['newest_updates']:,}" + ("; its optimizer state dropped: for translation, not for resuming)"
                                            if done["optimizer_state_dropped"] else ")"), file=sys.stderr)

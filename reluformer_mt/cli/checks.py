@@ -229,6 +229,8 @@ def add_device_option(parser, help: str = DEVICE_HELP, choices=None) -> None:
 def resolve_device(device: str, option: str = "--device") -> str:
     """``auto`` -> ``cuda`` when a CUDA device is visible, else ``cpu``; others checked as given."""
     if device == "auto":
+        if no_gpu_visible():  # answered without importing torch (seconds)
+            return "cpu"
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -241,11 +243,46 @@ def resolve_device(device: str, option: str = "--device") -> str:
 def check_device(device: str, option: str = "--device") -> None:
     """``cuda`` on a machine without CUDA fails before preparing and training, not after."""
     if device.startswith("cuda"):
+        if no_gpu_visible():
+            raise ValueError(f"{option} {device}: CUDA is not available (no GPU is visible); use {option} cpu")
         import torch
 
         if not torch.cuda.is_available():
             why = "torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
             raise ValueError(f"{option} {device}: CUDA is not available ({why}); use {option} cpu")
+
+
+def check_input_file(path, option: str, what: str = "file") -> None:
+    """An input file (not standard input, '-') that exists and is not a folder, checked before
+    torch and fairseq are imported, so a mistyped path is answered at once."""
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{option} {path}: is a directory, expected a {what}")
+    if not p.exists():
+        raise ValueError(f"{option} {path}: {what} not found")
+
+
+def check_checkpoint_file(path) -> None:
+    """The checkpoint loader's own first check (``reluformer_mt.checkpoints``), without importing
+    torch: a missing checkpoint or a folder given for one."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{path}: checkpoint not found")
+    if p.is_dir():
+        raise ValueError(f"{path}: is a directory; give the checkpoint file (e.g. {path}/checkpoint_best.pt)")
+
+
+def no_gpu_visible() -> bool:
+    """True when this machine certainly has no GPU torch could use (hidden by CUDA_VISIBLE_DEVICES,
+    or no NVIDIA or ROCm device file), which answers ``--device auto``'s question without importing
+    torch; False: ask torch."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return True
+    if not os.path.isdir("/dev"):  # not a Unix: only torch knows
+        return False
+    return not any(name.startswith("nvidia") or name == "kfd" for name in os.listdir("/dev"))
 
 
 def check_output_file(path, option: str, creates_folders: bool = False) -> None:

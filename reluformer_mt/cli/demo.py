@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knn-memory-k", type=positive_int, default=8,
                    help="memory matches per verse of the per-input kNN-MT datastores")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar of the training stage (updates done, rate, time left; only on a terminal)")
+                   help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
+                        "else a line every 30 s")
     p.add_argument("--tune-chapters", type=non_negative_int, default=7,
                    help="validation chapters decoded by the tuner (its teacher-forced grid reads all; 0: all 13)")
     p.add_argument("--pieces-k", type=positive_int, default=8, help="memory matches per verse whose n-grams are pieces")

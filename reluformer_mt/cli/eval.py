@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
-                                     add_spm_model_option, check_distinct_files, check_output_file, non_negative_int,
-                                     percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
+                                     add_spm_model_option, check_checkpoint_file, check_distinct_files, check_output_file,
+                                     non_negative_int, percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
+from reluformer_mt.data.wording import counted
 from reluformer_mt.evaluation import aer as aer_lib
 from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation.reports import format_table, write_json
@@ -84,10 +85,15 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
                    help="paired bootstrap resampling (sacreBLEU's own implementation) of every system against the "
                         "first (the baseline), at each level scored; needs two or more -i files")
     p.add_argument("--paired-bs-n", type=positive_int, default=1000, metavar="N", help="bootstrap resamples")
-    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, "plain"],
-                   help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; else plain")
+    p.add_argument("--hyp-format", default="auto", choices=["auto", "generate", DOCMT, bleu_lib.LINES, "plain"],
+                   help="auto: <d> on the first non-blank line = docmt; S-/H- lines = generate; a file with blank "
+                        "lines = lines (a blank line between documents, reluformer-translate's lines output) when "
+                        "the reference has documents too or its sentences are the lines less the blank ones; "
+                        "else plain (a blank line is an empty sentence)")
     p.add_argument("--hyp-doc-ids", help="doc id per line of a plain hypothesis")
-    p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, "plain"])
+    p.add_argument("--ref-format", default="auto", choices=["auto", DOCMT, bleu_lib.LINES, "plain"],
+                   help="as --hyp-format: a reference with blank lines is read as lines when the hypothesis has "
+                        "documents")
     p.add_argument("--ref-doc-ids", help="doc id per line of a plain reference (each reference, with several)")
     p.add_argument("--ref-from-generate", action="store_true",
                    help="use the T- lines of the hypothesis as reference (binarised targets: may hold <unk>)")
@@ -138,7 +144,8 @@ def print_bleu_report(report: dict, width: int = 2) -> None:
                            [(r.name, r.score, r.n_items) for r in report["ter"].values()], digits=width))
         print(f"TER signature: TER|{next(iter(report['ter'].values())).signature}")
     if report["mismatches"]:
-        print(f"\n{len(report['mismatches'])} documents differ in sentence count:")
+        n = len(report["mismatches"])
+        print(f"\n{counted(n, 'document')} {'differs' if n == 1 else 'differ'} in sentence count:")
         print(format_table(["doc id", "hyp sentences", "ref sentences"],
                            [(m["doc_id"], m["hyp_sentences"], m["ref_sentences"]) for m in report["mismatches"]]))
     for note in report["notes"]:
@@ -633,11 +640,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     quiet_logging()  # before the subcommand imports fairseq (whose imports would set DEBUG)
     args = build_parser().parse_args(argv)
     run = SUBCOMMANDS[args.command][2]
-    if getattr(args, "checkpoint", None):  # subcommands that load models: the entry point registers
-        from reluformer_mt.plugin import register
-
-        register()
     try:
+        checkpoints = getattr(args, "checkpoint", None)
+        for path in checkpoints if isinstance(checkpoints, list) else [checkpoints] if checkpoints else []:
+            check_checkpoint_file(path)  # before torch and fairseq load (seconds)
         for option in ("json", "plot", "write_pred", "output", "html"):  # before any work, not after an hour of it
             if getattr(args, option, None):
                 check_output_file(getattr(args, option), "--" + option.replace("_", "-"),
@@ -648,6 +654,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_tokenizer(args.tokenize)
         check_distinct_files([("--" + o.replace("_", "-"), getattr(args, o, None))
                               for o in ("json", "plot", "write_pred", "output", "html")], input_files(args))
+        if checkpoints:  # subcommands that load models: the entry point registers
+            from reluformer_mt.plugin import register
+
+            register()
         command = "reluformer-eval " + " ".join(sys.argv[1:] if argv is None else argv)
         tee = Tee(sys.stdout) if getattr(args, "html", None) else None
         with contextlib.redirect_stdout(tee) if tee else contextlib.nullcontext():

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
-                                     OneLineParser, add_device_option, check_distinct_files, check_output_file,
-                                     folder_files, positive_int, resolve_device, write_error)
+                                     OneLineParser, add_device_option, check_distinct_files, check_input_folder,
+                                     check_output_file, folder_files, positive_int, resolve_device, write_error)
 from reluformer_mt.data.textfiles import write_text_atomically
 
 
@@ -71,6 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_options(args) -> None:
+    """The options and the files and folders a subcommand reads, checked before torch and fairseq
+    load (seconds)."""
+    if getattr(args, "checkpoint", None) and not Path(args.checkpoint).is_file():
+        raise ValueError(f"--checkpoint {args.checkpoint}: not found")
+    check_input_folder(getattr(args, "data", None), "--data")
+    check_input_folder(getattr(args, "directory", None), "datastore")
+    if args.command == "tune":
+        check_input_folder(args.knn, "--knn")
+        if args.adaptive_k & (args.adaptive_k - 1):
+            raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
+                             f"got {args.adaptive_k}")
+    if getattr(args, "json", None):
+        check_output_file(args.json, "--json")
+    if getattr(args, "device", None):
+        args.device = resolve_device(args.device)
+
+
 def run_datastore(args) -> str:
     from reluformer_mt.knn.datastore import Datastore, build_datastore
 
@@ -78,10 +96,8 @@ def run_datastore(args) -> str:
         store = Datastore.load(args.directory)
         tuned = store.meta.get("tuned", {}).get("full")
         return store.describe() + (f"\n  tuned: {tuned}" if tuned else "\n  not tuned (reluformer-memory tune)")
-    if not Path(args.checkpoint).is_file():
-        raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     store = build_datastore(args.checkpoint, args.out, data=args.data, split=args.split, max_tokens=args.max_tokens,
-                            index=args.index, device=resolve_device(args.device), progress=not args.quiet, force=args.force)
+                            index=args.index, device=args.device, progress=not args.quiet, force=args.force)
     m = store.meta
     return (store.describe() + f"\n  built in {m['build_seconds']} s; {m['bytes'] / 2**20:.1f} MiB on disk"
             + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else ""))
@@ -98,16 +114,10 @@ def data_of(checkpoint, data) -> Path:
 def run_tune(args) -> str:
     from reluformer_mt.experiments.knn_tune import format_report, tune
 
-    if not Path(args.checkpoint).is_file():
-        raise ValueError(f"--checkpoint {args.checkpoint}: not found")
-    if args.json:  # before the grid and the decodes, and never over what the tuning reads
-        check_output_file(args.json, "--json")
+    if args.json:  # never over what the tuning reads (the data folder's path needs the checkpoint's config)
         check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--knn", args.knn))
         check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))
-    if args.adaptive_k & (args.adaptive_k - 1):
-        raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
-                         f"got {args.adaptive_k}")
-    report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=resolve_device(args.device),
+    report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=args.device,
                   beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
                   adaptive_k=args.adaptive_k, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
@@ -128,13 +138,11 @@ def run_rekey(args) -> dict:
                              + folder_files("--data", data / MEMORY_DIR))
     if not Prepared.exists(data):
         raise ValueError(f"--data {data}: no prepared.json (expected a directory prepared by reluformer-prepare)")
-    if not Path(args.checkpoint).is_file():
-        raise ValueError(f"--checkpoint {args.checkpoint}: not found")
     opened = open_checkpoint(args.checkpoint, data)
     # the neighbours are rewritten from --data's pieces read with the model's dictionary: the same
     # vocabulary, checked against what the checkpoint was trained with (refused when that is not found)
     check_data_vocabulary(opened)
-    loaded = opened.load(device=resolve_device(args.device))
+    loaded = opened.load(device=args.device)
     return rekey(data, loaded.model, loaded.task.source_dictionary, rerank=args.rerank, candidates=args.candidates,
                  checkpoint=args.checkpoint, max_tokens=args.max_tokens, progress=not args.quiet)
 
@@ -143,10 +151,11 @@ def main(argv=None) -> int:
     logging.basicConfig(format="reluformer-memory: %(levelname)s: %(message)s", level=logging.WARNING,
                         stream=sys.stderr, force=True)
     args = build_parser().parse_args(argv)
-    from reluformer_mt.plugin import register
-
-    register()
     try:
+        check_options(args)
+        from reluformer_mt.plugin import register
+
+        register()
         if args.command == "datastore":
             print(run_datastore(args))
             return EXIT_OK

@@ -19,7 +19,8 @@ import argparse
 import logging
 import sys
 
-from reluformer_mt.cli.checks import (RawDescriptionDefaultsFormatter, add_spm_model_option, non_negative_int, positive_int,
+from reluformer_mt.cli.checks import (RawDescriptionDefaultsFormatter, add_spm_model_option, check_input_file,
+                                     check_input_folder, check_output_folder, non_negative_int, positive_int,
                                      segment_tokens, write_error)
 from reluformer_mt.data.readers import FORMATS
 
@@ -90,8 +91,25 @@ def config_from_args(args):
     )
 
 
+def check_inputs(args) -> None:
+    """The corpus files, SentencePiece models and output folder, before torch loads (seconds)."""
+    for option in ("train", "valid", "test"):
+        for group in getattr(args, option):
+            for path in group:
+                check_input_file(path, "--" + option)
+    for path in args.spm_model or ():
+        check_input_file(path, "--spm-model")
+    check_input_folder(args.bible_root, "--bible-root")
+    check_output_folder(args.out, "--out")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_inputs(args)
+    except ValueError as e:
+        print(f"reluformer-prepare: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr)
     # fairseq's speech task logs an install hint for tensorboardX when fairseq is imported: noise here
     logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)

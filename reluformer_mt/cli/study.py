@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar during training (there is none when standard error is not a terminal)")
+                   help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
+                        "else a line every 30 s")
     p.add_argument("--no-report", action="store_true",
                    help="train and score only (for several processes sharing --out); a later call writes the report")
     return p

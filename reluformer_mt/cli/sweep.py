@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoints (by default deleted once the run is scored)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar during training (there is none when standard error is not a terminal)")
+                   help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
+                        "else a line every 30 s")
     p.add_argument("extra", nargs="*", help="after --: more fairseq-train options for every run")
     return p
 

@@ -3,11 +3,12 @@
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import OneLineParser, positive_int, positive_int_list
+from reluformer_mt.cli.checks import OneLineParser, import_quietly, positive_int, positive_int_list
 
 
 def build_parser() -> OneLineParser:
-    from reluformer_mt.experiments import tm_study
+    # fairseq and matplotlib, imported by the study, log at import (DEBUG lines): not on the console
+    tm_study = import_quietly("reluformer_mt.experiments.tm_study")
 
     p = OneLineParser(prog="tm_study", description=tm_study.__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/tm_study")

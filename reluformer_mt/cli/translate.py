@@ -14,7 +14,7 @@ it is done, so the command can sit in a pipe as fairseq-interactive does. A regu
 whole and its segments batched across documents.
 """
 import argparse
-import inspect
+import ast
 import logging
 import os
 import stat
@@ -24,17 +24,39 @@ from pathlib import Path
 from typing import Iterator, List
 
 from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
-                                     check_distinct_files, check_no_repeats, check_output_file, non_negative_float,
-                                     non_negative_int, segment_tokens, writing, write_error)
+                                     check_checkpoint_file, check_device, check_distinct_files, check_input_file,
+                                     check_input_folder, check_no_repeats, check_output_file, no_gpu_visible,
+                                     non_negative_float, non_negative_int, segment_tokens, writing, write_error)
+from reluformer_mt.cli.stored_config import check_resources_findable
 
 
 def translator_defaults() -> dict:
     """The defaults of ``DocumentTranslator``'s keyword parameters: the one declaration the
-    options' defaults come from (parameter ``x_y`` is option ``--x-y``)."""
-    from reluformer_mt.inference.translator import DocumentTranslator
+    options' defaults come from (parameter ``x_y`` is option ``--x-y``). Read from the module's
+    source, not by importing it: that imports torch and fairseq (seconds), and the options are
+    checked before them, so a bad option is answered at once (a test compares the two readings)."""
+    from importlib.util import find_spec
 
-    return {name: p.default for name, p in inspect.signature(DocumentTranslator.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+    return source_defaults(find_spec("reluformer_mt.inference.translator").origin, "DocumentTranslator")
+
+
+def source_defaults(path, class_name: str) -> dict:
+    """``{parameter: default}`` of ``class_name.__init__`` in the Python file ``path``; each default
+    a literal or a module-level name bound to one."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    constants = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name)}
+    init = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == class_name
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    a = init.args
+    pairs = list(zip(a.args[len(a.args) - len(a.defaults):], a.defaults)) + \
+        [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+
+    def value(node):
+        node = constants.get(node.id, node) if isinstance(node, ast.Name) else node
+        return ast.literal_eval(node)
+
+    return {arg.arg: value(default) for arg, default in pairs}
 
 
 # beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and
@@ -82,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--nbest", type=int, default=D["nbest"], metavar="N",
                      help="write the N best translations of every sentence instead, Moses' n-best format: "
                           "'SENTENCE ||| translation ||| score' (0-based sentence number over the input, mean token "
-                          "log-probability), best first; N <= --beam")
+                          "log-probability in natural log, where fairseq-generate prints base 2), best first; "
+                          "N <= --beam")
     gen.add_argument("--lenpen", type=float, default=D["lenpen"], help="length penalty")
     gen.add_argument("--batch-size", type=int, default=D["batch_size"], help="most segments per batch")
     gen.add_argument("--max-tokens", type=int, default=D["max_tokens"], help="most source tokens per batch (padded)")
@@ -148,14 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "trained beside the --knn datastore picks k and the neighbours' share at every step "
                           "(--knn-k/--knn-lambda then unused; default: as tuned, else off)")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
-    out.add_argument("--scores", help="write each sentence's mean token log-probability here")
+    out.add_argument("--scores", help="write each sentence's mean token log-probability here (natural log)")
     out.add_argument("--memory-matches", metavar="FILE",
                      help="write each sentence's best memory match here: 'fuzzy score<TAB>entry id<TAB>entry target' "
                           "(what a translator checks first)")
     out.add_argument("--alignments", help="write each sentence's attention alignment here: 'i-j' pairs, 0-based "
                                           "source word i, target word j (words = SentencePiece words)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error (there is none when "
-                                                               "standard error is not a terminal)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on standard error (for inputs of 50 segments or more read from a file: a bar "
+                        "on a terminal, else a line every 30 s)")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary and warnings on standard error")
     return p
 
@@ -195,7 +219,8 @@ def check_paths(args) -> None:
 
 
 def check_options(args) -> None:
-    """Option checks that need neither the input nor the model (so they fail at once)."""
+    """Option and path checks that need neither the input's text nor the model, and import neither
+    torch nor fairseq (so they fail at once)."""
     from reluformer_mt.inference.inputs import check_language
 
     check_paths(args)
@@ -209,10 +234,16 @@ def check_options(args) -> None:
         raise ValueError(f"--doc-ids goes with --format docids, not {args.format}")
     if args.language:
         check_language(args.language)
-    from reluformer_mt.checkpoints import _checked_path
-
     for path in args.checkpoint:  # the loader's own message, before any of them loads
-        _checked_path(path)
+        check_checkpoint_file(path)
+    if args.data is None:  # the first checkpoint's resources serve the ensemble
+        check_resources_findable(args.checkpoint[0])
+    check_input_file(args.input, "--input", "input file")
+    check_input_file(args.doc_ids, "--doc-ids")
+    if args.memory and args.memory != "none" and not Path(args.memory).exists():
+        raise ValueError(f"--memory {args.memory}: no such file or folder")
+    check_input_folder(args.data, "--data")
+    check_device(args.device)
     if (args.fp16 or args.bf16) and not _cuda_device(args.device):
         raise ValueError(f"--{'fp16' if args.fp16 else 'bf16'}: half precision is for CUDA only "
                          f"(--device {args.device} is the CPU here); translate in full precision on the CPU")
@@ -221,7 +252,7 @@ def check_options(args) -> None:
 def _cuda_device(device: str) -> bool:
     if device.startswith("cuda"):
         return True
-    if device != "auto":
+    if device != "auto" or no_gpu_visible():
         return False
     import torch
 
@@ -437,6 +468,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.quiet:
         logging.getLogger().setLevel(logging.ERROR)
+    try:  # before torch and fairseq load (seconds): a bad option or path is answered at once
+        check_options(args)
+    except ValueError as e:
+        print(f"reluformer-translate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     from reluformer_mt.checkpoints import CheckpointError
     from reluformer_mt.inference.translator import TranslationError
     from reluformer_mt.plugin import register

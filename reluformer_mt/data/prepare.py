@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tqdm import tqdm
-
+from reluformer_mt.console import Progress
 from reluformer_mt.data import spm as spm_utils
 from reluformer_mt.data.binarize import preprocess_argv, run_preprocess
 from reluformer_mt.data.readers import Document, Report, read_corpus
@@ -281,7 +280,7 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
             with open(text_dir / f"{split}.{cfg.src}", "w", encoding="utf-8") as fs, \
                     open(text_dir / f"{split}.{cfg.tgt}", "w", encoding="utf-8") as ft:
                 chunk = 200
-                bar = tqdm(total=len(docs), desc=f"encode+segment {split}", unit="doc", disable=not cfg.progress)
+                bar = Progress(len(docs), f"encode+segment {split}", "documents", enabled=cfg.progress)
                 for c in range(0, len(docs), chunk):
                     part = docs[c: c + chunk]
                     src_tok = spm_utils.encode(sp_src, [s for d in part for s in d.src], cfg.workers)

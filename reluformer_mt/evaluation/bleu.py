@@ -33,6 +33,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from reluformer_mt.data import textfiles
 from reluformer_mt.data.documents import DOC_MARKER, FORMAT as DOCMT, read_documents, starts_with_marker
 from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, read_segment_metadata, segments_to_documents, split_segment
+from reluformer_mt.data.wording import counted
 
 SPM_SPACE = "\u2581"  # SentencePiece's word-start mark '▁'
 
@@ -272,6 +273,28 @@ def read_docmt(path) -> Docs:
     return OrderedDict((str(i), [line for _, line in doc]) for i, doc in enumerate(found.documents))
 
 
+LINES = "lines"  # reluformer-translate's layout: a sentence a line, a blank line between documents
+
+
+def read_blank_line_documents(path) -> Docs:
+    """A file of the ``lines`` layout (what ``reluformer-translate`` writes for a ``lines`` input):
+    every blank line ends a document (the rule of its reader, so two blank lines hold an empty
+    document). Documents get the ids "0", "1", ... in file order, as :func:`read_docmt`'s."""
+    docs, current = [], []
+    for line in read_lines(path):
+        if line.strip():
+            current.append(line)
+        else:
+            docs.append(current)
+            current = []
+    docs.append(current)
+    return OrderedDict((str(i), doc) for i, doc in enumerate(docs))
+
+
+def has_blank_line(path) -> bool:
+    return any(not line.strip() for line in read_lines(path))
+
+
 def group_by_doc_ids(lines: Sequence[str], doc_ids: Sequence[str], where: str = "") -> Docs:
     """Group line-aligned sentences by their doc id, keeping first-appearance order.
 
@@ -499,6 +522,38 @@ def definition_line(scores: Dict[str, BleuResult], n_sentences: int, n_documents
     return "; ".join(parts)
 
 
+def resolve_layouts(hyp, refs, hyp_format: str, ref_format: str, notes: List[str]) -> Tuple[str, str]:
+    """``auto`` for a plain file with blank lines: the ``lines`` layout (documents between blank
+    lines, reluformer-translate's output) when the other side has documents too (``<d>`` lines or
+    blank lines), or when the hypothesis's lines less its blank lines are the reference's sentences;
+    else plain (a blank line an empty sentence, as sacreBLEU reads it)."""
+    def detected(path, fmt):
+        if fmt != "auto":
+            return fmt, False
+        found = detect_format(path)
+        return found, found == "plain" and has_blank_line(path)
+
+    (hyp_fmt, hyp_blank), (ref_fmt, ref_blank) = detected(hyp, hyp_format), detected(refs[0], ref_format)
+    ref_blank = ref_blank and all(has_blank_line(r) for r in refs[1:])
+    hyp_docs, ref_docs = hyp_blank or hyp_fmt in (DOCMT, LINES), ref_blank or ref_fmt in (DOCMT, LINES)
+    chosen = []
+    if hyp_blank and (ref_docs or (ref_fmt == "plain" and _sentences_without_blanks(hyp) == len(read_lines(refs[0]))
+                                   != len(read_lines(hyp)))):
+        hyp_fmt = LINES
+        chosen.append("the hypothesis")
+    if ref_blank and hyp_docs:
+        ref_fmt = LINES
+        chosen.append("the reference" + ("s" if len(refs) > 1 else ""))
+    if chosen:
+        notes.append(f"{' and '.join(chosen)} read as documents separated by blank lines (reluformer-translate's "
+                     f"lines layout; --hyp-format/--ref-format plain reads a blank line as an empty sentence)")
+    return hyp_fmt, ref_fmt
+
+
+def _sentences_without_blanks(path) -> int:
+    return sum(1 for line in read_lines(path) if line.strip())
+
+
 def check_not_empty(hyp, ref) -> None:
     """An empty (0-byte) hypothesis or reference is an error naming both files, never a score."""
     n_hyp, n_ref = (len(read_lines(p)) if os.path.getsize(p) else 0 for p in (hyp, ref))
@@ -514,6 +569,8 @@ def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_targ
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt == DOCMT:
         return read_docmt(path), None
+    if fmt == LINES:
+        return read_blank_line_documents(path), None
     if fmt == "plain":
         lines = read_lines(path)
         if doc_ids:
@@ -523,7 +580,7 @@ def _load_side(path, fmt, doc_ids, segments, separator, pieces, strict, use_targ
             return group_by_doc_ids(lines, ids, where=str(doc_ids)), None
         return lines, None
     if fmt != "generate":
-        raise ValueError(f"unknown input format {fmt!r} (auto, {DOCMT}, plain, generate)")
+        raise ValueError(f"unknown input format {fmt!r} (auto, {DOCMT}, {LINES}, plain, generate)")
     samples = read_fairseq_generate(path, pieces)
     what = "T" if use_target else "H"
     texts = {i: (s.target if use_target else s.hypothesis) for i, s in samples.items()}
@@ -639,6 +696,9 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         if path is not None:
             check_not_empty(hyp, path)
     strict = not allow_mismatch
+    notes = []
+    if not ref_from_generate and ref is not None and not hyp_doc_ids and not ref_doc_ids:
+        hyp_format, ref_format = resolve_layouts(hyp, [ref, *more_refs], hyp_format, ref_format, notes)
     hyp_side, hyp_seg = _load_side(hyp, hyp_format, hyp_doc_ids, segments, separator, pieces, strict)
     if ref_from_generate:
         if more_refs:
@@ -650,7 +710,6 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         ref_sides = [_load_side(r, ref_format, ref_doc_ids, segments if ref_format == "generate" else None,
                                 separator, pieces, True)[0] for r in [ref, *more_refs]]
     ref_names = [str(r) for r in ([hyp] if ref_from_generate else [ref, *more_refs])]
-    notes = []
     flat = [isinstance(side, list) for side in [hyp_side] + ref_sides]
     if all(flat):
         for name, side in zip(ref_names, ref_sides):
@@ -664,8 +723,8 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         # one side's documents are not evidence of the other's: cutting by them would score a guess
         names = [name for name, is_flat in zip([str(hyp)] + ref_names, flat) if is_flat]
         raise ValueError(f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no document boundaries but the "
-                         f"other side has: give both sides '<d>' lines or doc ids (--hyp-doc-ids/--ref-doc-ids), or "
-                         f"score sentences only (--levels s)")
+                         f"other side has: give both sides '<d>' lines, a blank line between documents or doc ids "
+                         f"(--hyp-doc-ids/--ref-doc-ids), or score sentences only (--levels s)")
     elif any(flat):  # sentences only: documents do not matter, every side is read as one
         hyp_docs = OrderedDict([("all", _flatten(hyp_side))])
         ref_docs_list = [OrderedDict([("all", _flatten(side))]) for side in ref_sides]
@@ -690,7 +749,8 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
     if not any(hs or rs for _, hs, rs in pairs):
         raise ValueError(f"nothing to score: {hyp} and {ref or hyp} hold no sentences")
     if mismatches:
-        notes.append(f"{len(mismatches)} documents differ in sentence count: s-BLEU not computed, d-BLEU only")
+        notes.append(f"{counted(len(mismatches), 'document')} {'differs' if len(mismatches) == 1 else 'differ'} "
+                     "in sentence count: s-BLEU not computed, d-BLEU only")
     if "segment" in levels and segments is None:
         notes.append("segment-level d-BLEU needs --segments: skipped")
     if detokenize == "moses":

@@ -285,16 +285,20 @@ class ForcedScorer:
 
     def score(self, requests: Sequence[Request], desc: str = "score") -> Dict[Request, float]:
         """{request: summed log-probability of its ``tgt``}; each distinct request is scored once."""
-        from tqdm import tqdm
+        from reluformer_mt.console import Progress
 
         unique = list(OrderedDict.fromkeys(requests))
         pairs = [extract.Pair(torch.tensor(r.src), torch.tensor(r.prefix + r.tgt), [], []) for r in unique]
         groups = list(extract.batches(pairs, self.max_tokens, self.batch_size))
-        disable = (not self.progress) if self.progress is not None else (len(groups) < 20 or None)
+        # a bar on a terminal, else a line every 30 s; by default for 20 batches or more
+        bar = Progress(len(groups), desc, "batches", enabled=self.progress if self.progress is not None
+                       else len(groups) >= 20)
         out: Dict[Request, float] = {}
-        for indices in tqdm(groups, desc=desc, unit="batch", disable=disable, leave=False):
+        for indices in groups:
             for i, lp in zip(indices, self._score_batch([unique[i] for i in indices])):
                 out[unique[i]] = lp
+            bar.update(1)
+        bar.close()
         return out
 
     @torch.no_grad()

@@ -137,7 +137,7 @@ class DemoOptions:
     knn_memory_k: int = 8
     # validation chapters the tuner decodes (its teacher-forced grid reads all of them; 0: all)
     tune_chapters: int = 7
-    # no progress bar within the training stage (it is off anyway when the console is not a terminal)
+    # no progress within the training stage (a bar on a terminal, else a line every 30 s)
     no_progress: bool = False
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
@@ -349,10 +349,11 @@ def process_cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def training_progress(o: "DemoOptions", families: List[str]):
-    """A progress bar on the console (not in the log) for a training stage: the updates the
-    families' fairseq logs report so far, summed, of all they will do; off with --no-progress or
-    when the console is not a terminal (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
+def training_progress(o: "DemoOptions", families: List[str], stages: Optional[Stages] = None):
+    """Progress on the console (not in the log) of a training stage: the updates the families'
+    fairseq logs report so far, summed, of all they will do: a bar on a terminal, else a line
+    under the stage's every 30 s; off with --no-progress
+    (:class:`reluformer_mt.experiments.progress.TrainingProgress`)."""
     from reluformer_mt.experiments.progress import TrainingProgress, updates_in_file
 
     phases = [entry for f in families for entry in phase_files(o, f, family_run(o, f))]
@@ -362,7 +363,8 @@ def training_progress(o: "DemoOptions", families: List[str]):
         return sum(r() or 0 for r in readers)
 
     total = None if o.budget_minutes else sum(phase.updates for phase, _, _ in phases)
-    return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None)
+    return TrainingProgress(done, total, desc="train", console=sys.__stderr__, enabled=False if o.no_progress else None,
+                            say=stages.note if stages is not None else None)
 
 
 def training_jobs(o: "DemoOptions") -> int:
@@ -784,12 +786,12 @@ def train_stage(o: DemoOptions, stages: Stages, dirs: Dict[str, Path]) -> tuple:
         budget = f"{o.sentence_updates + o.max_update} updates, each family's tuned split"
     if training_jobs(o) > 1:
         with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"), \
-                training_progress(o, o.families):
+                training_progress(o, o.families, stages):
             trained = train_in_parallel(o, dirs)
     else:
         trained = {}
         for family in o.families:
-            with stages.stage(f"train {family} ({budget})"), training_progress(o, [family]):
+            with stages.stage(f"train {family} ({budget})"), training_progress(o, [family], stages):
                 trained[family] = train_family(o, family, dirs)
     results = {}
     for family in o.families:
@@ -861,9 +863,27 @@ def demo_table(results: Dict[str, dict], base: dict, reference: Optional[dict]) 
 
 
 def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypotheses: Dict[str, Dict[str, dict]],
+                 checkpoints: Dict[str, Path], translated: dict, dirs: Dict[str, Path], stages: Stages,
+                 started: float) -> dict:
+    """summary.json, report.json, table.md, the hypothesis files and index.html (a step with its
+    own console line: its bootstrap intervals and alignments log to the log file); prints the table."""
+    with stages.stage("write the report: summary, tables, bootstrap intervals, index.html", planned=False):
+        report, page = write_report(o, results, base, hypotheses, checkpoints, translated, dirs,
+                                    dict(stages.times), time.time() - started)
+    total = time.time() - started
+    print(f"\nHTML report (opens from the file system): {page}")
+    print("\n" + report["table"])
+    print("published points of comparison:\n" + "\n".join(f"- {point}" for point in PAPER_POINTS))
+    print(f"\nreport: {o.out / 'report'}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
+          f"aer_per_layer.png, sparsity_per_layer.png, chapter_{translated['chapter']}.side_by_side.md, "
+          f"{Path(translated['translation']).name}); total {total / 60:.1f} min")
+    return report
+
+
+def write_report(o: DemoOptions, results: Dict[str, dict], base: dict, hypotheses: Dict[str, Dict[str, dict]],
                  checkpoints: Dict[str, Path], translated: dict, dirs: Dict[str, Path], stage_seconds,
-                 total: float) -> dict:
-    """summary.json, report.json, table.md, the hypothesis files and index.html; prints the table."""
+                 total: float):
+    """(report, page): the files of :func:`report_stage`."""
     report_dir = o.out / "report"
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = demo_table(results, base, reference)
@@ -875,19 +895,12 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
               "definitions": DEFINITIONS, "baselines": base, "models": results, "translated_chapter": translated,
               "table": table}
     write_json(report_dir / "report.json", report, command=" ".join(sys.argv))
-    notes = "\n".join(f"- {point}" for point in PAPER_POINTS)
     # the readable report: table.md (Markdown and fixed width), plain hypothesis files, index.html
     write_table_files(report_dir, TABLE_HEADERS, comparison_rows(results, base, reference), PAPER_POINTS,
                       title=f"reluformer-demo, {o.preset} preset")
     page = write_report_page(report_dir, dirs["doc"], checkpoints, hypotheses,
                              {f: results[f]["aer"] for f in o.families}, device=o.device)
-    print(f"\nHTML report (opens from the file system): {page}")
-    print("\n" + table)
-    print("published points of comparison:\n" + notes)
-    print(f"\nreport: {report_dir}/ (report.json, table.md, learning_curves.png, attention_heatmaps.png, "
-          f"aer_per_layer.png, sparsity_per_layer.png, chapter_{translated['chapter']}.side_by_side.md, "
-          f"{Path(translated['translation']).name}); total {total / 60:.1f} min")
-    return report
+    return report, page
 
 
 def run_demo(o: DemoOptions) -> dict:
@@ -909,7 +922,7 @@ def run_demo(o: DemoOptions) -> dict:
         evaluate_stage(o, checkpoints, results, hypotheses, dirs["doc"], report_dir)
     with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
         translated = chapter_stage(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
-    return report_stage(o, results, base, hypotheses, checkpoints, translated, dirs, stages.times, time.time() - started)
+    return report_stage(o, results, base, hypotheses, checkpoints, translated, dirs, stages, started)
 
 
 __all__ = ["DemoOptions", "PRESETS", "run_demo"]

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from reluformer_mt.console import line_seconds
+
 # expected seconds on the 2-core machine of the measured quick run (see the module docstring)
 PREPARE_SECONDS = 13.0
 MEMORY_NEIGHBOURS_SECONDS = 15.0
@@ -90,6 +92,8 @@ class Stages:
         self.done, self.times, self.started = 0, {}, time.time()
         self.log_file, self.console = log_file, console or sys.stdout
         self._actual: List[float] = []
+        self._open = False  # a stage's line printed without its end yet
+        self._lock = threading.Lock()  # notes come from progress threads
 
     def announce(self) -> None:
         """The opening line: where the logs go and the expected duration."""
@@ -102,11 +106,31 @@ class Stages:
             return ""
         return f", about {minutes(remaining_estimate(self.expected, self._actual))} left"
 
+    def note(self, text: str) -> None:
+        """A line within the running stage (its progress), indented under the stage's line."""
+        with self._lock:
+            if self._open:  # the stage's line waits for its time: end it first
+                print(file=self.console)
+                self._open = False
+            print(f"  {text}", file=self.console, flush=True)
+
+    def _close(self, number: str, name: str, text: str) -> None:
+        """The end of a stage's line, or a line of its own when notes came between."""
+        with self._lock:
+            print(f" {text}" if self._open else f"{number} {name}: {text}", file=self.console, flush=True)
+            self._open = False
+
     @contextlib.contextmanager
-    def stage(self, name: str):
-        self.done += 1
-        self.total = max(self.total or 0, self.done)  # an unplanned stage still gets a sensible counter
-        print(f"[demo {self.done}/{self.total}] {name} ...", end="", file=self.console, flush=True)
+    def stage(self, name: str, planned: bool = True):
+        """A numbered stage of the plan; ``planned=False``: a short step after them (the report), with
+        the same line and log but no number and no part in the estimate."""
+        if planned:
+            self.done += 1
+            self.total = max(self.total or 0, self.done)  # an unplanned stage still gets a sensible counter
+        number = f"[demo {self.done}/{self.total}]" if planned else "[demo]"
+        with self._lock:
+            print(f"{number} {name} ...", end="", file=self.console, flush=True)
+            self._open = True
         start = time.time()
         log = None
         if self.log_file is not None:
@@ -117,17 +141,17 @@ class Stages:
             with _console_to(log) if log else contextlib.nullcontext():
                 yield
         except BaseException:
-            print(f" failed after {minutes(time.time() - start)}"
-                  + (f" (log: {self.log_file})" if self.log_file else ""), file=self.console, flush=True)
+            self._close(number, name, f"failed after {minutes(time.time() - start)}"
+                        + (f" (log: {self.log_file})" if self.log_file else ""))
             raise
         finally:
             if log:
                 log.close()
         seconds = time.time() - start
         self.times[name] = round(seconds, 1)
-        self._actual.append(seconds)
-        print(f" {minutes(seconds)} (total {minutes(time.time() - self.started)}{self.left()})",
-              file=self.console, flush=True)
+        if planned:
+            self._actual.append(seconds)
+        self._close(number, name, f"{minutes(seconds)} (total {minutes(time.time() - self.started)}{self.left()})")
 
 
 
@@ -155,53 +179,89 @@ def updates_in_file(path) -> Callable[[], Optional[int]]:
     return read
 
 
+def progress_line(desc: str, done: int, total: Optional[int], seconds: float, rate: Optional[float]) -> str:
+    """``train: 1,250 of 2,500 updates (50 %) in 4.1 min, 5.1 updates/s, about 4.1 min left``."""
+    of = f" of {total:,}" if total else ""
+    share = f" ({100 * done / total:.0f} %)" if total else ""
+    speed = f", {rate:.2f} updates/s" if rate else ""
+    left = f", about {minutes((total - done) / rate)} left" if rate and total and done < total else ""
+    return f"{desc}: {done:,}{of} updates{share} in {minutes(seconds)}{speed}{left}"
+
+
 class TrainingProgress:
-    """A tqdm bar on the console for a training stage that runs elsewhere (a child process, or
-    fairseq in this process with its output sent to a log): updates done of ``total``, the rate
-    and the time left, refreshed every ``interval`` seconds (fairseq logs every --log-interval
-    updates, so the bar moves at that pace; at most 30 s apart as long as fairseq logs that often).
-    ``updates``: a callable giving the updates done so far (:func:`updates_in_file`). Off when
-    ``enabled`` is False (``--no-progress``) or, by default, when the console is not a terminal
-    (a log file or a pipe gets no bar: tqdm's carriage returns would fill it)::
+    """Progress of a training stage that runs elsewhere (a child process, or fairseq in this
+    process with its output sent to a log): updates done of ``total``, the rate and the time left.
+    ``updates``: a callable giving the updates done so far (:func:`updates_in_file`), polled every
+    ``interval`` seconds (fairseq logs every --log-interval updates, so the count moves at that pace).
+
+    On a terminal console a tqdm bar; on any other console (a pipe, a log file) a plain line every
+    ``line_interval`` seconds (RELUFORMER_PROGRESS_SECONDS, else 30) and one at the end, through ``say`` (default: a line on the console;
+    the demo's ``Stages.note``), as fairseq's own log lines; nothing when ``enabled`` is False
+    (``--no-progress``)::
 
         with TrainingProgress(updates_in_file(log), total=2500, desc="train reluformer", console=stages.console):
             run_fairseq("train", argv)
     """
 
     def __init__(self, updates: Callable[[], Optional[int]], total: Optional[int], desc: str = "train",
-                 console=None, enabled: Optional[bool] = None, interval: float = 5.0):
+                 console=None, enabled: Optional[bool] = None, interval: float = 5.0,
+                 line_interval: Optional[float] = None, say: Optional[Callable[[str], None]] = None):
         self.updates, self.total, self.desc, self.interval = updates, total, desc, interval
         self.console = console or sys.stderr
         isatty = getattr(self.console, "isatty", lambda: False)
-        self.enabled = isatty() if enabled is None else enabled
+        self.enabled = enabled is not False
+        self.mode = None if not self.enabled else "bar" if isatty() else "lines"
+        self.line_interval = line_seconds() if line_interval is None else line_interval
+        self.say = say or (lambda text: print(text, file=self.console, flush=True))
         self._stop = threading.Event()
         self._thread = None
         self.bar = None
+        self._started = self._last_line = 0.0
+        self._first: Optional[Tuple[float, int]] = None  # (time, updates) of the first count seen
+        self._shown: Optional[int] = None
 
     def _poll(self) -> None:
         while not self._stop.wait(self.interval):
             self._refresh()
 
-    def _refresh(self) -> None:
+    def _refresh(self, final: bool = False) -> None:
         done = self.updates()
-        if done is not None and done != self.bar.n:
-            self.bar.n = min(done, self.bar.total) if self.bar.total else done
-            self.bar.refresh()
+        if done is None:
+            return
+        if self.bar is not None:
+            if done != self.bar.n:
+                self.bar.n = min(done, self.bar.total) if self.bar.total else done
+                self.bar.refresh()
+            return
+        now = time.time()
+        if self._first is None:
+            self._first = (now, done)
+        if done != self._shown and (final or now - self._last_line >= self.line_interval):
+            self._last_line, self._shown = now, done
+            self.say(progress_line(self.desc, done, self.total, now - self._started, self._rate(now, done)))
+
+    def _rate(self, now: float, done: int) -> Optional[float]:
+        """Updates per second since the first count seen (start-up excluded)."""
+        then, first = self._first
+        return (done - first) / (now - then) if now > then and done > first else None
 
     def __enter__(self):
-        if self.enabled:
+        self._started = self._last_line = time.time()
+        if self.mode == "bar":
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.total or None, desc=self.desc, unit="upd", file=self.console,
                             dynamic_ncols=True, leave=False, mininterval=0)
+        if self.mode is not None:
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc):
-        if self.bar is not None:
+        if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            self._refresh()  # the final count
+            self._refresh(final=True)  # the final count
+        if self.bar is not None:
             self.bar.close()
         return False

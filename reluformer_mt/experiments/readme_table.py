@@ -3,6 +3,10 @@ live: other docs link to the README instead of copying them).
 
     python -m reluformer_mt.experiments.readme_table runs/demo/report/summary.json
 
+prints the table of a run (and changes no file);
+
+    python -m reluformer_mt.experiments.readme_table runs/demo/report/summary.json --write
+
 rewrites the block between ``<!-- demo-table:begin`` and ``<!-- demo-table:end -->`` in README.md
 and keeps a copy of the summary as ``docs/benchmarks/demo_summary.json``; a test renders that copy
 again and fails when the README's block differs from it.
@@ -84,9 +88,14 @@ def readme_block(readme: Path = README) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.readme_table",
-                                description="rewrite README.md's demo table from a demo run's summary.json")
+                                description="print the README's demo table of a demo run's summary.json "
+                                            "(with --write: rewrite README.md's table from it)")
     p.add_argument("summary", help="a demo run's summary.json (runs/demo/report/summary.json)")
-    source = Path(p.parse_args(argv).summary)
+    p.add_argument("--write", action="store_true",
+                   help="rewrite README.md's demo table and keep a copy of the summary in "
+                        "docs/benchmarks/demo_summary.json (without it nothing is written)")
+    args = p.parse_args(argv)
+    source = Path(args.summary)
     try:
         check_distinct_files([("README.md", README)], [("summary", source)])
     except ValueError as e:
@@ -97,6 +106,9 @@ def main(argv=None) -> int:
         p.error(f"{source}: {e}")
     if not isinstance(summary, dict):
         p.error(f"{source}: expected a demo summary (a JSON object), got {type(summary).__name__}")
+    if not args.write:
+        print(render(summary))
+        return 0
     rewrite(README, summary)
     SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
     if source.resolve() != SUMMARY_COPY.resolve():

@@ -145,7 +145,21 @@ def check_language(language: str, option: str = "--language") -> str:
 
 def sentence_splitter(language: str):
     """A pysbd segmenter for ``language`` (English, with a warning, when pysbd does not know it:
-    a user's --language is checked before, so this is a checkpoint's own language)."""
+    a user's --language is checked before, so this is a checkpoint's own language). Made on the
+    first text it splits, so a run that splits nothing (format detection on short lines) neither
+    waits for pysbd nor warns."""
+    segmenter = None
+
+    def split(text: str) -> List[str]:
+        nonlocal segmenter
+        if segmenter is None:
+            segmenter = _segmenter(language)
+        return [s.strip() for s in segmenter.segment(text) if s.strip()]
+
+    return split
+
+
+def _segmenter(language: str):
     import logging
 
     import pysbd
@@ -154,8 +168,7 @@ def sentence_splitter(language: str):
         logging.getLogger(__name__).warning("pysbd has no sentence splitter for %r: splitting with English rules "
                                             "(--language chooses one of %s)", language, ", ".join(splitter_languages()))
         language = "en"
-    segmenter = pysbd.Segmenter(language=language, clean=False)
-    return lambda text: [s.strip() for s in segmenter.segment(text) if s.strip()]
+    return pysbd.Segmenter(language=language, clean=False)
 
 
 def parse_raw(lines: Sequence[str], name: str, language: str = "en") -> ParsedInput:

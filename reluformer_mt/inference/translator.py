@@ -162,6 +162,15 @@ def _renamed_options(renamed: dict, pieces_weight, pieces_k, pieces_max_n):
     return values["pieces_weight"], values["pieces_k"], values["pieces_max_n"]
 
 
+def _in_band_order(key: str):
+    """Summary keys alphabetically, but those ending in a fuzzy band (<50, 50-70, ...) in band order."""
+    from reluformer_mt.memory.tm import FUZZY_BANDS
+
+    bands = [name for _, _, name in FUZZY_BANDS]
+    head, _, last = key.rpartition(" ")
+    return (head, bands.index(last)) if last in bands else (key, -1)
+
+
 class DocumentTranslator:
     """A loaded checkpoint with its resources; :meth:`translate` maps documents (lists of
     sentences) to lists of :class:`SentenceResult`, one per sentence."""
@@ -692,7 +701,7 @@ class DocumentTranslator:
                   progress: Optional[bool] = None) -> List[List[SentenceResult]]:
         """Translate documents (lists of sentence strings); returns, per document, exactly one
         :class:`SentenceResult` per input sentence (empty sentences give empty results)."""
-        from tqdm import tqdm
+        from reluformer_mt.console import Progress
 
         if isinstance(documents, str) or any(isinstance(doc, str) for doc in documents):
             # a list of strings would be read as documents of single characters
@@ -732,9 +741,11 @@ class DocumentTranslator:
         if new["separator tokens removed from the input"]:
             logger.warning("%d %r tokens in the input were replaced by spaces (the separator is reserved)",
                            new["separator tokens removed from the input"], self.resources.separator)
-        # progress None: a bar on stderr for long inputs (>= 50 segments) when stderr is a terminal
-        disable = (not progress) if progress is not None else (len(pending) < 50 or None)
-        bar = tqdm(total=len(pending), desc="translate", unit="seg", disable=disable, leave=False)
+        # progress None: for long inputs (>= 50 segments) a bar on stderr when it is a terminal, else a
+        # line every 30 s (retranslations included: they can take longer than the first pass)
+        first_pass = len(pending)
+        bar = Progress(first_pass, "translate", "segments", enabled=progress if progress is not None
+                       else first_pass >= 50)
         self._look_up_matches(documents, encoded, owners)
         while pending:
             sources = [self._source_ids(encoded, seg) for seg in pending]
@@ -763,8 +774,10 @@ class DocumentTranslator:
                     self.stats["fallbacks: segment retranslated sentence by sentence"] += 1
                     retry += [_Segment(seg.doc, [i], "sentence") for i in seg.sentences]
             pending = retry
-            bar.total += len(pending)
-            bar.refresh()
+            bar.add(len(pending))
+            if pending:
+                bar.set_postfix(f"{bar.total - first_pass:,} retranslations (outputs that did not split "
+                                "into their sentences)")
         bar.close()
         if self.knn is not None:  # the mixer's counts join the summary
             self.stats.update(self.knn.stats)
@@ -851,9 +864,12 @@ class DocumentTranslator:
         s = self.stats
         fallbacks = s["fallbacks: segment retranslated as halves"] + s["fallbacks: segment retranslated sentence by sentence"]
         rate = s["sentences"] / s["seconds"] if s["seconds"] else 0.0
-        lines = [f"translated {s['documents']:,} documents, {s['sentences']:,} sentences in {s['segments']:,} segments "
-                 f"in {s['seconds']:.1f} s ({rate:.1f} sentences/s); fallbacks: {fallbacks:,}"]
-        for key in sorted(s):
+        from reluformer_mt.data.wording import counted
+
+        lines = [f"translated {counted(s['documents'], 'document')}, {counted(s['sentences'], 'sentence')} in "
+                 f"{counted(s['segments'], 'segment')} in {s['seconds']:.1f} s ({rate:.1f} sentences/s); "
+                 f"fallbacks: {fallbacks:,}"]
+        for key in sorted(s, key=_in_band_order):
             if key not in ("documents", "sentences", "segments", "seconds") and s[key]:
                 lines.append(f"  {key}: {s[key]:,}")
         return "\n".join(lines)

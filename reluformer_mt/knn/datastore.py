@@ -258,7 +258,7 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     dictionaries) and write the datastore to ``out``; resumes an unfinished build of the same
     checkpoint and data."""
     from fairseq.data import data_utils
-    from tqdm import tqdm
+    from reluformer_mt.console import Progress
 
     from reluformer_mt.checkpoints import load_model, pick_device
     from reluformer_mt.memory.neighbours import save_array
@@ -297,7 +297,7 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
             stale.unlink()
     write_text_atomically(plan_path, json.dumps(plan) + "\n")
     n_shards = (len(batches) + SHARD_BATCHES - 1) // SHARD_BATCHES
-    bar = tqdm(total=len(batches), desc="datastore", unit="batch", disable=not progress, leave=False)
+    bar = Progress(len(batches), "datastore", "batches", enabled=progress)  # a line every 30 s off a terminal
     resumed = 0
     for s in range(n_shards):
         path = shard_dir / f"{s:05d}.npz"
