@@ -77,7 +77,8 @@ def test_rekey_json_on_a_neighbour_file_is_refused(tmp_path, capsys):
     (data / "memory").mkdir(parents=True)
     a_file(data / "prepared.json", b"{}")
     ids = a_file(data / "memory" / "train.ids.npy", b"ids")
-    code, err = main_of(memory, ["rekey", "-c", tmp_path / "missing.pt", "--data", data, "--json", ids], capsys)
+    checkpoint = a_file(tmp_path / "model.pt", b"not read: the outputs are checked first")
+    code, err = main_of(memory, ["rekey", "-c", checkpoint, "--data", data, "--json", ids], capsys)
     one_line(code, err, r"--json .*train\.ids\.npy: the same file as the input --data")
 
 

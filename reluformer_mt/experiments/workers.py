@@ -6,10 +6,12 @@ from pathlib import Path
 
 def quiet_worker() -> None:
     """The pool's initializer: before a worker unpickles its first job (which imports fairseq),
-    the root logger gets a handler, so fairseq's import-time logging set-up prints nothing."""
-    from reluformer_mt.cli.checks import quiet_logging
+    the root logger gets a handler, so fairseq's import-time logging set-up prints nothing (as
+    reluformer_mt.cli.checks.quiet_logging does for the console scripts)."""
+    import logging
+    import sys
 
-    quiet_logging()
+    logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s", level=logging.WARNING, stream=sys.stderr)
 
 
 def run_in_worker(log_file: Path, fn, *args):
