@@ -49,7 +49,7 @@ def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0
         return weights, a.max(dim=1).values if a.size(1) else a.new_zeros(a.size(0))
     if not temperature > 0:
         raise ReadoutError(f"--knn-temperature: expected a positive number, got {temperature}")
-    logits = (-distances / temperature).masked_fill(missing, float("-inf"))
+    logits = _scaled_logits(distances, missing, temperature)
     if readout == "softmax":
         weights = torch.softmax(logits, dim=1)
     else:
@@ -62,6 +62,28 @@ def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0
     none = missing.all(dim=1, keepdim=True)
     weights = torch.where(none, torch.zeros_like(weights), torch.nan_to_num(weights))
     return weights, (~none.squeeze(1)).float()
+
+
+# in a row whose logits -d / T leave float32's range, they are taken relative to its nearest
+# neighbour and floored at this far below it: every read-out here is shift-invariant and gives a
+# logit this far below the largest no weight (sparsemax and 1.5-entmax none from 2 below)
+_FAR_BELOW = -1e4
+
+
+def _scaled_logits(distances: Tensor, missing: Tensor, temperature: float) -> Tensor:
+    """-d / T, -inf for missing neighbours. A row where that overflows (a finite distance whose logit
+    is -inf: the softmax's weights were all 0 with mass 1, the sparse maps failed) or whose spread
+    could overflow the sparse maps' cumulative sums gets (d_min - d) / T floored at ``_FAR_BELOW``
+    instead: the same weights; the other rows are computed as they always were, bit for bit."""
+    plain = (-distances / temperature).masked_fill(missing, float("-inf"))
+    nearest = distances.masked_fill(missing, float("inf")).amin(dim=1, keepdim=True)
+    farthest = plain.masked_fill(missing, float("inf")).amin(dim=1, keepdim=True)
+    spread = plain.amax(dim=1, keepdim=True) - farthest
+    limit = torch.finfo(plain.dtype).max / (2 * max(plain.size(1), 1))
+    outside = ((~torch.isfinite(plain) & ~missing).any(dim=1, keepdim=True)
+               | (torch.isfinite(nearest) & ~(spread <= limit)))
+    shifted = ((nearest - distances) / temperature).clamp_min(_FAR_BELOW).masked_fill(missing, float("-inf"))
+    return torch.where(outside, shifted, plain)
 
 
 def knn_probabilities(weights: Tensor, values: Tensor, vocab: int) -> Tensor:
