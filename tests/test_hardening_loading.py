@@ -233,3 +233,158 @@ def test_tune_with_a_negative_pieces_k_is_refused_before_the_grid(doc_checkpoint
     code, err = memory_main(["tune", "--checkpoint", doc_checkpoint, "--pieces-k", "-1", "--json", report], capsys)
     one_line(code, err, r"--pieces-k: expected a positive integer, got -1")
     assert not report.exists()
+
+
+# ---------------------------------------------------------------- demo summaries: seeds and readme_table
+
+def demo_run(folder, seed, summary):
+    """A finished demo run's report files, with ``summary`` as its summary.json."""
+    report = folder / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "summary.json").write_text(json.dumps(summary))
+    (report / "report.json").write_text(json.dumps({"options": {"seed": seed}}))
+    return folder
+
+
+def good_summary(s_bleu=5.0):
+    return {"families": {"softmax": {"s_bleu": s_bleu, "d_bleu": 2 * s_bleu, "aer_head_average": 0.7,
+                                     "modes": {"constrained": {"s_bleu": s_bleu, "d_bleu": 2 * s_bleu}}},
+                         "reluformer": {"s_bleu": s_bleu - 1, "d_bleu": 2 * s_bleu - 2, "aer_head_average": 0.75}},
+            "baselines": {"nearest_verse": {"s_bleu": 16.38, "d_bleu": 22.21}}}
+
+
+def lacking_a_column():
+    summary = good_summary()
+    del summary["families"]["reluformer"]["d_bleu"]
+    return summary
+
+
+def with_a_string_score():
+    summary = good_summary()
+    summary["families"]["softmax"]["modes"]["constrained"]["s_bleu"] = "5.0"
+    return summary
+
+
+BAD_SUMMARIES = {
+    "a list": ([1, 2], r"summary\.json: the whole file: expected a JSON object, got \[1, 2\]"),
+    "an empty object": ({}, r"summary\.json: families: expected an object of the families' scores, got null"),
+    "a family without its d-BLEU": (lacking_a_column(), r"summary\.json: families\.reluformer: no d_bleu; expected "
+                                                        r"the scores s_bleu, d_bleu, aer_head_average of every family"),
+    "a score that is text": (with_a_string_score(),
+                             r"summary\.json: families\.softmax\.modes\.constrained\.s_bleu: expected a number, got \"5\.0\""),
+}
+
+
+def seeds_main(argv, capsys):
+    from reluformer_mt.experiments import seeds
+
+    code = seeds.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", list(BAD_SUMMARIES))
+def test_seeds_and_readme_table_refuse_a_bad_summary_in_one_line(case, tmp_path, capsys, monkeypatch):
+    """On main: tracebacks (KeyError, TypeError in the mean, AttributeError on a list)."""
+    from reluformer_mt.experiments import readme_table
+
+    summary, message = BAD_SUMMARIES[case]
+    runs = [demo_run(tmp_path / "a", 1, good_summary()), demo_run(tmp_path / "b", 2, summary)]
+    code, err = seeds_main([*runs, "--report-dir", tmp_path / "out"], capsys)
+    one_line(code, err, message)
+    assert str(runs[1]) in err and not (tmp_path / "out").exists()
+
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- demo-table:begin -->\n<!-- demo-table:end -->\n")
+    monkeypatch.setattr(readme_table, "README", readme)
+    monkeypatch.setattr(readme_table, "SUMMARY_COPY", tmp_path / "copy.json")
+    code = readme_table.main([str(runs[1] / "report" / "summary.json")])
+    one_line(code, capsys.readouterr().err, message)
+    assert readme.read_text() == "x\n<!-- demo-table:begin -->\n<!-- demo-table:end -->\n"
+
+
+def test_a_good_summary_still_makes_the_seed_report_and_the_table(tmp_path, capsys, monkeypatch):
+    from reluformer_mt.experiments import readme_table
+
+    runs = [demo_run(tmp_path / "a", 1, good_summary()), demo_run(tmp_path / "b", 2, good_summary(5.5))]
+    code, err = seeds_main(runs, capsys)
+    assert code == 0, err
+    assert (runs[0] / "report" / "seeds.json").is_file()
+    monkeypatch.setattr(readme_table, "ROOT", tmp_path)
+    monkeypatch.setattr(readme_table, "README", tmp_path / "README.md")
+    monkeypatch.setattr(readme_table, "SUMMARY_COPY", tmp_path / "copy.json")
+    (tmp_path / "README.md").write_text("<!-- demo-table:begin -->\n<!-- demo-table:end -->\n")
+    assert readme_table.main([str(runs[0] / "report" / "summary.json")]) == 0
+    assert "| softmax | **5.00** |" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/sys"), reason="needs /sys, a folder no one may write")
+def test_seeds_report_dir_in_a_read_only_folder_is_one_line(tmp_path, capsys):
+    """On main: a PermissionError traceback."""
+    runs = [demo_run(tmp_path / "a", 1, good_summary()), demo_run(tmp_path / "b", 2, good_summary(5.5))]
+    code, err = seeds_main([*runs, "--report-dir", "/sys/seeds-report"], capsys)
+    one_line(code, err, r"--report-dir /sys/seeds-report: cannot write /sys/seeds-report \(Operation not permitted\)")
+
+
+# ---------------------------------------------------------------- reluformer-eval bleu, gpu_check.sh --wheels
+
+def bleu_files(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a b c d\ne f g\n", encoding="utf-8")
+    ref.write_text("a b c d\ne f h\n", encoding="utf-8")
+    return hyp, ref
+
+
+def test_eval_bleu_option_and_input_errors_are_one_line(tmp_path, capsys):
+    """On main: -w -1 gave "Format specifier missing precision", a reference folder "file not found"."""
+    from test_bad_input_commands import eval_main
+
+    hyp, ref = bleu_files(tmp_path)
+    try:
+        code, err = eval_main(["bleu", "--hyp", hyp, "--ref", ref, "--levels", "s", "-w", "-1"], capsys)
+    except SystemExit as e:
+        code, err = e.code, capsys.readouterr().err
+    one_line(code, err, r"-w/--width: .*an integer >= 0")
+    code, err = eval_main(["bleu", "--hyp", hyp, "--ref", tmp_path, "--levels", "s"], capsys)
+    one_line(code, err, rf"{tmp_path}: a directory, expected a text file")
+    code, err = eval_main(["bleu", "--hyp", hyp, "--ref", ref, "--levels", "s", "-w", "3"], capsys)
+    assert code == 0, err
+
+
+def test_eval_bleu_flores200_offline_says_the_tokenizer_needs_a_download(tmp_path, capsys, monkeypatch):
+    """On main: "cannot write an output file". The download is refused here as offline."""
+    import urllib.request
+    from pathlib import Path
+
+    from test_bad_input_commands import eval_main
+
+    from sacrebleu.tokenizers import tokenizer_spm
+
+    # no model cached: sacreBLEU downloads it (its folder was read from $SACREBLEU when it was imported)
+    monkeypatch.setattr(tokenizer_spm, "SACREBLEU_DIR", str(tmp_path / "sacrebleu-cache"))
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setattr(urllib.request, "urlretrieve", offline)
+    hyp, ref = bleu_files(tmp_path)
+    code, err = eval_main(["bleu", "--hyp", hyp, "--ref", ref, "--levels", "s", "--tokenize", "flores200"], capsys)
+    one_line(code, err, r"--tokenize flores200: sacreBLEU downloads its SentencePiece model on first use and could not")
+    assert "cannot write" not in err and not any(Path(tmp_path / "sacrebleu-cache").rglob("*.model"))
+
+
+def test_gpu_check_wheels_relative_to_the_callers_folder(tmp_path):
+    """On main the script changed into the checkout first: --wheels wheels was 'no such folder'."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    (folder / "x-1.0-py3-none-any.whl").write_bytes(b"x")
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--wheels", "wheels"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=dict(__import__("os").environ, PYTHON=sys.executable))
+    assert done.returncode == 0, done.stderr
+    assert "wheel folder: 1 wheels" in done.stdout, done.stdout

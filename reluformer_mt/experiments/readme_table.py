@@ -8,10 +8,11 @@ and keeps a copy of the summary as ``docs/benchmarks/demo_summary.json``; a test
 again and fails when the README's block differs from it.
 """
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
+
+from reluformer_mt.experiments.summaries import SummaryError, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -85,11 +86,10 @@ def main(argv=None) -> int:
     p.add_argument("summary", help="a demo run's summary.json (runs/demo/report/summary.json)")
     source = Path(p.parse_args(argv).summary)
     try:
-        summary = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        p.error(f"{source}: {e}")
-    if not isinstance(summary, dict):
-        p.error(f"{source}: expected a demo summary (a JSON object), got {type(summary).__name__}")
+        summary = read_summary(source)
+    except SummaryError as e:
+        print(f"readme_table: error: {e}", file=sys.stderr)
+        return 2
     rewrite(README, summary)
     SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
     if source.resolve() != SUMMARY_COPY.resolve():
