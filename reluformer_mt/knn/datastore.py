@@ -278,11 +278,10 @@ def check_meta(path: Path, meta: dict) -> None:
     if not isinstance(tuned, dict) or not all(isinstance(v, dict) for v in tuned.values()):
         bad("tuned", "an object of tuned search values")
     if "full" in tuned:
-        from reluformer_mt.knn.readout import ReadoutError
-        from reluformer_mt.knn.search import KnnOptions
+        from reluformer_mt.knn.readout import ReadoutError, check_search_values
 
         try:
-            KnnOptions.from_file(tuned["full"], f"{path}: tuned.full")
+            check_search_values(tuned["full"], lambda field: f"{path}: tuned.full.{field}")
         except ReadoutError as e:
             raise DatastoreError(f"{e}; retune it (reluformer-memory tune)") from None
 

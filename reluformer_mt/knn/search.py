@@ -14,8 +14,6 @@ way and fairseq's ``SequenceGenerator`` is used unchanged; the mixing happens in
 object (:class:`reluformer_mt.inference.separators.SeparatorConstrainedBeamSearch`), whose rows are
 the rows the decoder just ran.
 """
-import json
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -25,22 +23,8 @@ import torch
 from torch import Tensor
 
 from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_mix
-from reluformer_mt.knn.readout import READOUTS, ReadoutError, knn_probabilities, mix_log_probs, neighbour_weights
-
-
-# the most neighbours a step may read (faiss's GPU search stops at 2048; a step's read-out and
-# mixture grow with k): a larger --knn-k is refused before the datastore is opened
-MAX_K = 2048
-OPTION_NAMES = {"k": "--knn-k", "lam": "--knn-lambda", "temperature": "--knn-temperature", "radius": "--knn-radius",
-                "readout": "--knn-readout", "adaptive": "--knn-adaptive"}
-
-
-def _whole(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and not math.isnan(x)
+from reluformer_mt.knn.readout import (OPTION_NAMES, ReadoutError, check_search_values, knn_probabilities,
+                                       mix_log_probs, neighbour_weights)
 
 
 @dataclass
@@ -56,29 +40,9 @@ class KnnOptions:
 
     def check(self, name: Callable[[str], str] = OPTION_NAMES.__getitem__) -> "KnnOptions":
         """One line for a value out of range, naming it by ``name(field)`` (the --knn-* option by
-        default; a file's field for tuned values, :meth:`from_file`)."""
-        if not (_whole(self.k) and 1 <= self.k <= MAX_K):
-            raise ReadoutError(f"{name('k')}: expected 1 to {MAX_K} neighbours per step, got {self.k!r}")
-        if not (_number(self.lam) and 0 <= self.lam <= 1):
-            raise ReadoutError(f"{name('lam')}: expected a share between 0 and 1, got {self.lam!r}")
-        if self.readout not in READOUTS:
-            raise ReadoutError(f"{name('readout')}: got {self.readout!r}, expected one of {', '.join(READOUTS)}")
-        for field in ("temperature", "radius"):
-            value = getattr(self, field)
-            if not (_number(value) and 0 < value < math.inf):
-                raise ReadoutError(f"{name(field)}: expected a positive number, got {value!r}")
-        if not isinstance(self.adaptive, bool):
-            raise ReadoutError(f"{name('adaptive')}: expected true or false, got {self.adaptive!r}")
+        default): :func:`reluformer_mt.knn.readout.check_search_values`."""
+        check_search_values(asdict(self), name)
         return self
-
-    @classmethod
-    def from_file(cls, values, where: str) -> "KnnOptions":
-        """The search values a file holds (``values``, its fields of this class), checked with one line
-        naming ``where`` and the field: a bad value is the file's, not an option's."""
-        if not isinstance(values, dict):
-            raise ReadoutError(f"{where}: expected an object of search values, got {json.dumps(values)}")
-        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__}).check(
-            lambda field: f"{where}.{field}")
 
     def as_dict(self) -> dict:
         return asdict(self)
