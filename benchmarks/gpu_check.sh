@@ -31,12 +31,12 @@ while (( $# )); do
     esac
 done
 OUT=${OUT:-$REPO/runs/gpu_check}
-cd "$REPO"
-if [[ -n $WHEELS ]]; then
+if [[ -n $WHEELS ]]; then  # resolved from the caller's folder, before the cd into the checkout
     [[ -d $WHEELS ]] || { echo "gpu_check: --wheels $WHEELS: no such folder (make it with scripts/gpu_wheels.sh DIR)" >&2; exit 2; }
     WHEELS=$(cd "$WHEELS" && pwd)
     compgen -G "$WHEELS/*.whl" >/dev/null || { echo "gpu_check: --wheels $WHEELS holds no .whl files (scripts/gpu_wheels.sh DIR makes them)" >&2; exit 2; }
 fi
+cd "$REPO"
 # the packages the check needs beyond torch and triton: one list, shared with the wheel script
 mapfile -t REQUIREMENTS < <(bash "$REPO/scripts/gpu_wheels.sh" --list)
 NO_DEPS_REQ=() ; WITH_DEPS_REQ=()

@@ -235,6 +235,18 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str = "dens
     and sum a log a (two T x S passes, or a log per weight) and return None for them (the dense
     and blocked routes compute them in the same pass as the counts and return them anyway).
     """
+    options = dict(route=route, activation=activation, scaling=scaling, row_bias=row_bias, n_visible=n_visible,
+                   block_q=block_q, block_k=block_k, want_rows=want_rows, want_weights=want_weights, row_sums=row_sums)
+    if row_factor is not None and q.dtype == torch.float16 and activation == "relu" and row_bias is None:
+        folded, rest = _split_half_factor(row_factor)
+        return _rescaled(_tiled_attention(q, k, v, keep, row_factor=folded, **options), rest)
+    return _tiled_attention(q, k, v, keep, row_factor=row_factor, **options)
+
+
+def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activation: str, scaling: Optional[float],
+                     row_factor: Optional[Tensor], row_bias: Optional[Tensor], n_visible: Optional[Tensor],
+                     block_q: int, block_k: int, want_rows: bool, want_weights: bool, row_sums: bool):
+    """:func:`tiled_attention` with its row factor as it is folded (float16: the folded part)."""
     B, H, T, D = q.shape
     S = k.size(2)
     act = activation
@@ -389,6 +401,40 @@ class _DirectReluRows(torch.autograd.Function):
         dq = ds.bmm(k_t.transpose(1, 2)) if need_q else None
         dk = q.transpose(1, 2).bmm(ds).transpose(1, 2) if need_k else None
         return dq, dk, dv, None, None
+
+
+# the part of a row factor folded into float16 queries, at most 2^9 (ReLUFormer's largest factor
+# with log gamma within +-5.5 is 363) and at least float16's smallest normal number (below it the
+# folded queries lose digits); the rest multiplies the output, in float32
+HALF_FOLD_RANGE = (2.0 ** -14, 2.0 ** 9)
+
+
+def _split_half_factor(row_factor: Tensor):
+    """c = c_q * r for float16 queries: c_q in ``HALF_FOLD_RANGE`` (c itself where it lies there, so
+    those rows compute as they did), r = c / c_q in float32 (exactly 1 where c itself lies there)."""
+    c = row_factor.to(torch.float32)
+    folded = c.clamp(*HALF_FOLD_RANGE)
+    return folded, c / folded
+
+
+def _rescaled(result, rest: Tensor):
+    """(out, rows, weights) of the folded factor c_q times the rest r: out and weights scale by r,
+    the mass by r, sum a log a by r (e + log r * m)."""
+    out, rows, weights = result
+    B, H, T = out.shape[:3]
+    r = rest.expand(B, H, T, 1)
+    out = (out.float() * r).to(out.dtype)
+    if weights is not None:
+        weights = (weights.float() * r).to(weights.dtype)
+    if rows is not None:
+        mass, xlogx, nonzero, n_visible = rows
+        r3 = r[..., 0]
+        if xlogx is not None:
+            xlogx = (r3 * (xlogx.float() + r3.log() * mass.float())).to(xlogx.dtype)
+        if mass is not None:
+            mass = (mass.float() * r3).to(mass.dtype)
+        rows = (mass, xlogx, nonzero, n_visible)
+    return out, rows, weights
 
 
 def _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights):

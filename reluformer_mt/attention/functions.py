@@ -198,11 +198,13 @@ class WeightFunction:
         bias = self.row_bias(n_visible, params, acc)
         logits = scores if bias is None else scores + bias.to(scores.dtype)
         a = POINTWISE_ACTIVATIONS[self.activation(params.config)](logits).masked_fill(~keep, 0.0)
+        # the row factor applied in float32 (float64) and the product rounded once: a half-precision
+        # divisor overflows (gamma sqrt(n / 2) with gamma near e^11) and its gradient a / d^2 does too
         divisor = self.row_divisor(n_visible, params, acc)
         if divisor is not None:
-            return a / divisor.to(scores.dtype)
+            return (a.to(acc) / divisor).to(scores.dtype)
         factor = self.row_factor(n_visible, params, acc)
-        return a if factor is None else a * factor.to(scores.dtype)
+        return a if factor is None else (a.to(acc) * factor).to(scores.dtype)
 
     def scale_logits(self, config) -> bool:
         """Whether the logits keep the 1/sqrt(d_h) factor."""
@@ -263,10 +265,17 @@ class SparseMap(WeightFunction):
 
 # a learned log gamma is bounded to +-this: exp(-90) underflows gamma to 0 in float32 (every path
 # then divides by 0); within +-30, gamma and 1/gamma stay finite with 1e25 to spare. In float16
-# the bound is half the log of its largest number (+-5.5), so gamma * sqrt(n / 2) stays finite too;
-# it is taken from the narrower of the module's dtype (the parameter's) and the one asked for,
-# since the kernels ask for float32 (their accumulation dtype) while the model runs in float16
+# the bound is the log of its largest number (+-11.09), where gamma and 1/gamma are float16
+# numbers; the row factors are applied in float32 (the reference's product, the kernels' split
+# factor: blocked.tiled_attention), so gamma * sqrt(n / 2) need not be one. The bound is taken
+# from the narrower of the module's dtype (the parameter's) and the one asked for, since the
+# kernels ask for float32 (their accumulation dtype) while the model runs in float16
 LOG_GAMMA_BOUND = 30.0
+
+
+def log_gamma_bound(*dtypes: torch.dtype) -> float:
+    """+-this bounds a learned log gamma used in the narrowest of ``dtypes``."""
+    return min(LOG_GAMMA_BOUND, math.log(min(torch.finfo(d).max for d in dtypes)))
 
 
 class _ClampInward(torch.autograd.Function):
@@ -294,8 +303,7 @@ def relu_gamma(params: Params, dtype: torch.dtype) -> Tensor:
     log_gamma = params.learned.get("log_gamma")
     if log_gamma is None:
         return torch.tensor(params.config.relu_gamma, dtype=dtype)
-    narrowest = min(torch.finfo(dtype).max, torch.finfo(log_gamma.dtype).max)
-    bound = min(LOG_GAMMA_BOUND, 0.5 * math.log(narrowest))
+    bound = log_gamma_bound(dtype, log_gamma.dtype)
     wide = log_gamma.to(torch.promote_types(log_gamma.dtype, torch.float32))  # exp of a float16 30 overflows
     gamma = _ClampInward.apply(wide, bound).exp().to(dtype)
     return gamma.view(-1, 1, 1) if gamma.dim() == 1 else gamma
@@ -416,6 +424,6 @@ def get_function(name: str) -> WeightFunction:
 
 __all__ = [
     "ATTENTION_FUNCTIONS", "FUNCTIONS", "PARAMETER_NAMES", "POINTWISE_ACTIVATIONS", "Params", "WeightFunction",
-    "Learned", "accumulation_dtype", "get_function", "softmax_weights", "sparsemax_weights", "entmax15_weights",
+    "Learned", "accumulation_dtype", "get_function", "log_gamma_bound", "softmax_weights", "sparsemax_weights", "entmax15_weights",
     "softpick_weights",
 ]

@@ -55,6 +55,10 @@ def check_tokenizer(name: str) -> None:
     except (ImportError, RuntimeError) as e:
         why = " ".join(str(e).split())
         raise ValueError(f"--tokenize {name}: its extra dependencies are not installed ({why})") from None
+    except OSError as e:  # flores101/flores200 download their SentencePiece model on first use
+        why = " ".join(str(getattr(e, "reason", None) or e.strerror or e).split())
+        raise ValueError(f"--tokenize {name}: sacreBLEU downloads its SentencePiece model on first use and could "
+                         f"not ({why}); run once with network access, or pick another --tokenize") from None
 
 
 def add_bleu_args(p: argparse.ArgumentParser) -> None:
@@ -76,7 +80,8 @@ def add_bleu_args(p: argparse.ArgumentParser) -> None:
                         "every line, as sacreBLEU (minutes per line of thousands of words)")
     p.add_argument("--chrf-word-order", type=int, default=0, choices=[0, 2],
                    help="chrF's word n-grams: 2 = chrF++ (as sacreBLEU's --chrf-word-order)")
-    p.add_argument("-w", "--width", type=int, default=1, metavar="N", help="decimals of the printed scores (sacreBLEU's -w)")
+    p.add_argument("-w", "--width", type=non_negative_int, default=1, metavar="N",
+                   help="decimals of the printed scores (sacreBLEU's -w)")
     p.add_argument("-b", "--score-only", action="store_true",
                    help="print only the score(s) on standard output, one number a line: each metric in the order of "
                         "-m, each level in the order of --levels (several systems: a line per system); notes go to "
@@ -213,6 +218,8 @@ def run_bleu(args) -> dict:
     for path in [*hyps, *refs, args.hyp_doc_ids, args.ref_doc_ids]:  # every input named before any is read
         if path and path != "-" and not os.path.exists(path):
             raise FileNotFoundError(f"{path}: file not found")
+        if path and path != "-" and os.path.isdir(path):
+            raise ValueError(f"{path}: a directory, expected a text file")
     if sum(1 for x in [*hyps, *refs] if x == "-") > 1:
         raise ValueError("only one input can be standard input ('-')")
     keys = _metric_keys(args)

@@ -278,6 +278,9 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         raise TuneError(f"--adaptive-k: expected 1 to {max(GRID_K)} (the neighbours searched per token), got {adaptive_k}")
     if split == "test":
         raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
+    for option, value in (("--pieces-k", pieces_k), ("--knn-memory-k", memory_k), ("--beam", beam)):
+        if value < 1:  # checked by the translators only after the grid and the adaptive network's training
+            raise TuneError(f"{option}: expected a positive integer, got {value}")
     started = time.time()
     loaded = load_model(checkpoint, data, device=device, check_data=True)  # --data of the model's vocabulary
     model, task, data_dir = loaded.model, loaded.task, Path(loaded.data_dir)
@@ -286,6 +289,7 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     store = None
     if datastore is not None and knn:
         store = Datastore.load(datastore, fingerprint=report["fingerprint"], checkpoint=str(checkpoint))
+        store.check_model(len(task.target_dictionary), model.decoder.output_projection.weight.shape[1])
         report["leakage"] = check_leakage(store, data_dir, split)
     forced = ForcedSplit(model, task, split, max_tokens=max_tokens, device=device)
     progress(f"tune: {len(forced):,} {split} tokens force-decoded ({time.time() - started:.0f} s)")

@@ -12,13 +12,12 @@ and keeps a copy of the summary as ``docs/benchmarks/demo_summary.json``; a test
 again and fails when the README's block differs from it.
 """
 import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 
 from reluformer_mt.data.outputs import check_distinct_files
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+from reluformer_mt.experiments.summaries import SummaryError, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -99,13 +98,13 @@ def main(argv=None) -> int:
     try:
         check_distinct_files([("README.md", README)], [("summary", source)])
     except ValueError as e:
-        p.error(str(e))
+        print(f"readme_table: error: {e}", file=sys.stderr)
+        return 2
     try:
-        summary = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        p.error(f"{source}: {e}")
-    if not isinstance(summary, dict):
-        p.error(f"{source}: expected a demo summary (a JSON object), got {type(summary).__name__}")
+        summary = read_summary(source)
+    except SummaryError as e:
+        print(f"readme_table: error: {e}", file=sys.stderr)
+        return 2
     if not args.write:
         print(render(summary))
         return 0

@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from reluformer_mt.data.outputs import check_distinct_files
 from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.reports import markdown_table, write_json
+from reluformer_mt.experiments.summaries import read_summary
 
 BASELINE_FAMILY = "softmax"
 # (column key, label, higher is better); "mode:X" reads summary["families"][f]["modes"][X]["s_bleu"]
@@ -62,13 +63,25 @@ def read_summaries(run_dirs: Sequence[Path]) -> List[dict]:
         for path in (summary_path, report_path):
             if not path.is_file():
                 raise ValueError(f"{path}: no such file (is {run_dir} a finished reluformer-demo run?)")
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        seed = json.loads(report_path.read_text(encoding="utf-8")).get("options", {}).get("seed")
+        summary = read_summary(summary_path)
+        seed = _seed_of(report_path)
         runs.append({"dir": str(run_dir), "seed": seed, "summary": summary})
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"the runs repeat a seed ({seeds}): {', '.join(r['dir'] for r in runs)}")
     return runs
+
+
+def _seed_of(report_path: Path):
+    """The --seed a run's ``report.json`` records (None when it records none)."""
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{report_path}: not readable JSON ({e})") from None
+    options = report.get("options", {}) if isinstance(report, dict) else None
+    if not isinstance(options, dict):
+        raise ValueError(f"{report_path}: expected a JSON object with the run's options (a reluformer-demo report)")
+    return options.get("seed")
 
 
 def aggregate(runs: Sequence[dict], exclude: Sequence[str] = ()) -> dict:
@@ -257,6 +270,10 @@ def main(argv=None) -> int:
                                    [c for c in args.exclude.split(",") if c])
     except ValueError as e:
         print(f"seeds: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a report folder that cannot be written (read-only, a full disk, under a file)
+        where = f"--report-dir {args.report_dir}" if args.report_dir else f"{Path(args.runs[0]) / 'report'}"
+        print(f"seeds: error: {where}: cannot write {e.filename or 'the report'} ({e.strerror or e})", file=sys.stderr)
         return 2
     print(render(result))
     return 0

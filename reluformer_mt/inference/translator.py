@@ -317,11 +317,13 @@ class DocumentTranslator:
         if knn is not None and self.knn_memory:
             raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
         try:
+            KnnOptions(**given).check()  # the options' own ranges, before the datastore is read
             datastore = None
             if knn is not None:
                 datastore = Datastore.load(knn, fingerprint=model_fingerprint(self.model), checkpoint=str(self.checkpoint))
+                datastore.check_model(len(self.tgt_dict), self.model.decoder.output_projection.weight.shape[1])
             tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
-            tuned = {k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__}
+            tuned = {k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__}  # checked by load
             mixer = KnnMixer(StateRecorder(self.model.decoder), KnnOptions(**{**tuned, **given}))
             if datastore is not None:
                 mixer.use_datastore(datastore)

@@ -24,6 +24,7 @@ family's state norms; the read-out's temperature / radius are the tuner's best f
 """
 import json
 import math
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -106,14 +107,45 @@ class MetaK(nn.Module):
             with np.load(path, allow_pickle=False) as saved:
                 header = json.loads(str(saved["header"]))
                 state = {k: torch.from_numpy(saved[k]) for k in saved.files if k != "header"}
-        except (OSError, ValueError, KeyError) as e:
-            raise AdaptiveError(f"{path}: not an adaptive network file ({e})") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise AdaptiveError(f"{path}: not an adaptive network file ({e}); tune again") from None
+        if not isinstance(header, dict):
+            raise AdaptiveError(f"{path}: its header is {type(header).__name__}, expected an object; tune again")
         if header.get("fingerprint") != fingerprint:
             raise AdaptiveError(f"{path}: trained for the datastore of another checkpoint (fingerprint "
                                 f"{header.get('fingerprint')}, the datastore's {fingerprint}); tune again")
-        net = cls(MetaKConfig(**header["config"]))
-        net.load_state_dict(state)
+        net = cls(checked_config(header.get("config"), f"{path}: config"))
+        try:
+            net.load_state_dict(state)
+        except RuntimeError as e:  # missing, unexpected or differently shaped weights
+            reason = " ".join(str(e).split())
+            raise AdaptiveError(f"{path}: its weights do not fit its config ({reason[:300]}); tune again") from None
+        if not all(torch.isfinite(p).all() for p in net.parameters()):
+            raise AdaptiveError(f"{path}: its weights are not all finite numbers; tune again")
         return net.eval()
+
+
+def checked_config(values, where: str) -> MetaKConfig:
+    """A Meta-k config from a file's ``values``, one line naming ``where`` and the field for a value
+    out of range (not an option's: the user gave none)."""
+    from reluformer_mt.knn.readout import READOUTS
+
+    if not isinstance(values, dict) or set(values) - set(MetaKConfig.__dataclass_fields__):
+        raise AdaptiveError(f"{where}: expected an object of {', '.join(MetaKConfig.__dataclass_fields__)}, "
+                            f"got {json.dumps(values)[:200]}; tune again")
+    config = MetaKConfig(**values)
+    for field in ("k_max", "hidden"):
+        value = getattr(config, field)
+        if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 2 ** 16):
+            raise AdaptiveError(f"{where}.{field}: expected a positive integer, got {json.dumps(value)}; tune again")
+    if config.readout not in READOUTS:
+        raise AdaptiveError(f"{where}.readout: got {json.dumps(config.readout)}, expected one of {', '.join(READOUTS)}; "
+                            "tune again")
+    for field in ("temperature", "radius", "scale"):
+        value = getattr(config, field)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+            raise AdaptiveError(f"{where}.{field}: expected a positive number, got {json.dumps(value)}; tune again")
+    return config
 
 
 # ------------------------------------------------------------------ the mixture

@@ -124,6 +124,9 @@ class Datastore:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise DatastoreError(f"{meta_path}: not readable JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise DatastoreError(f"{meta_path}: expected a JSON object (the datastore's description), "
+                                 f"got {type(meta).__name__}; rebuild it")
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise DatastoreError(f"{meta_path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected "
                                  f"{FORMAT!r} version {VERSION}; rebuild it")
@@ -131,12 +134,32 @@ class Datastore:
             raise DatastoreError(f"--knn {directory}: built with the weights of {meta.get('checkpoint')} (fingerprint "
                                  f"{meta.get('fingerprint')}), not those of {checkpoint or 'this model'} ({fingerprint}); "
                                  "its keys are another model's states: rebuild it with this checkpoint")
-        keys = np.load(directory / "keys.npy", mmap_mode="r")
-        values = np.load(directory / "values.npy")
-        if keys.shape[0] != len(values) or len(values) != meta.get("size"):
+        check_meta(meta_path, meta)
+        keys = load_array(directory / "keys.npy", "f", 2, mmap=True)
+        values = load_array(directory / "values.npy", "iu", 1)
+        if keys.shape[0] != len(values) or len(values) != meta["size"]:
             raise DatastoreError(f"{directory}: keys.npy has {keys.shape[0]} rows, values.npy {len(values)}, "
-                                 f"{META_NAME} says {meta.get('size')}: an unfinished build; rebuild it")
+                                 f"{META_NAME} says {meta['size']}: an unfinished build; rebuild it")
+        if keys.shape[1] != meta["dim"]:
+            raise DatastoreError(f"{directory / 'keys.npy'}: keys of width {keys.shape[1]}, {META_NAME} says dim "
+                                 f"{meta['dim']}; rebuild it")
+        if len(values) and int(values.min()) < 0:
+            raise DatastoreError(f"{directory / 'values.npy'}: negative token id {int(values.min())}; expected the "
+                                 "ids of the target dictionary; rebuild it")
         return cls(directory, meta, keys, values)
+
+    def check_model(self, vocab: int, state_dim: int) -> "Datastore":
+        """Refuse a datastore whose token ids lie outside a model's ``vocab`` target ids or whose keys
+        are not of its decoder states' ``state_dim``, and open its index: every problem of its files
+        is found before decoding starts."""
+        if self.size and int(self.values.max()) >= vocab:
+            raise DatastoreError(f"{self.directory / 'values.npy'}: token id {int(self.values.max())} outside the model's "
+                                 f"target dictionary of {vocab} ids; built for another dictionary? rebuild it")
+        if self.dim != state_dim:
+            raise DatastoreError(f"{self.directory / 'keys.npy'}: keys of dim {self.dim}, the model's decoder states "
+                                 f"have {state_dim}; rebuild it with this checkpoint")
+        self.index()
+        return self
 
     def pairs(self) -> np.ndarray:
         return np.load(self.directory / "pairs.npy")
@@ -144,26 +167,45 @@ class Datastore:
     def index(self):
         """The faiss index (read from ``index.faiss``; built from the keys if it is missing)."""
         if self._index is None:
-            import faiss
-
             from reluformer_mt.memory.mips import MipsIndex
 
             kind = self.meta["index"]["kind"]
             path = self.directory / "index.faiss"
             if kind == "hnsw":
-                index = faiss.read_index(str(path))
+                index = self._read_index(path, kind)
                 index.hnsw.efSearch = self.meta["index"].get("ef_search", 128)
                 self._index = index
             else:
                 mips = MipsIndex(kind, nprobe=self.meta["index"].get("nprobe", IVF_NPROBE))
                 if path.is_file():
-                    mips.index, mips.size = faiss.read_index(str(path)), self.size
+                    mips.index, mips.size = self._read_index(path, kind), self.size
                     if kind == "ivf":
                         mips.index.nprobe = mips.nprobe
                 else:
                     mips.build(augmented(np.asarray(self.keys)))
                 self._index = mips
         return self._index
+
+    def _read_index(self, path: Path, kind: str):
+        """``index.faiss``, refused unless it is a faiss index of ``kind`` over this datastore's keys (an
+        HNSW graph over the keys, the others over the inner-product keys, one wider)."""
+        import faiss
+
+        if not path.is_file():
+            raise DatastoreError(f"{path}: missing; {META_NAME} names a {kind} index: rebuild the datastore")
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as e:
+            reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise DatastoreError(f"{path}: not a faiss index ({reason}); rebuild the datastore") from None
+        expected = {"hnsw": faiss.IndexHNSW, "ivf": faiss.IndexIVF, "exact": faiss.IndexFlat}[kind]
+        width = self.dim + (kind != "hnsw")
+        if not isinstance(index, expected):
+            raise DatastoreError(f"{path}: a {type(index).__name__}, but {META_NAME} names a {kind} index; rebuild the datastore")
+        if index.d != width or index.ntotal != self.size:
+            raise DatastoreError(f"{path}: {index.ntotal} vectors of dim {index.d}, expected the {self.size} keys of "
+                                 f"dim {width}; rebuild the datastore")
+        return index
 
     def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """(squared L2 distances, values) of the ``k`` nearest keys of each query (rows, k); a
@@ -190,6 +232,61 @@ class Datastore:
         return (f"datastore {self.directory}: {self.size:,} entries of dim {self.dim} from {m['source']['data']} "
                 f"({m['source']['split']}, {m['source']['sentences']:,} sentences), {m['index']['kind']} index, "
                 f"checkpoint {m['checkpoint']} (fingerprint {m['fingerprint']})")
+
+
+def load_array(path: Path, kinds: str, ndim: int, mmap: bool = False) -> np.ndarray:
+    """A datastore's ``.npy`` array of ``ndim`` dimensions and a dtype kind in ``kinds`` ("f" float,
+    "iu" integers), one line naming the file otherwise (truncated, pickled objects, another shape)."""
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except FileNotFoundError:
+        raise DatastoreError(f"{path}: missing; rebuild the datastore") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise DatastoreError(f"{path}: not a readable array of plain numbers ({e}); rebuild the datastore") from None
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in kinds or array.ndim != ndim:
+        what = {"f": "floats", "iu": "integers"}[kinds]
+        raise DatastoreError(f"{path}: expected a {ndim}-d array of {what}, got "
+                             f"{getattr(array, 'dtype', type(array).__name__)} of shape {getattr(array, 'shape', '?')}; "
+                             "rebuild the datastore")
+    return array
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_meta(path: Path, meta: dict) -> None:
+    """One line naming ``datastore.json`` and the field for a value the datastore cannot be opened
+    with (the index kind and its search values, the size, the tuned search values)."""
+    def bad(field, expected):
+        value = meta
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        raise DatastoreError(f"{path}: {field} {json.dumps(value)}: expected {expected}; rebuild or retune it")
+
+    if not (_whole(meta.get("size")) and meta["size"] >= 0):
+        bad("size", "the number of entries")
+    if not (_whole(meta.get("dim")) and meta["dim"] >= 1):
+        bad("dim", "the keys' width")
+    index = meta.get("index")
+    if not isinstance(index, dict) or index.get("kind") not in INDEX_KINDS[1:]:
+        bad("index.kind", f"one of {', '.join(INDEX_KINDS[1:])}")
+    for field in ("nprobe", "ef_search"):
+        if field in index and not (_whole(index[field]) and index[field] >= 1):
+            bad(f"index.{field}", "a positive integer")
+    source = meta.get("source")
+    if not isinstance(source, dict) or not all(name in source for name in ("data", "split", "sentences")):
+        bad("source", "an object with data, split and sentences")
+    tuned = meta.get("tuned", {})
+    if not isinstance(tuned, dict) or not all(isinstance(v, dict) for v in tuned.values()):
+        bad("tuned", "an object of tuned search values")
+    if "full" in tuned:
+        from reluformer_mt.knn.readout import ReadoutError, check_search_values
+
+        try:
+            check_search_values(tuned["full"], lambda field: f"{path}: tuned.full.{field}")
+        except ReadoutError as e:
+            raise DatastoreError(f"{e}; retune it (reluformer-memory tune)") from None
 
 
 def write_meta(directory: Path, meta: dict) -> None:
@@ -287,7 +384,12 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     except FileNotFoundError as e:
         raise DatastoreError(f"{loaded.data_dir}: cannot read the {split} split ({e})") from None
     dataset = task.dataset(split)
-    batches = data_utils.batch_by_size(length_order(dataset), dataset.num_tokens, max_tokens=max_tokens)
+    order = length_order(dataset)
+    longest = max((int(dataset.num_tokens(int(i))) for i in order), default=0)
+    if longest > max_tokens:  # fairseq's batching would fail on an assertion
+        raise DatastoreError(f"--max-tokens {max_tokens}: below the longest segment of {split} ({longest} tokens); "
+                             f"give at least {longest}")
+    batches = data_utils.batch_by_size(order, dataset.num_tokens, max_tokens=max_tokens)
     shard_dir = out / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     plan = {"fingerprint": fingerprint, "source": source, "max_tokens": max_tokens, "batches": len(batches)}

@@ -20,8 +20,10 @@ per-row *mass*, the share of the final distribution the neighbours may take:
 - ``sparsemax`` / ``entmax15`` over -d / T (the ``entmax`` package; Peters et al., ACL 2019):
   sparse weights that sum to 1, mass 1.
 """
-from typing import Tuple
+import math
+from typing import Callable, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +33,38 @@ MODEL_SHARE = 1e-3  # the least share of the model's own distribution in a mixed
 
 class ReadoutError(ValueError):
     """A bad read-out option: one line naming it."""
+
+
+# the most neighbours a step may read (faiss's GPU search stops at 2048; a step's read-out and
+# mixture grow with k): a larger --knn-k is refused before the datastore is opened
+MAX_K = 2048
+OPTION_NAMES = {"k": "--knn-k", "lam": "--knn-lambda", "temperature": "--knn-temperature", "radius": "--knn-radius",
+                "readout": "--knn-readout", "adaptive": "--knn-adaptive"}
+
+
+def _whole(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def check_search_values(values: dict, name: Callable[[str], str] = OPTION_NAMES.__getitem__) -> None:
+    """One line for a search value out of range (``values``: any of k, lam, temperature, radius,
+    readout, adaptive), naming it by ``name(field)``: the --knn-* option by default, a file's field
+    for tuned values (a bad value there is the file's, not an option the user never gave)."""
+    if "k" in values and not (_whole(values["k"]) and 1 <= values["k"] <= MAX_K):
+        raise ReadoutError(f"{name('k')}: expected 1 to {MAX_K} neighbours per step, got {values['k']!r}")
+    if "lam" in values and not (_number(values["lam"]) and 0 <= values["lam"] <= 1):
+        raise ReadoutError(f"{name('lam')}: expected a share between 0 and 1, got {values['lam']!r}")
+    if "readout" in values and values["readout"] not in READOUTS:
+        raise ReadoutError(f"{name('readout')}: got {values['readout']!r}, expected one of {', '.join(READOUTS)}")
+    for field in ("temperature", "radius"):
+        if field in values and not (_number(values[field]) and 0 < values[field] < math.inf):
+            raise ReadoutError(f"{name(field)}: expected a positive number, got {values[field]!r}")
+    if "adaptive" in values and not isinstance(values["adaptive"], bool):
+        raise ReadoutError(f"{name('adaptive')}: expected true or false, got {values['adaptive']!r}")
 
 
 def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0, radius: float = 10.0) -> Tuple[Tensor, Tensor]:
@@ -49,7 +83,7 @@ def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0
         return weights, a.max(dim=1).values if a.size(1) else a.new_zeros(a.size(0))
     if not temperature > 0:
         raise ReadoutError(f"--knn-temperature: expected a positive number, got {temperature}")
-    logits = (-distances / temperature).masked_fill(missing, float("-inf"))
+    logits = _scaled_logits(distances, missing, temperature)
     if readout == "softmax":
         weights = torch.softmax(logits, dim=1)
     else:
@@ -62,6 +96,28 @@ def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0
     none = missing.all(dim=1, keepdim=True)
     weights = torch.where(none, torch.zeros_like(weights), torch.nan_to_num(weights))
     return weights, (~none.squeeze(1)).float()
+
+
+# in a row whose logits -d / T leave float32's range, they are taken relative to its nearest
+# neighbour and floored at this far below it: every read-out here is shift-invariant and gives a
+# logit this far below the largest no weight (sparsemax and 1.5-entmax none from 2 below)
+_FAR_BELOW = -1e4
+
+
+def _scaled_logits(distances: Tensor, missing: Tensor, temperature: float) -> Tensor:
+    """-d / T, -inf for missing neighbours. A row where that overflows (a finite distance whose logit
+    is -inf: the softmax's weights were all 0 with mass 1, the sparse maps failed) or whose spread
+    could overflow the sparse maps' cumulative sums gets (d_min - d) / T floored at ``_FAR_BELOW``
+    instead: the same weights; the other rows are computed as they always were, bit for bit."""
+    plain = (-distances / temperature).masked_fill(missing, float("-inf"))
+    nearest = distances.masked_fill(missing, float("inf")).amin(dim=1, keepdim=True)
+    farthest = plain.masked_fill(missing, float("inf")).amin(dim=1, keepdim=True)
+    spread = plain.amax(dim=1, keepdim=True) - farthest
+    limit = torch.finfo(plain.dtype).max / (2 * max(plain.size(1), 1))
+    outside = ((~torch.isfinite(plain) & ~missing).any(dim=1, keepdim=True)
+               | (torch.isfinite(nearest) & ~(spread <= limit)))
+    shifted = ((nearest - distances) / temperature).clamp_min(_FAR_BELOW).masked_fill(missing, float("-inf"))
+    return torch.where(outside, shifted, plain)
 
 
 def knn_probabilities(weights: Tensor, values: Tensor, vocab: int) -> Tensor:
@@ -82,4 +138,5 @@ def mix_log_probs(lprobs: Tensor, knn_probs: Tensor, mass: Tensor, lam: float) -
     return mixed.masked_fill(torch.isneginf(lprobs), float("-inf"))
 
 
-__all__ = ["READOUTS", "ReadoutError", "knn_probabilities", "mix_log_probs", "neighbour_weights"]
+__all__ = ["MAX_K", "READOUTS", "ReadoutError", "check_search_values", "knn_probabilities", "mix_log_probs",
+           "neighbour_weights"]

@@ -16,14 +16,15 @@ the rows the decoder just ran.
 """
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_mix
-from reluformer_mt.knn.readout import READOUTS, ReadoutError, knn_probabilities, mix_log_probs, neighbour_weights
+from reluformer_mt.knn.readout import (OPTION_NAMES, ReadoutError, check_search_values, knn_probabilities,
+                                       mix_log_probs, neighbour_weights)
 
 
 @dataclass
@@ -37,15 +38,10 @@ class KnnOptions:
     readout: str = "softmax"
     adaptive: bool = False     # a Meta-k network beside the datastore picks k per step (knn/adaptive.py)
 
-    def check(self) -> "KnnOptions":
-        if self.k < 1:
-            raise ReadoutError(f"--knn-k: expected >= 1 neighbours, got {self.k}")
-        if not 0 <= self.lam <= 1:
-            raise ReadoutError(f"--knn-lambda: expected a share between 0 and 1, got {self.lam}")
-        if self.readout not in READOUTS:
-            raise ReadoutError(f"--knn-readout: got {self.readout!r}, expected one of {', '.join(READOUTS)}")
-        if not (self.temperature > 0 and self.radius > 0):
-            raise ReadoutError(f"--knn-temperature {self.temperature} / --knn-radius {self.radius}: expected positive numbers")
+    def check(self, name: Callable[[str], str] = OPTION_NAMES.__getitem__) -> "KnnOptions":
+        """One line for a value out of range, naming it by ``name(field)`` (the --knn-* option by
+        default): :func:`reluformer_mt.knn.readout.check_search_values`."""
+        check_search_values(asdict(self), name)
         return self
 
     def as_dict(self) -> dict:

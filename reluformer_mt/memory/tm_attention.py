@@ -144,7 +144,8 @@ class MemoryReader(nn.Module):
         q = (attn.q_proj(h[0]) * attn.scaling).view(kv_bsz, beams, heads, head_dim).transpose(1, 2)
         q = q.reshape(groups, beams, head_dim)
         scores = torch.bmm(q, keys) if bias is None else torch.baddbmm(bias, q, keys)  # (kv_bsz x H, beams, M)
-        weights = torch.softmax(scores.float(), dim=-1).type_as(scores)  # no copy when already float32
+        # a sentence without matches (its memory all padding) reads nothing: zero weights, not NaN
+        weights = torch.nan_to_num(torch.softmax(scores.float(), dim=-1), nan=0.0).type_as(scores)
         out = torch.bmm(weights, values).view(kv_bsz, heads, beams, head_dim).transpose(1, 2)
         if self.keep_weights:  # head average, rows in the beams' order (sentence-major)
             self.weights = weights.float().view(kv_bsz, heads, beams, slots).mean(1).view(bsz, 1, slots)
@@ -179,13 +180,35 @@ class MemoryReader(nn.Module):
                 None if bias is None else bias.view(groups, 1, k.size(2)))
 
     def _attend(self, h, memory, memory_padding, query_padding, incremental_state):
+        empty = self._empty_rows(memory_padding, incremental_state, h.size(1))
+        padding = memory_padding
+        if empty is not None and incremental_state is None:
+            # a row without a slot reads all its slots here and gets the output of zero weights below:
+            # fairseq's softmax over no key is NaN, in the forward and in every parameter's gradient
+            padding = memory_padding & ~empty[:, None]
         with self.attn.padded_queries(query_padding):
             # with an incremental state (beam search) the memory's projected keys and values are
             # computed at the first step and reused (fairseq's static_kv cache), not once per step
-            out, weights = self.attn(h, memory, memory, key_padding_mask=memory_padding, static_kv=True,
+            out, weights = self.attn(h, memory, memory, key_padding_mask=padding, static_kv=True,
                                      incremental_state=incremental_state, need_weights=self.keep_weights)
+        if empty is not None:  # the formula's zero weights, as the other reader families give
+            out = torch.where(empty[None, :, None], self.attn.out_proj(out.new_zeros(out.size(-1))), out)
+            weights = None if weights is None else weights.masked_fill(empty[:, None, None], 0.0)
         self.weights = weights  # (B, T, M) head average, or None
         return out
+
+    def _empty_rows(self, memory_padding, incremental_state, bsz: int):
+        """(B,) True for the rows whose memory is all padding (a sentence without matches), for a
+        reader that runs fairseq's softmax (which gives NaN there); None for the other readers, whose
+        formulas give such rows zero weights. In a cached decoding step, from the cached padding."""
+        if not self.attn.uses_fairseq_forward:
+            return None
+        if memory_padding is None and incremental_state is not None:
+            memory_padding = self.attn._get_input_buffer(incremental_state).get("prev_key_padding_mask")
+        if memory_padding is None:
+            return None
+        empty = memory_padding.to(torch.bool).all(-1)
+        return empty.repeat_interleave(bsz // empty.size(0))  # cached once per sentence for its beams
 
     def cache_copy_table(self, incremental_state, tokens: torch.Tensor, ignore) -> None:
         """Keep the copy distribution's table of each sentence's memory (:func:`sentence_copy_table`)
@@ -228,7 +251,13 @@ def _copy_parts(steps: int, copy: dict):
     keep = _copyable(_row_tokens(copy), copy["ignore"])
     weights = weights * keep.unsqueeze(1)
     mass = weights.sum(-1, keepdim=True)
-    return weights / mass.clamp_min(1e-9), keep, mass.gt(0)
+    return weights / _nonzero_or_one(mass), keep, mass.gt(0)
+
+
+def _nonzero_or_one(x: torch.Tensor) -> torch.Tensor:
+    """x where x > 0, else 1: a logarithm or divisor that is exact for any positive mass, however
+    small (a clamp to 1e-30 turned masses below it into 1e-30)."""
+    return torch.where(x.gt(0), x, 1.0)
 
 
 def _row_tokens(copy: dict) -> torch.Tensor:
@@ -272,10 +301,10 @@ def _log_copy_step(logits: torch.Tensor, copy: dict) -> torch.Tensor:
     total = mass.sum(-1, keepdim=True).view(bsz, 1, 1)
     gate_logit = copy["gate_logit"][:, -1:].float()
     lprobs = torch.log_softmax(logits[:, -1:].float(), dim=-1) + F.logsigmoid(-gate_logit) * total.gt(0)
-    # log(c * mass / total), -inf where a column has no mass (clamped first: log(0) is ~20x slower on
-    # the CPU than a logarithm of a normal number, and most columns have no mass)
+    # log(c * mass / total), -inf where a column has no mass (log(0) avoided: it is ~20x slower on the
+    # CPU than a logarithm of a normal number, and most columns have no mass); any total > 0 counts
     mass = mass.view(bsz, 1, slots)
-    log_share = torch.log(mass.clamp_min(1e-30)) + (F.logsigmoid(gate_logit) - torch.log(total.clamp_min(1e-9)))
+    log_share = torch.log(_nonzero_or_one(mass)) + (F.logsigmoid(gate_logit) - torch.log(_nonzero_or_one(total)))
     log_copy = torch.where(mass.gt(0), log_share, torch.full_like(mass, float("-inf")))
     # rows (kv_bsz, beams): the sentence's column tokens serve its beams without a copy
     index = column_tokens.unsqueeze(1).expand(-1, beams, -1)
@@ -312,7 +341,7 @@ def copy_probabilities(logits: torch.Tensor, copy: dict, log_probs: bool) -> tor
     # cheaper than a slots x slots comparison once a document segment's memory has hundreds of slots
     mass = torch.zeros_like(lprobs).scatter_add_(2, index, weights).gather(2, index)  # (B, T', M)
     has_copy = mass.gt(0) & reads & keep.unsqueeze(1)
-    log_copy = torch.where(has_copy, F.logsigmoid(gate_logit) + torch.log(mass.clamp_min(1e-30)),
+    log_copy = torch.where(has_copy, F.logsigmoid(gate_logit) + torch.log(_nonzero_or_one(mass)),
                            torch.full_like(mass, float("-inf")))
     corrected = torch.logaddexp(lprobs.gather(2, index), log_copy)
     if not (torch.is_grad_enabled() and corrected.requires_grad):  # decoding: no gradient to count once

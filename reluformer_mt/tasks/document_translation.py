@@ -276,6 +276,7 @@ class DocumentTranslationTask(TranslationTask):
             from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder, knn_beam_search
 
             store = Datastore.load(self.cfg.knn_datastore, fingerprint=model_fingerprint(models[0]))
+            store.check_model(len(self.target_dictionary), models[0].decoder.output_projection.weight.shape[1])
             values = {k: v for k, v in store.meta.get("tuned", {}).get("full", {}).items()
                       if k in KnnOptions.__dataclass_fields__}
             given = {"k": self.cfg.knn_k, "lam": self.cfg.knn_lambda, "temperature": self.cfg.knn_temperature,
