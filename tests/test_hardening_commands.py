@@ -82,6 +82,10 @@ def test_rekey_json_on_a_neighbour_file_is_refused(tmp_path, capsys):
     one_line(code, err, r"--json .*train\.ids\.npy: the same file as the input --data")
 
 
+# the scores every family of a demo summary has (experiments/summaries.py checks them)
+SCORES = {"s_bleu": 1.0, "d_bleu": 2.0, "aer_head_average": 0.7}
+
+
 def test_seed_report_over_a_run_summary_is_refused(tmp_path):
     """A --report-dir whose seeds.json is a run's summary.json (a link) would replace it."""
     import json
@@ -92,7 +96,7 @@ def test_seed_report_over_a_run_summary_is_refused(tmp_path):
     for seed in (1, 2):
         report = tmp_path / f"run{seed}" / "report"
         report.mkdir(parents=True)
-        (report / "summary.json").write_text(json.dumps({"families": {"softmax": {"s_bleu": 1.0}}}))
+        (report / "summary.json").write_text(json.dumps({"families": {"softmax": SCORES}}))
         (report / "report.json").write_text(json.dumps({"options": {"seed": seed}}))
         runs.append(report.parent)
     out = tmp_path / "out"
@@ -359,7 +363,7 @@ def seed_runs(tmp_path, families=("softmax", "reluformer")):
     for seed in (1, 2):
         report = tmp_path / f"run{seed}" / "report"
         report.mkdir(parents=True)
-        scores = {f: {"s_bleu": 10.0 + seed + i} for i, f in enumerate(families)}
+        scores = {f: {**SCORES, "s_bleu": 10.0 + seed + i} for i, f in enumerate(families)}
         (report / "summary.json").write_text(json.dumps({"families": scores}))
         (report / "report.json").write_text(json.dumps({"options": {"seed": seed}}))
         runs.append(report.parent)

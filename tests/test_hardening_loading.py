@@ -313,7 +313,7 @@ def test_a_good_summary_still_makes_the_seed_report_and_the_table(tmp_path, caps
     monkeypatch.setattr(readme_table, "README", tmp_path / "README.md")
     monkeypatch.setattr(readme_table, "SUMMARY_COPY", tmp_path / "copy.json")
     (tmp_path / "README.md").write_text("<!-- demo-table:begin -->\n<!-- demo-table:end -->\n")
-    assert readme_table.main([str(runs[0] / "report" / "summary.json")]) == 0
+    assert readme_table.main([str(runs[0] / "report" / "summary.json"), "--write"]) == 0
     assert "| softmax | **5.00** |" in (tmp_path / "README.md").read_text()
 
 
