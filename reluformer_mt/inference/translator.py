@@ -37,6 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reluformer_mt.plugin import register
 from reluformer_mt.checkpoints import OpenedCheckpoint, open_checkpoint, pick_device  # noqa: F401  (pick_device re-exported)
 from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
 from reluformer_mt.data.batching import length_batches
@@ -199,6 +200,7 @@ class DocumentTranslator:
         if self.precision != "fp32" and not self.device.startswith("cuda"):
             raise TranslationError(f"--{self.precision}: half precision is for CUDA only (device {self.device}); "
                                    "on the CPU translate in full precision")
+        register()  # an entry point: a Python user's DocumentTranslator(...) needs no register() call
         opened = open_checkpoint(self.checkpoint, data)
         # an ensemble: every checkpoint opened (and checked) before any model is built
         # (each with its own resources unless --data: a member over other dictionaries is refused by name, not built wrong)
