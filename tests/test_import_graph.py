@@ -14,6 +14,7 @@ LAYERS = [
     {"models", "criteria", "checkpoints"},
     {"evaluation", "knn", "averaging"},
     {"memory.maintenance"},  # rekeying, memory statistics, bands: they load checkpoints and score BLEU
+    {"inference.guidance"},  # what acts on each beam step's scores: the task and the translator build it
     {"tasks"},
     {"plugin"},
     {"inference"},  # the translator, an entry point: it registers the plugin (the loader below does not)
@@ -69,7 +70,7 @@ def graph():
 
 
 # subpackages with a layer of their own, above their parent's (issue 35: memory/ owns its upkeep)
-NESTED_UNITS = {"memory.maintenance"}
+NESTED_UNITS = {"memory.maintenance", "inference.guidance"}
 
 
 def unit(module: str) -> str:

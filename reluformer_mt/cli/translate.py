@@ -14,7 +14,6 @@ it is done, so the command can sit in a pipe as fairseq-interactive does. A regu
 whole and its segments batched across documents.
 """
 import argparse
-import inspect
 import logging
 import os
 import stat
@@ -29,12 +28,11 @@ from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Def
 
 
 def translator_defaults() -> dict:
-    """The defaults of ``DocumentTranslator``'s keyword parameters: the one declaration the
-    options' defaults come from (parameter ``x_y`` is option ``--x-y``)."""
-    from reluformer_mt.inference.translator import DocumentTranslator
+    """The defaults of ``DocumentTranslator``'s keywords, from its options' dataclasses: the one
+    declaration the options' defaults come from (keyword ``x_y`` is option ``--x-y``)."""
+    from reluformer_mt.inference.options import flat_defaults
 
-    return {name: p.default for name, p in inspect.signature(DocumentTranslator.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+    return flat_defaults()
 
 
 # beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and
