@@ -26,7 +26,6 @@ separator) and the SentencePiece model(s) it names.
 """
 import argparse
 import logging
-import math
 import re
 import time
 from collections import Counter
@@ -34,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from reluformer_mt.plugin import register
@@ -46,8 +44,8 @@ from reluformer_mt.data.spm import repair_separator_lookalikes
 from reluformer_mt.inference.guidance import (Guidance, GuidanceContext, SourceBatch, TranslationError, build_guidance,
                                               install_guidance)
 from reluformer_mt.inference.guidance.separators import SEPARATOR_MODES  # noqa: F401  (re-exported)
-from reluformer_mt.inference.options import DecodingOptions, TranslatorOptions
 from reluformer_mt.inference.guidance.pieces import PiecesOptions
+from reluformer_mt.inference.options import DecodingOptions, TranslatorOptions
 
 logger = logging.getLogger(__name__)
 
