@@ -152,6 +152,9 @@ def _check_known(path: Path, cfg) -> None:
     arch = _get(cfg.model, "arch") or _get(cfg.model, "_name")
     if arch not in ARCH_MODEL_REGISTRY and arch not in MODEL_REGISTRY:
         ours = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if a.startswith("reluformer"))
+        if not ours:  # the loader sits below the plugin: the entry point registers (the CLIs, the translator)
+            raise CheckpointError(f"{path}: architecture {arch!r} is not registered with fairseq: call "
+                                  "reluformer_mt.register() before loading a checkpoint in your own code")
         raise CheckpointError(f"{path}: architecture {arch!r} is not known to fairseq or reluformer_mt "
                               f"(reluformer architectures: {', '.join(ours[:6])}, ...); was it trained with another plugin?")
     task = _get(cfg.task, "_name")
@@ -406,11 +409,6 @@ def check_ensemble_vocabulary(opened: List["OpenedCheckpoint"], data_given: bool
 def open_checkpoint(path, data=None) -> OpenedCheckpoint:
     """Read ``path`` (the one weights_only policy), check that fairseq knows its architecture and
     task, and find its data directory (``data``, else beside it, else where it was trained)."""
-    from reluformer_mt.plugin import register
-
-    # every library entry (translator, evaluations) loads through here: a Python user who never
-    # called register() gets a working model, not an error (issue 33); registering twice is a no-op
-    register()
     path = Path(path)
     state = read_state(path)
     if state.get("cfg") is None:

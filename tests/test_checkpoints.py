@@ -143,16 +143,27 @@ def test_every_entry_point_refuses_an_arbitrary_pickled_class(entry, bad_checkpo
     assert_refused(err, bad_checkpoint)
 
 
-def test_the_loader_registers_the_plugin_itself(trained_checkpoint):
-    """A Python user who never called register() (PYTHON_API's examples) gets the model, not an
-    error (issue 33; issue 21 had the loader refuse): a fresh process, no register() call."""
+def test_the_translator_registers_the_plugin_and_the_loader_says_to(trained_checkpoint, doc_checkpoint):
+    """A Python user who never called register() (PYTHON_API's examples) gets a working
+    DocumentTranslator, an entry point that registers the plugin; the checkpoint loader below the
+    plugin registers nothing and, asked for a reluformer architecture first, says to call
+    register(): a fresh process, no register() call."""
     import subprocess
     import sys
 
     code = ("from reluformer_mt.plugin import is_registered\n"
-            "from reluformer_mt.checkpoints import open_checkpoint\n"
+            "from reluformer_mt.checkpoints import CheckpointError, open_checkpoint\n"
+            "try:\n"
+            f"    open_checkpoint({str(trained_checkpoint)!r})\n"
+            "except CheckpointError as e:\n"
+            "    print(e)\n"
             "print(is_registered())\n"
+            "from reluformer_mt.inference import DocumentTranslator\n"
+            f"DocumentTranslator({str(doc_checkpoint)!r}, device='cpu')\n"
             f"print(open_checkpoint({str(trained_checkpoint)!r}).cfg.model._name, is_registered())\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-2:] == ["False", "reluformer_tiny True"]
+    refused, before, after = result.stdout.strip().splitlines()[-3:]
+    assert refused.endswith("architecture 'reluformer_tiny' is not registered with fairseq: call "
+                            "reluformer_mt.register() before loading a checkpoint in your own code")
+    assert (before, after) == ("False", "reluformer_tiny True")

@@ -59,7 +59,8 @@ def documented_signature(page_text: str, name: str):
 
     text = re.search(rf"`{name}\((.*?)\)`", page_text, flags=re.S).group(1)
     call = ast.parse(f"f({' '.join(text.split())})", mode="eval").body
-    return [a.id for a in call.args], {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    # a **catch-all (k.arg None) is no parameter with a default
+    return [a.id for a in call.args], {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
 
 
 def test_the_pages_documenttranslator_signature_is_the_codes():

@@ -1,4 +1,4 @@
-"""Separator-constrained decoding (reluformer_mt.inference.separators): the masking rule on
+"""Separator-constrained decoding (reluformer_mt.inference.guidance.separators): the masking rule on
 hand-made prefixes, the row -> source mapping of the beam search, and real segments of 1 to 5
 sentences through the tiny document checkpoint (beam 1 and 4), against free decoding."""
 import math
@@ -21,7 +21,7 @@ def step_lprobs(rows):
 # ---------------------------------------------------------------- the rule (no model)
 
 def test_constrain_separators_on_hand_made_prefixes():
-    from reluformer_mt.inference.separators import constrain_separators
+    from reluformer_mt.inference.guidance.separators import constrain_separators
 
     prefix = torch.tensor([[EOS, 7, 6, 8],        # 0 separators, needs 2: no EOS, separator allowed
                            [EOS, 7, SEP, 6],      # 1 of 2: no EOS, separator allowed
@@ -50,7 +50,8 @@ def test_constrain_separators_on_hand_made_prefixes():
 def test_beam_search_looks_up_each_row_by_its_sentence_id():
     """Three sentences left in the batch (dataset ids 4, 0, 2: others finished), beam 2: rows 0-1
     belong to id 4, rows 2-3 to id 0, rows 4-5 to id 2 -- whatever their position."""
-    from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
+    from reluformer_mt.inference.guidance import GuidedBeamSearch
+    from reluformer_mt.inference.guidance.separators import SeparatorConstraint
 
     class TinyDict:
         def pad(self): return 1
@@ -58,7 +59,7 @@ def test_beam_search_looks_up_each_row_by_its_sentence_id():
         def eos(self): return EOS
         def __len__(self): return VOCAB
 
-    search = SeparatorConstrainedBeamSearch(TinyDict(), SEP)
+    search = GuidedBeamSearch(TinyDict(), [SeparatorConstraint(SEP, SEP)])
     search.required = torch.tensor([0, 9, 2, 9, 1])  # by dataset id
     prefix = torch.tensor([[EOS, 7, SEP, 6]] * 6)    # one separator in every row
     lprobs = step_lprobs(6).view(3, 2, VOCAB)
@@ -115,7 +116,7 @@ def test_segments_of_1_3_5_sentences_in_one_batch_keep_their_separators(doc_chec
     from reluformer_mt.inference import DocumentTranslator
 
     t = DocumentTranslator(doc_checkpoint, beam=beam)
-    assert t.separators == "constrained" and t.generator.search is t.constraint
+    assert t.separators == "constrained" and t.generator.search is t.search and t.search is not None
     eager_to_end(t, monkeypatch)
     s = short_sentences(t, 9)
     docs = [s[:1], s[1:4], s[4:9]]
@@ -174,7 +175,7 @@ def test_free_is_the_plain_beam_search(doc_checkpoint):
 
     docs = real_docs(2, max_sentences=12)
     free = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")
-    assert type(free.generator.search) is BeamSearch and free.constraint is None
+    assert type(free.generator.search) is BeamSearch and free.search is None
     plain = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")
     plain.generator = SequenceGenerator([plain.model], plain.tgt_dict, beam_size=2, max_len_a=0, max_len_b=6)
     got, expected = free.translate(docs, scores=True), plain.translate(docs, scores=True)

@@ -164,20 +164,21 @@ def test_option_and_input_checks_come_before_the_model_loads(doc_checkpoint, tmp
 
 
 def test_the_command_line_takes_the_python_api_names_and_defaults():
-    """One declaration: every keyword of DocumentTranslator is the option of the same name
-    with the same default (``quiet`` excepted: the command's --quiet silences its summary)."""
+    """One declaration: every field of DocumentTranslator's option groups is, under its keyword
+    name, the option of the same name with the same default; the constructor takes the groups and
+    those keywords."""
     from reluformer_mt.cli.translate import build_parser
     from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.inference.options import flat_defaults
 
     parser = build_parser()
     options = {a.dest: a for a in parser._actions}
-    params = {n: p for n, p in inspect.signature(DocumentTranslator.__init__).parameters.items()
-              if n not in ("self", "checkpoint", "quiet", "renamed")}
-    for name, p in params.items():
+    for name, default in flat_defaults().items():
         assert name in options, f"DocumentTranslator({name}=...) has no --{name.replace('_', '-')}"
-        assert options[name].default == p.default, name
+        assert options[name].default == default, name
         assert f"--{name.replace('_', '-')}" in options[name].option_strings
-    assert params["device"].default == "auto"
+    params = inspect.signature(DocumentTranslator.__init__).parameters
+    assert len(params) <= 12 and params["device"].default == "auto"  # self, checkpoint, groups, **options
 
 
 def test_old_pieces_names_still_work_with_a_warning(doc_checkpoint):
@@ -185,7 +186,7 @@ def test_old_pieces_names_still_work_with_a_warning(doc_checkpoint):
 
     with pytest.warns(DeprecationWarning, match=r"piece_k=\.\.\.\) is now pieces_k"):
         t = DocumentTranslator(doc_checkpoint, device="cpu", piece_k=3)
-    assert t.piece_k == 3
+    assert t.pieces.k == 3
     with pytest.raises(TypeError, match="unexpected keyword argument 'beams'"):
         DocumentTranslator(doc_checkpoint, beams=3)
 

@@ -266,7 +266,7 @@ def test_translation_pieces_bonus_by_hand():
     """Zhang et al. 2018's bonus: every n-gram (n <= max n) a next token completes earns the best
     fuzzy score of the matches holding it, while the hypothesis holds fewer copies of the token
     than the matches do; excluded tokens end pieces."""
-    from reluformer_mt.inference.pieces import add_piece_bonus, sentence_pieces
+    from reluformer_mt.inference.guidance.piece_table import add_piece_bonus, sentence_pieces
 
     sep = 9
     pieces = sentence_pieces([(torch.tensor([4, 5, 6, sep, 7]), 0.5), (torch.tensor([4, 5, 8, 4]), 0.25)],
@@ -289,7 +289,7 @@ def test_translation_pieces_follow_the_sentence_being_written():
     """In a segment, a hypothesis is rewarded only by the pieces of the sentence it is writing (its
     separators so far), caps count that sentence's tokens, no bonus past the sentence's expected
     length, and matches below the fuzzy floor give no pieces (issue 32)."""
-    from reluformer_mt.inference.pieces import add_piece_bonus, sentence_pieces
+    from reluformer_mt.inference.guidance.piece_table import add_piece_bonus, sentence_pieces
 
     sep = 9
     first = sentence_pieces([(torch.tensor([4, 5]), 0.8)], exclude=(sep,), max_n=2)
@@ -312,7 +312,7 @@ def test_translation_pieces_expected_length_follows_the_source():
     """Issue 32: no bonus past the source's expected length: given the sentence's source length
     and each match's, the expected length is the longest a match's length ratio predicts, never
     more than the longest match."""
-    from reluformer_mt.inference.pieces import sentence_pieces
+    from reluformer_mt.inference.guidance.piece_table import sentence_pieces
 
     matches = [(torch.tensor([4, 5, 6, 7, 8, 9, 10, 11]), 0.6, 4), (torch.tensor([4, 5, 6]), 0.5, 3)]
     assert sentence_pieces(matches).expected_length == 8  # no source lengths: the longest match
@@ -352,7 +352,7 @@ def test_translation_pieces_table_matches_the_rule_on_random_segments(slot_map, 
     rule gives, for random matches, floors, max n, prefixes that cross separators, and sources
     without pieces; with the caps' (unit, token) -> slot map and without it (a batch whose units x
     vocabulary exceed ``DENSE_LIMIT``: the slots are searched)."""
-    from reluformer_mt.inference.pieces import PieceTable, add_piece_bonus, sentence_pieces
+    from reluformer_mt.inference.guidance.piece_table import PieceTable, add_piece_bonus, sentence_pieces
 
     if slot_map == "searched":
         monkeypatch.setattr(PieceTable, "DENSE_LIMIT", 0)
@@ -415,18 +415,21 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
     aligned = DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_weight=20.0, pieces_k=2,
                                  pieces_aligned=True, beam=2, max_len_a=0, max_len_b=12)
     assert len(aligned.translate(documents)) == 2
-    entries = aligned.memory.entries
-    own = aligned._aligned_tokens(entries.sources[0].split(), 0, aligned.memory.tokens[0])
-    assert len(own) == len(aligned.memory.tokens[0]) and 0 < sum(own) <= len(own)
-    assert not any(aligned._aligned_tokens(["zzz-not-a-word"], 0, aligned.memory.tokens[0]))
-    # the translator passes the alignment on: each sentence's aligned pieces are a subset of all
-    # its pieces, and some sentence loses pieces
-    from reluformer_mt.inference.translator import _Segment
+    from reluformer_mt.inference.guidance import SourceBatch
+    from reluformer_mt.inference.guidance.pieces import PiecesOptions, TranslationPiecesGuide
 
-    segment = _Segment(0, list(range(len(documents[0]))), "segment")
-    only_aligned = aligned._segment_pieces(segment)
-    aligned.piece_aligned = False
-    every = aligned._segment_pieces(segment)
+    guide = aligned.part(TranslationPiecesGuide)
+    entries = aligned.memory.entries
+    own = guide.aligned_tokens(entries.sources[0].split(), 0, aligned.memory.tokens[0])
+    assert len(own) == len(aligned.memory.tokens[0]) and 0 < sum(own) <= len(own)
+    assert not any(guide.aligned_tokens(["zzz-not-a-word"], 0, aligned.memory.tokens[0]))
+    # the part passes the alignment on: each sentence's aligned pieces are a subset of all
+    # its pieces, and some sentence loses pieces
+    batch = SourceBatch([], None, aligned._matches, aligned._unit_words)
+    keys = [(0, i) for i in range(len(documents[0]))]
+    only_aligned = [guide.sentence_pieces(batch, key) for key in keys]
+    guide.options = PiecesOptions(weight=20.0, k=2)
+    every = [guide.sentence_pieces(batch, key) for key in keys]
     assert all(set(a.best) <= set(e.best) for a, e in zip(only_aligned, every) if a is not None)
     assert sum(len(a.best) for a in only_aligned if a is not None) < sum(len(e.best) for e in every if e is not None)
     with pytest.raises(TranslationError, match="--pieces-aligned: only with translation pieces"):

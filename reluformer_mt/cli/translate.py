@@ -31,32 +31,52 @@ from reluformer_mt.cli.stored_config import check_resources_findable
 
 
 def translator_defaults() -> dict:
-    """The defaults of ``DocumentTranslator``'s keyword parameters: the one declaration the
-    options' defaults come from (parameter ``x_y`` is option ``--x-y``). Read from the module's
-    source, not by importing it: that imports torch and fairseq (seconds), and the options are
-    checked before them, so a bad option is answered at once (a test compares the two readings)."""
+    """The defaults of ``DocumentTranslator``'s keywords (keyword ``x_y`` is option ``--x-y``): the
+    fields of its option groups (:data:`reluformer_mt.inference.options.GROUPS`), read from their
+    modules' source, not by importing them: the guidance parts import torch and fairseq (seconds),
+    and the options are checked before them, so a bad option is answered at once. The same values
+    as :func:`reluformer_mt.inference.options.flat_defaults` (a test compares the two)."""
     from importlib.util import find_spec
 
-    return source_defaults(find_spec("reluformer_mt.inference.translator").origin, "DocumentTranslator")
+    inference = Path(find_spec("reluformer_mt").origin).parent / "inference"
+    options = ast.parse((inference / "options.py").read_text(encoding="utf-8"))
+    assigned = {t.id: node.value for node in options.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    homes = {alias.name: node.module for node in options.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    groups, plain = ast.literal_eval(_names_as_strings(assigned["GROUPS"])), ast.literal_eval(assigned["PLAIN"])
+    out = {"device": "auto"}
+    for group, class_name in groups.items():
+        module = homes.get(class_name)
+        path = inference / "options.py" if module is None else \
+            Path(find_spec("reluformer_mt").origin).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        for field_name, (flat, default) in dataclass_defaults(path, class_name).items():
+            out[group if plain.get(group) == field_name else flat] = default
+    return out
 
 
-def source_defaults(path, class_name: str) -> dict:
-    """``{parameter: default}`` of ``class_name.__init__`` in the Python file ``path``; each default
-    a literal or a module-level name bound to one."""
+def _names_as_strings(node):
+    """``{"decoding": DecodingOptions}`` -> ``{"decoding": "DecodingOptions"}`` (a literal)."""
+    return ast.Dict(keys=node.keys, values=[ast.Constant(v.id) for v in node.values])
+
+
+def dataclass_defaults(path, class_name: str) -> dict:
+    """``{field: (command-line name, default)}`` of the dataclass ``class_name`` in ``path``: a field
+    ``x: T = literal`` or ``x: T = field(default=literal, metadata={"flat": name})``."""
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    constants = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
-                 for t in node.targets if isinstance(t, ast.Name)}
-    init = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == class_name
-                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-    a = init.args
-    pairs = list(zip(a.args[len(a.args) - len(a.defaults):], a.defaults)) + \
-        [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-
-    def value(node):
-        node = constants.get(node.id, node) if isinstance(node, ast.Name) else node
-        return ast.literal_eval(node)
-
-    return {arg.arg: value(default) for arg, default in pairs}
+    cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == class_name)
+    fields = {}
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
+            continue
+        name, value, flat = node.target.id, node.value, node.target.id
+        if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+            keywords = {k.arg: k.value for k in value.keywords}
+            value = keywords["default"]
+            if "metadata" in keywords:
+                flat = ast.literal_eval(keywords["metadata"]).get("flat", name)
+        fields[name] = (flat, ast.literal_eval(value))
+    return fields
 
 
 # beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and

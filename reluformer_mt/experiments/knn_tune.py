@@ -306,7 +306,9 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         lookup = probe.memory
         sentence_sources = read_split_sentences(data_dir, split)
         memory_ids, memory_scores = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
-        lookup.entry_source = probe._entry_source
+        from reluformer_mt.inference.guidance.knn import KnnMixture
+
+        lookup.entry_source = probe.part(KnnMixture).entry_source
         d, v, trust = per_input_neighbours(forced, model, task, memory_ids, memory_scores, lookup, memory_k,
                                            probe.reads_memory, lookup.k, max_tokens, device)
         grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v, trust)

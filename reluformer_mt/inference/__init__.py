@@ -5,21 +5,26 @@
   sentences with pysbd), reading from files or stdin, and writers that keep the input's layout;
 - :mod:`reluformer_mt.inference.translator`: :class:`DocumentTranslator`, which finds the
   checkpoint's resources, cuts documents into segments of the trained length, translates them
-  with fairseq's beam search and splits them back into exactly one sentence per input sentence.
-"""
-from reluformer_mt.inference.inputs import FORMATS, InputDocument, ParsedInput, parse_input, read_input, read_text, write_output
+  with fairseq's beam search and splits them back into exactly one sentence per input sentence;
+- :mod:`reluformer_mt.inference.options`: the translator's options in groups;
+- :mod:`reluformer_mt.inference.guidance`: the parts that act on every beam step's scores
+  (separators, translation pieces, kNN-MT), below the task and the translator, which both use them.
 
-# the translator imports torch and fairseq: loaded on first use, so that importing the light
-# input readers (reluformer-translate's option and input checks) does not wait for them
-_TRANSLATOR_NAMES = ("DocumentTranslator", "SentenceResult", "TranslationError")
+The names below are loaded when first used, so that the task's generator can import the guidance
+without the translator.
+"""
+import importlib
+
+_HOMES = {"FORMATS": "inputs", "InputDocument": "inputs", "ParsedInput": "inputs", "parse_input": "inputs",
+          "read_input": "inputs", "read_text": "inputs", "write_output": "inputs",
+          "DocumentTranslator": "translator", "SentenceResult": "translator", "TranslationError": "translator",
+          "DecodingOptions": "options", "MemoryOptions": "options", "PiecesOptions": "guidance.pieces",
+          "KnnMtOptions": "guidance.knn", "Separators": "guidance.separators"}
+
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name):
-    if name in _TRANSLATOR_NAMES:
-        from reluformer_mt.inference import translator
-
-        return getattr(translator, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["FORMATS", "InputDocument", "ParsedInput", "parse_input", "read_input", "read_text", "write_output",
-           "DocumentTranslator", "SentenceResult", "TranslationError"]
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

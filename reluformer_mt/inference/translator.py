@@ -8,7 +8,7 @@ of a segment joined by the separator token; segments are translated in batches b
 
 By default (``separators="constrained"``) the beam search itself keeps the separators: a
 hypothesis gets exactly the segment's number of separators and no empty sentence
-(:mod:`reluformer_mt.inference.separators`); ``separators="free"`` is plain beam search, which shows
+(:mod:`reluformer_mt.inference.guidance.separators`); ``separators="free"`` is plain beam search, which shows
 how often the model keeps them by itself. A hypothesis that still does not split into the segment's
 number of non-empty sentences (free decoding, or a constrained one cut at the length limit) is
 translated again as two halves, and a half that fails again sentence by sentence; a single
@@ -26,7 +26,6 @@ separator) and the SentencePiece model(s) it names.
 """
 import argparse
 import logging
-import math
 import re
 import time
 from collections import Counter
@@ -34,23 +33,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
+from reluformer_mt.plugin import register
 from reluformer_mt.checkpoints import (OpenedCheckpoint, check_ensemble_vocabulary, open_checkpoint,  # noqa: F401
                                       pick_device)  # (pick_device re-exported)
 from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
 from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
 from reluformer_mt.data.spm import repair_separator_lookalikes
+from reluformer_mt.inference.guidance import (Guidance, GuidanceContext, SourceBatch, TranslationError, build_guidance,
+                                              install_guidance)
+from reluformer_mt.inference.guidance.separators import SEPARATOR_MODES  # noqa: F401  (re-exported)
+from reluformer_mt.inference.guidance.pieces import PiecesOptions
+from reluformer_mt.inference.options import DecodingOptions, TranslatorOptions
 
 logger = logging.getLogger(__name__)
 
-SEPARATOR_MODES = ("constrained", "free")  # see reluformer_mt.inference.separators
-
-
-class TranslationError(ValueError):
-    """A one-line, user-facing problem (bad checkpoint, missing resources, bad option)."""
 
 
 @dataclass
@@ -143,25 +142,6 @@ def find_resources(opened: OpenedCheckpoint, spm_model=None, segment_tokens=None
 
 # ---------------------------------------------------------------- the translator
 
-_RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n": "pieces_max_n"}
-
-
-def _renamed_options(renamed: dict, pieces_weight, pieces_k, pieces_max_n):
-    """The pieces options under their names before issue 33 (``piece_weight``...), which now
-    match the command line's (``--pieces-weight`` = ``pieces_weight``); old names still work, with
-    a DeprecationWarning, any other unknown keyword is a TypeError as usual."""
-    import warnings
-
-    values = {"pieces_weight": pieces_weight, "pieces_k": pieces_k, "pieces_max_n": pieces_max_n}
-    for old, value in renamed.items():
-        if old not in _RENAMED:
-            raise TypeError(f"DocumentTranslator() got an unexpected keyword argument {old!r}")
-        warnings.warn(f"DocumentTranslator({old}=...) is now {_RENAMED[old]}=... (the --{_RENAMED[old].replace('_', '-')} "
-                      "option's name)", DeprecationWarning, stacklevel=3)
-        values[_RENAMED[old]] = value
-    return values["pieces_weight"], values["pieces_k"], values["pieces_max_n"]
-
-
 def _in_band_order(key: str):
     """Summary keys alphabetically, but those ending in a fuzzy band (<50, 50-70, ...) in band order."""
     from reluformer_mt.memory.tm import FUZZY_BANDS
@@ -173,48 +153,51 @@ def _in_band_order(key: str):
 
 class DocumentTranslator:
     """A loaded checkpoint with its resources; :meth:`translate` maps documents (lists of
-    sentences) to lists of :class:`SentenceResult`, one per sentence."""
+    sentences) to lists of :class:`SentenceResult`, one per sentence.
 
-    # beam 4: the quick demo's decoding (``reluformer-demo``), so its chapter is reproduced with the defaults.
-    # The one declaration of the options: reluformer-translate takes its defaults from this signature
-    # (parameter x_y is the option --x-y; a test checks both).
-    def __init__(self, checkpoint, data=None, device: str = "auto", beam: int = 4, lenpen: float = 1.0,
-                 batch_size: int = 32, max_tokens: int = 4000, max_len_a: float = 1.2, max_len_b: int = 10,
-                 segment_tokens=None, spm_model=None, quiet: bool = True, separators: str = "constrained",
-                 memory=None, pieces_weight: float = 0.0, pieces_k: int = 8, pieces_max_n: int = 4,
-                 pieces_floor: float = 0.0, pieces_aligned: bool = False, knn=None, knn_memory: bool = False,
-                 knn_memory_k: int = 8,
-                 knn_k: Optional[int] = None, knn_lambda: Optional[float] = None, knn_readout: Optional[str] = None,
-                 knn_temperature: Optional[float] = None, knn_radius: Optional[float] = None,
-                 knn_adaptive: Optional[bool] = None, nbest: int = 1, fp16: bool = False, bf16: bool = False,
-                 tmx_placeholders: str = "space", **renamed):
-        pieces_weight, pieces_k, pieces_max_n = _renamed_options(renamed, pieces_weight, pieces_k, pieces_max_n)
-        if beam < 1 or batch_size < 1 or max_tokens < 1:
-            raise TranslationError(f"--beam, --batch-size and --max-tokens must be positive, got {beam}, {batch_size}, {max_tokens}")
-        if not 1 <= nbest <= beam:
-            raise TranslationError(f"--nbest {nbest}: expected 1 <= N <= --beam ({beam}); beam search keeps --beam hypotheses")
-        if fp16 and bf16:
-            raise TranslationError("--fp16 and --bf16: give one of them")
+    The options come in groups (:mod:`reluformer_mt.inference.options`): ``decoding``
+    (:class:`DecodingOptions`: beam, lengths, batches, segment length, precision), ``separators``
+    (a :class:`Separators` or its mode), ``memory`` (a :class:`MemoryOptions` or the memory's path),
+    ``pieces`` (:class:`PiecesOptions`), ``knn`` (a :class:`KnnMtOptions` or the datastore's
+    directory) and ``guidance`` (options of further registered kinds of guidance); each field is
+    also a keyword under its command-line name (``beam=5``, ``pieces_weight=0.5``), as before."""
+
+    def __init__(self, checkpoint, data=None, device: str = "auto", decoding: Optional[DecodingOptions] = None,
+                 separators=None, memory=None, pieces: Optional[PiecesOptions] = None, knn=None, guidance: Sequence = (),
+                 quiet: bool = True, **options):
+        o = self.options = TranslatorOptions.of(decoding, separators, memory, pieces, knn, guidance, **options)
+        self.nbest, self.separators, self.pieces = o.decoding.nbest, o.separators.mode, o.pieces
+        self.batch_size, self.max_tokens = o.decoding.batch_size, o.decoding.max_tokens
+        self._open(checkpoint, data, device, quiet)
+        self._open_memory()
+        self.guidance = build_guidance(self._guidance_options(), self._guidance_context())
+        self.generator, self.search = self._compose()
+        self.stats: Counter = Counter()
+        self._matches = {}     # (document, unit) -> (ids, scores) during translate()
+        self._unit_words = {}  # (document, unit) -> source words, during translate()
+
+    # ------------------------------------------------------------ open, build, compose
+
+    def _open(self, checkpoint, data, device: str, quiet: bool) -> None:
+        """The checkpoint(s) with their resources, the models on the device in their precision,
+        the segment length and the separator's ids."""
+        d = self.options.decoding
         checkpoints = [checkpoint] if isinstance(checkpoint, (str, bytes)) or hasattr(checkpoint, "__fspath__") \
             else list(checkpoint)
         if not checkpoints:
             raise TranslationError("--checkpoint: give at least one checkpoint")
-        self.nbest = int(nbest)
-        if separators not in SEPARATOR_MODES:
-            raise TranslationError(f"--separators: expected one of {', '.join(SEPARATOR_MODES)}, got {separators!r}")
-        self.separators = separators
         self.checkpoint, self.checkpoints = Path(checkpoints[0]), [Path(c) for c in checkpoints]
-        self.device = pick_device(device)
-        self.precision = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+        self.device, self.precision = pick_device(device), d.precision
         if self.precision != "fp32" and not self.device.startswith("cuda"):
             raise TranslationError(f"--{self.precision}: half precision is for CUDA only (device {self.device}); "
                                    "on the CPU translate in full precision")
+        register()  # an entry point: a Python user's DocumentTranslator(...) needs no register() call
         opened = open_checkpoint(self.checkpoint, data)
         # an ensemble: every checkpoint opened (and checked) before any model is built
         # (each with its own resources unless --data: a member over other dictionaries is refused by name, not built wrong)
         others = [open_checkpoint(c, data) for c in self.checkpoints[1:]]
         check_ensemble_vocabulary([opened] + others, data_given=data is not None)  # before any model is built
-        self.resources = res = find_resources(opened, spm_model, segment_tokens)
+        self.resources = res = find_resources(opened, d.spm_model, d.segment_tokens)
         loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                              check_separator=True, quiet=quiet)
         self.model, self.cfg, self.task = loaded.model, loaded.cfg, loaded.task
@@ -222,9 +205,14 @@ class DocumentTranslator:
         self.sp_src, self.sp_tgt = loaded.spm_src, loaded.spm_tgt
         self.models = [self.model] + self._ensemble_members(others, opened, quiet)
         if self.precision != "fp32":
-            self.models = [m.half() if fp16 else m.to(torch.bfloat16) for m in self.models]
+            self.models = [m.half() if d.fp16 else m.to(torch.bfloat16) for m in self.models]
             self.model = self.models[0]
         self.max_src = min(int(m.max_positions()[0]) for m in self.models)
+        self._open_segments(res)
+        # the model reads its matches (trained with --tm-fusion); any model can be guided by pieces
+        self.reads_memory = getattr(self.task.cfg, "tm_fusion", "none") != "none"
+
+    def _open_segments(self, res: Resources) -> None:
         self.segment_tokens = res.segment_tokens
         if self.segment_tokens and self.segment_tokens > self.max_src - 1:
             logger.warning("segment length %d does not fit the model's %d source positions; using %d",
@@ -235,108 +223,42 @@ class DocumentTranslator:
         if self.segment_tokens and (self.sep_src == self.src_dict.unk() or self.sep_tgt == self.tgt_dict.unk()):
             raise TranslationError(f"{res.data_dir}: the dictionaries have no {res.separator!r} entry, so segments "
                                    "cannot be split into sentences; use --segment-tokens 0 (sentence by sentence)")
-        self.batch_size, self.max_tokens = batch_size, max_tokens
-        gen_args = argparse.Namespace(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, min_len=1,
-                                      unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
-        # several models: fairseq's SequenceGenerator averages their log-probabilities (EnsembleModel)
-        self.generator = self.task.build_generator(self.models, gen_args)
-        # constrained: the same generator with the separator-counting beam search (a dictionary
-        # without the separator has no separators to keep: sentence by sentence, nothing to constrain)
-        self.constraint = None
-        if separators == "constrained" and self.sep_tgt != self.tgt_dict.unk():
-            from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch  # imports fairseq
 
-            self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, self.sep_tgt)
-            self.generator.search = self.constraint
-        self.stats: Counter = Counter()
+    def _open_memory(self) -> None:
+        """The translation memory, when the model reads its matches or a guidance part does
+        (``--memory none`` withholds it)."""
+        m, res = self.options.memory, self.resources
         self.memory = None
-        # the model reads its matches (trained with --tm-fusion); any model can be guided by pieces
-        self.reads_memory = getattr(self.task.cfg, "tm_fusion", "none") != "none"
-        self.piece_weight, self.piece_k, self.piece_max_n = float(pieces_weight), int(pieces_k), int(pieces_max_n)
-        if not math.isfinite(self.piece_weight) or self.piece_weight < 0:
-            raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {pieces_weight}")
-        self.piece_floor = float(pieces_floor)
-        if not 0 <= self.piece_floor <= 1:
-            raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {pieces_floor}")
-        self.piece_aligned = bool(pieces_aligned)
-        if self.piece_aligned and not self.piece_weight:
-            raise TranslationError("--pieces-aligned: only with translation pieces (--pieces-weight W > 0)")
-        if self.piece_aligned:
-            from reluformer_mt.evaluation.statistical_aligner import available
-
-            if not available():
-                raise TranslationError("--pieces-aligned: the word alignment of the memory needs eflomal "
-                                       "(pip install eflomal)")
-        if self.piece_k < 1 or not 1 <= self.piece_max_n <= 8:
-            raise TranslationError(f"--pieces-k {pieces_k} / --pieces-max-n {pieces_max_n}: expected k >= 1 and 1 <= n <= 8")
-        self.knn_memory, self.knn_memory_k = bool(knn_memory), int(knn_memory_k)
-        if self.knn_memory and self.knn_memory_k < 1:
-            raise TranslationError(f"--knn-memory-k: expected >= 1 matches per sentence, got {knn_memory_k}")
-        if self.knn_memory and memory == "none":
-            raise TranslationError("--knn-memory reads the translation memory's matches, but --memory is none")
-        if (self.reads_memory or self.piece_weight or self.knn_memory) and memory != "none":  # "none": withhold the matches
+        if (self.reads_memory or self.options.needs_memory()) and not m.withheld:
             from reluformer_mt.inference.memory import MemoryLookup
 
-            self.memory = MemoryLookup(self.task, memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
-                                       model=self.model, sp_src=self.sp_src, placeholders=tmx_placeholders)
-        elif memory not in (None, "none"):
+            self.memory = MemoryLookup(self.task, m.memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
+                                       model=self.model, sp_src=self.sp_src, placeholders=m.tmx_placeholders)
+        elif m.memory is not None and not m.withheld:
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "
                                    "memory's translation pieces instead")
-        self._matches = {}  # (document, unit) -> (ids, scores) during translate()
-        self._unit_words = {}  # (document, unit) -> source words, during translate()
-        if self.piece_weight and self.memory is not None:
-            if self.constraint is None:  # plain beam search with the bonus
-                from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
 
-                self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
-                self.generator.search = self.constraint
-            self.constraint.piece_weight = self.piece_weight
-        given = {"k": knn_k, "lam": knn_lambda, "readout": knn_readout, "temperature": knn_temperature, "radius": knn_radius,
-                 "adaptive": knn_adaptive}
-        given = {name: value for name, value in given.items() if value is not None}
-        if given and knn is None and not self.knn_memory:
-            raise TranslationError("--knn-k/--knn-lambda/--knn-readout/--knn-temperature/--knn-radius/--knn-adaptive "
-                                   "need --knn DATASTORE or --knn-memory")
-        if knn_adaptive and knn is None:
-            raise TranslationError("--knn-adaptive: the Meta-k network is trained for a corpus datastore; give --knn "
-                                   "DATASTORE (per-input datastores of --knn-memory have none)")
-        self.knn = self._knn_mixer(knn, given) if (knn is not None or self.knn_memory) else None
-        self._entry_states = {}  # per-input datastores: (entry, memory ids) -> (keys, values)
+    def _guidance_options(self) -> list:
+        return self.options.guidance_options()
 
-    def _knn_mixer(self, knn, given: dict):
-        """kNN-MT (:mod:`reluformer_mt.knn`): a corpus datastore (``knn``, a directory) or per-input
-        datastores of the memory's matches (``knn_memory``), mixed in by the beam search object.
-        The search values: ``given`` (the --knn-* options) over the datastore's tuned ones, else
-        :class:`reluformer_mt.knn.search.KnnOptions`' defaults."""
-        from reluformer_mt.knn.datastore import Datastore, DatastoreError, model_fingerprint
-        from reluformer_mt.knn.readout import ReadoutError
-        from reluformer_mt.knn.adaptive import AdaptiveError
-        from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder
+    def _guidance_context(self) -> GuidanceContext:
+        return GuidanceContext(self.models, self.task, self.device, checkpoint=str(self.checkpoint), memory=self.memory,
+                               reads_memory=self.reads_memory, separator=self.resources.separator,
+                               segmented=bool(self.segment_tokens), max_tokens=self.max_tokens, sp_src=self.sp_src)
 
-        if knn is not None and self.knn_memory:
-            raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
-        try:
-            KnnOptions(**given).check()  # the options' own ranges, before the datastore is read
-            datastore = None
-            if knn is not None:
-                datastore = Datastore.load(knn, fingerprint=model_fingerprint(self.model), checkpoint=str(self.checkpoint))
-                datastore.check_model(len(self.tgt_dict), self.model.decoder.output_projection.weight.shape[1])
-            tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
-            tuned = {k: v for k, v in tuned.items() if k in KnnOptions.__dataclass_fields__}  # checked by load
-            mixer = KnnMixer(StateRecorder(self.model.decoder), KnnOptions(**{**tuned, **given}))
-            if datastore is not None:
-                mixer.use_datastore(datastore)
-                self.knn_datastore = datastore
-        except (DatastoreError, ReadoutError, AdaptiveError) as e:
-            raise TranslationError(str(e)) from None
-        if self.constraint is None:  # plain beam search with the neighbours mixed in
-            from reluformer_mt.inference.separators import SeparatorConstrainedBeamSearch
+    def _compose(self):
+        """fairseq's generator (several models: its EnsembleModel averages their log-probabilities)
+        with the guidance parts in its beam search."""
+        d = self.options.decoding
+        gen_args = argparse.Namespace(beam=d.beam, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
+                                      min_len=1, unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
+        generator = self.task.build_generator(self.models, gen_args)
+        return generator, install_guidance(generator, self.tgt_dict, self.guidance)
 
-            self.constraint = SeparatorConstrainedBeamSearch(self.tgt_dict, None)
-            self.generator.search = self.constraint
-        self.constraint.knn = mixer
-        return mixer
+    def part(self, kind: type) -> Optional[Guidance]:
+        """The guidance part of a kind (e.g. ``KnnMixture``), None if the decoding has none."""
+        return next((p for p in self.guidance if isinstance(p, kind)), None)
 
     def _ensemble_members(self, others: List[OpenedCheckpoint], first: OpenedCheckpoint, quiet: bool) -> list:
         """The models of the other checkpoints of an ensemble: the same dictionaries (the
@@ -362,14 +284,7 @@ class DocumentTranslator:
             level += f", {self.separators} separators"
         if self.memory is not None and self.reads_memory:
             level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
-        if self.memory is not None and self.piece_weight:
-            level += (f"; translation pieces (n <= {self.piece_max_n}) of the top {self.piece_k} matches"
-                      + (f" with fuzzy >= {self.piece_floor:g}" if self.piece_floor else "") + ", "
-                      f"weight {self.piece_weight:g}" + ("" if self.reads_memory else f", from {self.memory.entries.summary()}"))
-        if self.knn is not None:
-            where = (f"the {self.knn_memory_k} best memory matches of each sentence (per-input datastores)"
-                     if self.knn_memory else self.knn_datastore.describe())
-            level += f"; kNN-MT: {self.knn.options.describe()} over {where}"
+        level += "".join(f"; {part.describe()}" for part in self.guidance if part.describe())
         which = f"checkpoint {self.checkpoint}" if len(self.checkpoints) == 1 else \
             f"ensemble of {len(self.checkpoints)} checkpoints ({', '.join(map(str, self.checkpoints))})"
         precision = "" if self.precision == "fp32" else f" ({self.precision})"
@@ -490,32 +405,21 @@ class DocumentTranslator:
         return length_batches(lengths, self.max_tokens, self.batch_size)
 
     @torch.no_grad()
-    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, pieces=None,
-                 knn_entries=None) -> List[dict]:
+    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, units=None) -> List[dict]:
         """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
         (target ids without the final </s>), ``positional_scores`` (one per token and the
-        final </s>), ``attention`` ((target tokens + 1) x source tokens, or None) and
-        ``at_length_limit`` (the hypothesis has the most tokens the generator allows). ``matches``:
-        the translation memory's tokens of each source (models trained with a memory); ``pieces``:
-        the translation pieces of each source (:mod:`reluformer_mt.inference.pieces`) or None;
-        ``knn_entries``: per source, the (entry id, memory tokens) pairs of its per-input datastore."""
+        final </s>), ``attention`` ((target tokens + 1) x source tokens, or None),
+        ``at_length_limit`` (the hypothesis has the most tokens the generator allows) and ``nbest``
+        (the other hypotheses). ``matches``: the translation memory's tokens of each source (models
+        trained with a memory); ``units``: each source's (document, unit) keys, whose matches the
+        guidance parts read (translation pieces, per-input datastores)."""
         from fairseq import utils
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
         if matches is not None:
             dataset = self.task.dataset_with_matches(dataset, self._fit_matches(sources, matches))
-        if self.constraint is not None and self.constraint.separator is not None:
-            # looked up by sample["id"], i.e. the index into ``sources``
-            self.constraint.required = torch.tensor([int((s == self.sep_src).sum()) for s in sources], device=self.device)
-        if self.constraint is not None:
-            from reluformer_mt.inference.pieces import PieceTable
-
-            # indexed by sample["id"] too
-            separator = self.sep_tgt if self.segment_tokens and self.sep_tgt != self.tgt_dict.unk() else None
-            self.constraint.pieces = None if pieces is None else PieceTable(pieces, len(self.tgt_dict), separator)
-        if self.knn is not None and self.knn_memory:
-            self.knn.store = self._per_input_datastores(knn_entries or [[] for _ in sources])
-        g = self.generator
+        if self.search is not None:  # the parts' tables of these sources, indexed by sample["id"]
+            self.search.start(SourceBatch(sources, units, self._matches, self._unit_words), self.device)
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
             sample = dataset.collater([dataset[i] for i in batch])
@@ -524,26 +428,27 @@ class DocumentTranslator:
             hypos = self.task.inference_step(self.generator, self.models, sample)
             src_tokens = sample["net_input"]["src_tokens"]
             # SequenceGenerator's length limit for this batch (padded source length)
+            g = self.generator
             limit = min(int(g.max_len_a * src_tokens.size(1) + g.max_len_b), g.max_len - 1)
             for b, idx in enumerate(sample["id"].tolist()):
-                found = []
-                for hypo in hypos[b][:self.nbest]:  # best first
-                    tokens = hypo["tokens"].cpu()
-                    scores = hypo["positional_scores"].float().cpu()
-                    if len(tokens) and tokens[-1] == self.tgt_dict.eos():
-                        tokens = tokens[:-1]
-                    attn = hypo.get("attention")
-                    if attn is not None and not attn.numel():
-                        attn = None  # fairseq's empty tensor: not asked for (``search_alignment``)
-                    if attn is not None:
-                        real = (src_tokens[b] != self.src_dict.pad()).cpu()
-                        attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
-                    found.append({"tokens": tokens, "positional_scores": scores, "attention": attn,
-                                  "at_length_limit": len(tokens) >= limit})
+                found = [self._hypothesis(hypo, src_tokens[b], limit) for hypo in hypos[b][:self.nbest]]  # best first
                 results[idx] = dict(found[0], nbest=found[1:])
             if progress is not None:
                 progress.update(len(batch))
         return results
+
+    def _hypothesis(self, hypo: dict, src_tokens: torch.Tensor, limit: int) -> dict:
+        tokens = hypo["tokens"].cpu()
+        scores = hypo["positional_scores"].float().cpu()
+        if len(tokens) and tokens[-1] == self.tgt_dict.eos():
+            tokens = tokens[:-1]
+        attn = hypo.get("attention")
+        if attn is not None and not attn.numel():
+            attn = None  # fairseq's empty tensor: not asked for (``search_alignment``)
+        if attn is not None:
+            real = (src_tokens != self.src_dict.pad()).cpu()
+            attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
+        return {"tokens": tokens, "positional_scores": scores, "attention": attn, "at_length_limit": len(tokens) >= limit}
 
     def _fit_matches(self, sources, matches):
         """Each source's memory tokens cut to the model's source positions (with concat fusion, the
@@ -560,55 +465,6 @@ class DocumentTranslator:
                 tokens = tokens[:max(room, 0)]
             fitted.append(tokens)
         return fitted
-
-    def _per_input_datastores(self, entries_of_sources):
-        """SK-MT's per-input datastores: each sentence's memory matches force-decoded (cached per
-        entry and the memory it was decoded with), one unit per sentence of a source."""
-        from reluformer_mt.knn.search import PerInputDatastores, per_input_states
-
-        wanted = {key for sentences in entries_of_sources for entries in sentences for key, _ in entries
-                  if key not in self._entry_states}
-        if wanted:
-            wanted = sorted(wanted)
-            eos = torch.tensor([self.src_dict.eos()])
-            pairs = [(torch.cat([self._entry_source(entry), eos]), self.memory.tokens[entry]) for entry, _ in wanted]
-            memories = ([self.memory.tokens_of([np.asarray(ids)]) for _, ids in wanted] if self.reads_memory else None)
-            for key, state in zip(wanted, per_input_states(self.model, self.task, pairs, memories,
-                                                           max_tokens=self.max_tokens, device=self.device)):
-                self._entry_states[key] = state
-        units = []
-        for sentences in entries_of_sources:
-            units.append([])
-            for entries in sentences:
-                keys = [self._entry_states[key][0] for key, _ in entries]
-                values = [self._entry_states[key][1] for key, _ in entries]
-                trust = [torch.full((len(v),), fuzzy) for v, (_, fuzzy) in zip(values, entries)]
-                units[-1].append((torch.cat(keys) if keys else torch.zeros(0, 1),
-                                  torch.cat(values) if values else torch.zeros(0, dtype=torch.long),
-                                  torch.cat(trust) if trust else torch.zeros(0)))
-        store = PerInputDatastores(units)
-        self.stats["knn: per-input datastore entries"] += store.entries
-        return store
-
-    def _entry_source(self, entry: int) -> torch.Tensor:
-        """Source token ids of a memory entry (without </s>), encoded once."""
-        cache = self.__dict__.setdefault("_entry_sources", {})
-        if entry not in cache:
-            line = " ".join(self.sp_src.encode(self.memory.entries.sources[entry], out_type=str))
-            cache[entry] = self.src_dict.encode_line(line, add_if_not_exist=False, append_eos=False).long()
-        return cache[entry]
-
-    def _segment_knn_entries(self, seg: "_Segment"):
-        """The per-input datastore of a segment, per sentence: its top ``knn_memory_k`` matches, each
-        as ((entry, the memory a memory-reading model decodes it with: the sentence's own matches,
-        as at translation), fuzzy score)."""
-        out = []
-        for i in seg.sentences:
-            ids, scores = self._matches[(seg.doc, i)]
-            memory = tuple(int(e) for e in ids[:self.memory.k]) if self.reads_memory else ()
-            out.append([((int(e), memory), float(f)) for e, f in zip(ids[:self.knn_memory_k], scores[:self.knn_memory_k])
-                        if e >= 0])
-        return out
 
     # ------------------------------------------------------------ splitting back
 
@@ -727,7 +583,27 @@ class DocumentTranslator:
         self.stats["empty documents"] += sum(1 for doc in documents if not doc)
         self.stats["sentences"] += sum(len(doc) for doc in documents)
         self.stats["segments"] += len(pending)
-        new = self.stats - before
+        self._warn_about_input(self.stats - before)
+        # progress None: for long inputs (>= 50 segments) a bar on stderr when it is a terminal, else a
+        # line every 30 s (retranslations included: they can take longer than the first pass)
+        first_pass = len(pending)
+        bar = Progress(first_pass, "translate", "segments", enabled=progress if progress is not None else first_pass >= 50)
+        self._look_up_matches(documents, encoded, owners)
+        while pending:
+            pending = self._translate_segments(pending, encoded, out, bar, scores, alignments)
+            bar.add(len(pending))
+            if pending:
+                bar.set_postfix(f"{bar.total - first_pass:,} retranslations (outputs that did not split into their sentences)")
+        bar.close()
+        for part in self.guidance:  # the parts' counts join the summary
+            self.stats.update(part.stats)
+            part.stats.clear()
+        self.stats["seconds"] += time.time() - t0
+        assert all(r is not None for doc in out for r in doc)
+        return [self._merge(doc_out, doc_units, doc_owners, len(doc))
+                for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+
+    def _warn_about_input(self, new: Counter) -> None:
         if new["sentences longer than the segment length"]:
             logger.warning("%d sentences are longer than the segment length %d and are translated on their own",
                            new["sentences longer than the segment length"], self.segment_tokens)
@@ -743,51 +619,34 @@ class DocumentTranslator:
         if new["separator tokens removed from the input"]:
             logger.warning("%d %r tokens in the input were replaced by spaces (the separator is reserved)",
                            new["separator tokens removed from the input"], self.resources.separator)
-        # progress None: for long inputs (>= 50 segments) a bar on stderr when it is a terminal, else a
-        # line every 30 s (retranslations included: they can take longer than the first pass)
-        first_pass = len(pending)
-        bar = Progress(first_pass, "translate", "segments", enabled=progress if progress is not None
-                       else first_pass >= 50)
-        self._look_up_matches(documents, encoded, owners)
-        while pending:
-            sources = [self._source_ids(encoded, seg) for seg in pending]
-            matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
-            pieces = [self._segment_pieces(seg) for seg in pending] if self.memory and self.piece_weight else None
-            knn_entries = [self._segment_knn_entries(seg) for seg in pending] if self.knn_memory else None
-            hyps = self.generate([s for s, _ in sources], bar, matches, pieces,
-                                  **({} if knn_entries is None else {"knn_entries": knn_entries}))
-            retry = []
-            for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
-                results = self._resolve(seg, hyp, src_pieces, scores, alignments)
-                if results is not None:
-                    for i, r in zip(seg.sentences, results):
-                        if self.memory is not None:
-                            match_ids, match_scores = self._matches[(seg.doc, i)]
-                            r.match = (int(match_ids[0]), float(match_scores[0]))
-                        out[seg.doc][i] = r
-                    continue
-                if hyp.get("at_length_limit"):
-                    self.stats["fallbacks whose output reached the length limit"] += 1
-                if seg.level == "segment":
-                    self.stats["fallbacks: segment retranslated as halves"] += 1
-                    half = len(seg.sentences) // 2
-                    retry += [_Segment(seg.doc, seg.sentences[:half], "half"), _Segment(seg.doc, seg.sentences[half:], "half")]
-                else:
-                    self.stats["fallbacks: segment retranslated sentence by sentence"] += 1
-                    retry += [_Segment(seg.doc, [i], "sentence") for i in seg.sentences]
-            pending = retry
-            bar.add(len(pending))
-            if pending:
-                bar.set_postfix(f"{bar.total - first_pass:,} retranslations (outputs that did not split "
-                                "into their sentences)")
-        bar.close()
-        if self.knn is not None:  # the mixer's counts join the summary
-            self.stats.update(self.knn.stats)
-            self.knn.stats.clear()
-        self.stats["seconds"] += time.time() - t0
-        assert all(r is not None for doc in out for r in doc)
-        return [self._merge(doc_out, doc_units, doc_owners, len(doc))
-                for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+
+    def _translate_segments(self, pending: List[_Segment], encoded, out, bar, scores: bool, alignments: bool):
+        """Translate ``pending`` into ``out``; returns the segments to retranslate (as halves, then
+        sentence by sentence) whose hypotheses did not split into their sentences."""
+        sources = [self._source_ids(encoded, seg) for seg in pending]
+        matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
+        units = [[(seg.doc, i) for i in seg.sentences] for seg in pending]
+        hyps = self.generate([s for s, _ in sources], bar, matches, units)
+        retry = []
+        for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
+            results = self._resolve(seg, hyp, src_pieces, scores, alignments)
+            if results is not None:
+                for i, r in zip(seg.sentences, results):
+                    if self.memory is not None:
+                        match_ids, match_scores = self._matches[(seg.doc, i)]
+                        r.match = (int(match_ids[0]), float(match_scores[0]))
+                    out[seg.doc][i] = r
+                continue
+            if hyp.get("at_length_limit"):
+                self.stats["fallbacks whose output reached the length limit"] += 1
+            if seg.level == "segment":
+                self.stats["fallbacks: segment retranslated as halves"] += 1
+                half = len(seg.sentences) // 2
+                retry += [_Segment(seg.doc, seg.sentences[:half], "half"), _Segment(seg.doc, seg.sentences[half:], "half")]
+            else:
+                self.stats["fallbacks: segment retranslated sentence by sentence"] += 1
+                retry += [_Segment(seg.doc, [i], "sentence") for i in seg.sentences]
+        return retry
 
     def _look_up_matches(self, documents, encoded, owners) -> None:
         """Memory matches of every translation unit (a part of a split sentence gets its sentence's)."""
@@ -800,7 +659,7 @@ class DocumentTranslator:
         # source words of each unit (SentencePiece marks a word's first piece), for the pieces' length
         # and, with --pieces-aligned, their edit alignment with each match's source
         self._unit_words = {(d, u): "".join(encoded[d][u]).replace("\u2581", " ").split() for d, u in keys}
-        k = max(self.memory.k, self.piece_k if self.piece_weight else 0, self.knn_memory_k if self.knn_memory else 0)
+        k = max([self.memory.k] + [part.memory_k for part in self.guidance])
         ids, scores = self.memory.lookup([documents[d][owners[d][u]] for d, u in keys], k)
         for n, key in enumerate(keys):
             self._matches[key] = (ids[n], scores[n])
@@ -808,52 +667,6 @@ class DocumentTranslator:
 
     def _segment_matches(self, seg: _Segment) -> torch.Tensor:
         return self.memory.tokens_of([self._matches[(seg.doc, i)][0][:self.memory.k] for i in seg.sentences])
-
-    def _segment_pieces(self, seg: _Segment):
-        """Translation pieces of a segment, one set per sentence: the top ``piece_k`` entries of each
-        sentence that reach the fuzzy floor; with ``pieces_aligned``, only the target words of each
-        entry that are aligned with a source word the sentence shares with it."""
-        from reluformer_mt.inference.pieces import sentence_pieces
-
-        exclude = (self.tgt_dict.pad(), self.tgt_dict.eos(), self.sep_tgt)
-        words = self.memory.entries.sources
-        out = []
-        for i in seg.sentences:
-            unit_words = self._unit_words[(seg.doc, i)]
-            entries = []
-            for entry, score in zip(*(a[:self.piece_k] for a in self._matches[(seg.doc, i)])):
-                if entry < 0:
-                    continue
-                tokens = self.memory.tokens[entry]
-                described = (tokens, float(score), len(words[entry].split()))
-                if self.piece_aligned:
-                    described += (self._aligned_tokens(unit_words, int(entry), tokens),)
-                entries.append(described)
-            out.append(sentence_pieces(entries, exclude, self.piece_max_n, self.piece_floor,
-                                       source_length=len(unit_words)))
-        return out
-
-    def _aligned_tokens(self, unit_words: List[str], entry: int, tokens: torch.Tensor) -> List[bool]:
-        """Which target tokens of a memory entry may be in a piece (Zhang et al. 2018): the tokens of
-        target words that the memory's word alignment links to a source word left unedited by the
-        edit alignment of the entry's source with the sentence's (difflib's matching blocks)."""
-        import difflib
-
-        links = self.memory.word_links()[entry]
-        match_words = self.memory.entries.sources[entry].split()
-        blocks = difflib.SequenceMatcher(None, unit_words, match_words, autojunk=False).get_matching_blocks()
-        unedited = {b + n for _, b, size in blocks for n in range(size)}
-        kept_words = {j for i, j in links if i in unedited}
-        # each token's target word: SentencePiece marks a word's first piece
-        word, kept = -1, []
-        for t in tokens.tolist():
-            if self.tgt_dict[t].startswith("\u2581"):
-                word += 1
-            kept.append(max(word, 0) in kept_words)
-        if word + 1 != len(self.memory.entries.targets[entry].split()):
-            self.stats["pieces: matches whose words and tokens disagree (no aligned pieces)"] += 1
-            return [False] * len(kept)
-        return kept
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
         """One result per input sentence from the results of its units (parts)."""

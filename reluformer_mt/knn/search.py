@@ -10,9 +10,9 @@ Two kinds of datastore:
 
 The state is read where fairseq's decoder hands it to the output projection (a forward hook,
 :class:`StateRecorder`), so every family, with or without memory attention, is served the same
-way and fairseq's ``SequenceGenerator`` is used unchanged; the mixing happens in the beam search
-object (:class:`reluformer_mt.inference.separators.SeparatorConstrainedBeamSearch`), whose rows are
-the rows the decoder just ran.
+way and fairseq's ``SequenceGenerator`` is used unchanged; the mixing happens in a part of the beam
+search's guidance (:mod:`reluformer_mt.inference.guidance.knn`), whose rows are the rows the decoder
+just ran.
 """
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -193,23 +193,6 @@ class KnnMixer:
         return mixed
 
 
-def knn_beam_search(tgt_dict, mixer: "KnnMixer"):
-    """fairseq's beam search with ``mixer``'s neighbours mixed into every step (what the task's
-    ``--knn-datastore`` gives fairseq-generate; the translator's search also keeps separators)."""
-    from fairseq.search import BeamSearch
-
-    class KnnBeamSearch(BeamSearch):
-        def step(self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None, candidate_multiple=2):
-            bsz, beam_size, vocab_size = lprobs.size()
-            rows = lprobs.view(bsz * beam_size, vocab_size)
-            rows.copy_(mixer.mix(rows, original_batch_idxs.repeat_interleave(beam_size), self.eos))
-            return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
-
-    search = KnnBeamSearch(tgt_dict)
-    search.knn = mixer
-    return search
-
-
 @torch.no_grad()
 def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memories: Optional[Sequence[Tensor]] = None,
                      max_tokens: int = 8000, device: str = "cpu") -> List[Tuple[Tensor, Tensor]]:
@@ -244,5 +227,4 @@ def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memori
     return out
 
 
-__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "StateRecorder", "knn_beam_search",
-           "per_input_states"]
+__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "StateRecorder", "per_input_states"]

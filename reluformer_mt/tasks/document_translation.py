@@ -79,6 +79,9 @@ class DocumentTranslationConfig(TranslationConfig):
         "help": "kNN-MT: the Meta-k network beside the datastore picks k and the share per step (adaptive kNN-MT, "
                 "Zheng et al. 2021; trained by reluformer-memory tune); default: as tuned"})
     knn_readout: Optional[str] = field(default=None, metadata={"help": "kNN-MT: softmax, relu, sparsemax or entmax15"})
+    guidance: Optional[str] = field(default=None, metadata={
+        "help": "further decoding guidance at generation, by the name its kind is registered under: "
+                "'NAME:option=value,...', several joined by ';' (reluformer_mt.inference.guidance)"})
 
 
 def check_key_options(cfg) -> None:
@@ -267,25 +270,31 @@ class DocumentTranslationTask(TranslationTask):
         return MemoryPairDataset.wrap(dataset, matches, self.cfg.tm_fusion)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        """fairseq's generator; with ``--knn-datastore`` its beam search mixes in the datastore's
-        neighbours (:mod:`reluformer_mt.knn`), so fairseq-generate and fairseq-interactive get kNN-MT."""
+        """fairseq's generator with the decoding guidance the options ask for, built as
+        reluformer-translate builds its own (:mod:`reluformer_mt.inference.guidance`): with
+        ``--knn-datastore`` its beam search mixes in the datastore's neighbours, so fairseq-generate and
+        fairseq-interactive get kNN-MT; ``--guidance`` names further registered kinds."""
+        from reluformer_mt.inference.guidance import GuidanceContext, build_guidance, install_guidance
+
         generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
-        if getattr(self.cfg, "knn_datastore", None) and hasattr(generator, "search"):
-            from reluformer_mt.knn.datastore import Datastore, model_fingerprint
-            from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder, knn_beam_search
-
-            store = Datastore.load(self.cfg.knn_datastore, fingerprint=model_fingerprint(models[0]))
-            store.check_model(len(self.target_dictionary), models[0].decoder.output_projection.weight.shape[1])
-            values = {k: v for k, v in store.meta.get("tuned", {}).get("full", {}).items()
-                      if k in KnnOptions.__dataclass_fields__}
-            given = {"k": self.cfg.knn_k, "lam": self.cfg.knn_lambda, "temperature": self.cfg.knn_temperature,
-                     "radius": self.cfg.knn_radius, "readout": self.cfg.knn_readout, "adaptive": self.cfg.knn_adaptive}
-            values.update({k: v for k, v in given.items() if v is not None})
-            mixer = KnnMixer(StateRecorder(models[0].decoder), KnnOptions(**values)).use_datastore(store)
-            generator.search = search = knn_beam_search(self.target_dictionary, mixer)
-            logger.info(f"kNN-MT: {search.knn.options.describe()} over {store.describe()}")
+        parts = build_guidance(self.guidance_options(), GuidanceContext(list(models), self))
+        if install_guidance(generator, self.target_dictionary, parts) is not None:
+            for part in parts:
+                logger.info(part.describe() or type(part).__name__)
         return generator
+
+    def guidance_options(self) -> list:
+        """The decoding guidance of the task's generation options: kNN-MT, then ``--guidance``."""
+        from reluformer_mt.inference.guidance import parse_guidance
+        from reluformer_mt.inference.guidance.knn import KnnMtOptions
+
+        options = []
+        if getattr(self.cfg, "knn_datastore", None):
+            options.append(KnnMtOptions(datastore=self.cfg.knn_datastore, k=self.cfg.knn_k, lam=self.cfg.knn_lambda,
+                                        temperature=self.cfg.knn_temperature, radius=self.cfg.knn_radius,
+                                        readout=self.cfg.knn_readout, adaptive=self.cfg.knn_adaptive))
+        return options + parse_guidance(getattr(self.cfg, "guidance", None))
 
     def _check_separators(self, split, dataset, infos):
         sep = self.src_dict.index(self.cfg.separator)

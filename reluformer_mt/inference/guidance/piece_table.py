@@ -89,6 +89,36 @@ def _best_of(keys: Tensor, last: Tensor, weights: Tensor) -> Tuple[Tensor, Tenso
     return keys[first], last[first], best
 
 
+class _RunGrams:
+    """Every run of every unit end to end: its tokens, and per run its unit, weight and max n; the
+    n-grams inside the runs (:meth:`of`)."""
+
+    def __init__(self, units):
+        # every run of every unit end to end: its tokens, and per run its unit, weight and max n
+        flat, run_unit, run_weight, run_max_n, run_length = [], [], [], [], []
+        for unit, p in enumerate(units):
+            for tokens, weight in (p.parts if p is not None else ()):
+                flat += tokens
+                run_unit.append(unit)
+                run_weight.append(weight)
+                run_max_n.append(p.max_n)
+                run_length.append(len(tokens))
+        self.tokens = torch.tensor(flat, dtype=torch.long)
+        self.run = torch.repeat_interleave(torch.arange(len(run_unit)), torch.tensor(run_length, dtype=torch.long))
+        self.run_unit, self.run_weight = torch.tensor(run_unit, dtype=torch.long), torch.tensor(run_weight, dtype=torch.float32)
+        self.run_max_n = torch.tensor(run_max_n, dtype=torch.long)
+
+    def of(self, n: int, base: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """The distinct n-grams, sorted: keys (unit, the first n - 1 tokens in ``base``), last
+        tokens, best weights."""
+        starts = _grams_of_runs(self.tokens, self.run, n)
+        starts = starts[self.run_max_n[self.run[starts]] >= n]
+        keys = self.run_unit[self.run[starts]]
+        for c in range(n - 1):
+            keys = keys * base + self.tokens[starts + c]
+        return _best_of(keys, self.tokens[starts + n - 1], self.run_weight[self.run[starts]])
+
+
 class PieceTable:
     """The pieces of a batch's sources as tensors, so that one decoding step rewards all rows with a
     few tensor operations. A source has one :class:`TranslationPieces` per sentence (a segment) or
@@ -109,6 +139,21 @@ class PieceTable:
 
     def __init__(self, pieces: Sequence, vocab: int, separator: Optional[int] = None):
         self.vocab, self.separator = vocab, separator
+        units = self._units(pieces)
+        grams = _RunGrams(units)
+        position, slot_key, width = self._slots(units, grams)
+        self._longer_pieces(units, grams, position, slot_key)
+        # each (unit, token)'s slot (``width`` if none) as one flat map, for the caps' counts: one
+        # lookup a step instead of a search per history token; where units x vocab would take more
+        # than ``DENSE_LIMIT`` entries, the caps search the sorted slots instead
+        self.slot_of = None
+        if len(units) * self.vocab <= self.DENSE_LIMIT:
+            self.slot_of = torch.full((len(units) * self.vocab,), width, dtype=torch.int16 if width < 2 ** 15 else torch.int32)
+            self.slot_of[slot_key] = position.to(self.slot_of.dtype)
+
+    def _units(self, pieces: Sequence) -> List[Optional[TranslationPieces]]:
+        """Every (source, sentence)'s pieces in one list, with each source's first unit and count."""
+        vocab = self.vocab
         units: List[Optional[TranslationPieces]] = []
         self.first_unit, self.n_units = [], []
         for p in pieces:
@@ -126,33 +171,14 @@ class PieceTable:
         big = torch.iinfo(torch.long).max
         self.expected_length = torch.tensor([big if p is None or p.expected_length is None else p.expected_length
                                              for p in units], dtype=torch.long)
-        # every run of every unit end to end: its tokens, and per run its unit, weight and max n
-        flat, run_unit, run_weight, run_max_n, run_length = [], [], [], [], []
-        for unit, p in enumerate(units):
-            for tokens, weight in (p.parts if p is not None else ()):
-                flat += tokens
-                run_unit.append(unit)
-                run_weight.append(weight)
-                run_max_n.append(p.max_n)
-                run_length.append(len(tokens))
-        tokens = torch.tensor(flat, dtype=torch.long)
-        run = torch.repeat_interleave(torch.arange(len(run_unit)), torch.tensor(run_length, dtype=torch.long))
-        run_unit, run_weight = torch.tensor(run_unit, dtype=torch.long), torch.tensor(run_weight, dtype=torch.float32)
-        run_max_n = torch.tensor(run_max_n, dtype=torch.long)
+        return units
 
-        def grams(n: int, base: int) -> Tuple[Tensor, Tensor, Tensor]:
-            """The distinct n-grams, sorted: keys (unit, the first n - 1 tokens in ``base``), last
-            tokens, best weights."""
-            starts = _grams_of_runs(tokens, run, n)
-            starts = starts[run_max_n[run[starts]] >= n]
-            keys = run_unit[run[starts]]
-            for c in range(n - 1):
-                keys = keys * base + tokens[starts + c]
-            return _best_of(keys, tokens[starts + n - 1], run_weight[run[starts]])
-
+    def _slots(self, units, grams: "_RunGrams") -> Tuple[Tensor, Tensor, int]:
+        """The slots of every unit: its distinct tokens, their unigram weights and caps."""
+        vocab = self.vocab
         # slots: a unit's distinct tokens, ascending; padding slots hold the impossible token
         # ``vocab`` (keeps rows sorted for searchsorted), weight 0 and cap 0
-        slot_unit, slot_tokens, unigram_weight = grams(1, vocab)
+        slot_unit, slot_tokens, unigram_weight = grams.of(1, vocab)
         slot_key = slot_unit * vocab + slot_tokens  # ascending
         position = torch.arange(len(slot_key)) - torch.searchsorted(slot_unit, torch.arange(len(units)))[slot_unit]
         width = int(position.max()) + 1 if len(position) else 1
@@ -168,6 +194,10 @@ class PieceTable:
             found = torch.searchsorted(slot_key, wanted).clamp_(max=len(slot_key) - 1)
             hit = slot_key[found] == wanted  # a capped token without a piece has no slot
             self.slot_cap[cap[hit, 0], position[found[hit]]] = cap[hit, 2]
+        return position, slot_key, width
+
+    def _longer_pieces(self, units, grams: "_RunGrams", position: Tensor, slot_key: Tensor) -> None:
+        vocab = self.vocab
         # the longer pieces of every n in one sorted array: keys (unit, the n - 1 previous tokens)
         # written in base ``vocab + 1``, n's keys shifted past those of n - 1, so that one search
         # per step finds the pieces each row's last 1, 2, ... tokens begin; the digit ``vocab``
@@ -178,7 +208,7 @@ class PieceTable:
         keys_of_n, slots_of_n, weights_of_n, offset = [], [], [], 0
         for n in range(2, self.max_n + 1):
             self.gram_offset[n - 2] = offset
-            keys, last, weights = grams(n, base)
+            keys, last, weights = grams.of(n, base)
             if len(keys):
                 unit = keys // base ** (n - 1)
                 slots_of_n.append(position[torch.searchsorted(slot_key, unit * vocab + last)])
@@ -198,13 +228,6 @@ class PieceTable:
         self.powers = base ** torch.arange(self.context_sizes + 1, dtype=torch.long)
         self.scatter_token = self.slot_token.clamp(max=vocab - 1)  # padding slots add 0 to the last token
         self.position = torch.arange(1, 1)  # 1, 2, ...: grown to the longest history seen
-        # each (unit, token)'s slot (``width`` if none) as one flat map, for the caps' counts: one
-        # lookup a step instead of a search per history token; where units x vocab would take more
-        # than ``DENSE_LIMIT`` entries, the caps search the sorted slots instead
-        self.slot_of = None
-        if len(units) * vocab <= self.DENSE_LIMIT:
-            self.slot_of = torch.full((len(units) * vocab,), width, dtype=torch.int16 if width < 2 ** 15 else torch.int32)
-            self.slot_of[slot_key] = position.to(self.slot_of.dtype)
 
     def add_bonus(self, lprobs: Tensor, prefix: Tensor, sources: Tensor, weight: float) -> Tensor:
         """``lprobs`` (rows, vocab) += ``weight`` x each row's bonus, in place; ``prefix`` (rows,

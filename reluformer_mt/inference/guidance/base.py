@@ -1,0 +1,211 @@
+"""What every kind of decoding guidance shares: the step it acts on, the part interface, the
+registry of kinds, the one builder, and the beam search that applies the parts.
+
+A *part* (:class:`Guidance`) acts on each beam step's next-token scores in place: it may replace
+the distribution (kNN-MT's mixture), add to it (the translation pieces' bonus) or rule tokens out
+(the separator constraint). A *kind* of part is its options dataclass, validated where it is
+declared, and a build function, joined by :func:`register_guidance`; :func:`build_guidance` turns a
+list of options into the parts that apply, ordered by their stage, and :func:`install_guidance`
+gives them to fairseq's generator as a :class:`GuidedBeamSearch`. reluformer-translate
+(``DocumentTranslator``) and fairseq-generate/-interactive (the task's ``build_generator``) both
+build their decoder's guidance this way.
+"""
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from fairseq.search import BeamSearch
+from torch import Tensor
+
+# the order in which the parts act on a step: a mixture replaces the distribution, a bonus is added
+# to the mixed one, and the constraints rule tokens out of the result
+STAGES = ("mixture", "bonus", "constraint")
+
+
+class TranslationError(ValueError):
+    """A one-line, user-facing problem (bad checkpoint, missing resources, bad option)."""
+
+
+@dataclass
+class GuidanceContext:
+    """What parts are built from: the models (the first one's decoder states), the task and its
+    dictionaries, the device; in reluformer-translate also the translation memory, the checkpoint's
+    name and the separators of the segments."""
+    models: list
+    task: object
+    device: str = "cpu"
+    checkpoint: Optional[str] = None
+    memory: object = None          # reluformer_mt.inference.memory.MemoryLookup, or None
+    reads_memory: bool = False     # the model reads its matches (trained with --tm-fusion)
+    separator: Optional[str] = None  # the token between the sentences of a segment
+    segmented: bool = False          # sources are segments of sentences (not sentence by sentence)
+    max_tokens: int = 8000
+    sp_src: object = None          # the source SentencePiece processor
+
+    @property
+    def tgt_dict(self):
+        return self.task.target_dictionary
+
+    @property
+    def src_dict(self):
+        return self.task.source_dictionary
+
+    def separator_ids(self) -> Optional[Tuple[int, int]]:
+        """(source, target) ids of the separator, None without one in the target dictionary."""
+        if self.separator is None or self.tgt_dict.index(self.separator) == self.tgt_dict.unk():
+            return None
+        return self.src_dict.index(self.separator), self.tgt_dict.index(self.separator)
+
+
+@dataclass
+class SourceBatch:
+    """The sources of one generate call, indexed as fairseq's ``sample["id"]``: their token ids and,
+    in reluformer-translate, each source's translation units (the (document, unit) keys of its
+    sentences) with the memory's matches and source words of every unit."""
+    sources: Sequence[Tensor]
+    units: Optional[Sequence[Sequence[Tuple[int, int]]]] = None
+    matches: Dict = field(default_factory=dict)     # (document, unit) -> (ids, fuzzy scores), best first
+    unit_words: Dict = field(default_factory=dict)  # (document, unit) -> source words
+
+
+class BeamStep:
+    """One beam step as the parts see it: ``lprobs`` (rows, vocab), edited in place, rows
+    sentence-major (a sentence's beams are consecutive rows); ``prefix`` (rows, steps) the tokens so
+    far, starting with the one fairseq puts first; ``sources`` (rows,) each row's source (its
+    ``sample["id"]``); ``required`` (rows,) the separators each row's source needs, None where the
+    separators are not kept; ``sentences`` (rows,) the separators each row has written."""
+
+    def __init__(self, lprobs: Tensor, prefix: Tensor, batch_ids: Tensor, beam_size: int, eos: int,
+                 separator: Optional[int], required: Optional[Tensor]):
+        self.lprobs, self.prefix, self.eos, self.separator = lprobs, prefix, eos, separator
+        self.sources = batch_ids.repeat_interleave(beam_size)
+        self.required = None if required is None else required.to(batch_ids.device)[batch_ids].repeat_interleave(beam_size)
+        self._sentences = None
+
+    @property
+    def sentences(self) -> Tensor:
+        if self._sentences is None:
+            self._sentences = (self.prefix == self.separator).sum(dim=1)
+        return self._sentences
+
+
+class Guidance:
+    """A part acting on each beam step's scores (:meth:`apply`, in place). :meth:`start` is called
+    before each generate call of reluformer-translate with the sources to come (fairseq-generate
+    calls none: a part that needs it is a translator's only); :attr:`stats` joins the translator's
+    summary; :attr:`memory_k`: the memory matches per sentence the part reads."""
+    stage = "constraint"
+    memory_k = 0
+
+    def __init__(self):
+        self.stats: Counter = Counter()
+
+    def start(self, batch: SourceBatch) -> None:
+        """Prepare for ``batch`` (per-source tables, datastores)."""
+
+    def apply(self, step: BeamStep) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What the part does, for the translator's description ('' for nothing to say)."""
+        return ""
+
+
+@dataclass(frozen=True)
+class GuidanceKind:
+    name: str
+    options: type
+    build: Callable[[object, GuidanceContext], Optional[Guidance]]  # None: the options ask for nothing
+
+
+_KINDS: Dict[type, GuidanceKind] = {}
+
+
+def register_guidance(name: str, options: type, build: Callable[[object, GuidanceContext], Optional[Guidance]]) -> None:
+    """Make ``options`` (a dataclass) a kind of guidance: :func:`build_guidance` builds its part
+    with ``build(options, context)``, and ``--guidance NAME:field=value,...`` names it."""
+    _KINDS[options] = GuidanceKind(name, options, build)
+
+
+def kind_named(name: str) -> GuidanceKind:
+    for kind in _KINDS.values():
+        if kind.name == name:
+            return kind
+    raise TranslationError(f"--guidance: no kind of guidance {name!r}; known: {', '.join(k.name for k in _KINDS.values())}")
+
+
+def build_guidance(options: Sequence, context: GuidanceContext) -> List[Guidance]:
+    """The parts the ``options`` ask for, ordered by stage (a stage's parts in the given order)."""
+    parts = []
+    for o in options:
+        if type(o) not in _KINDS:
+            raise TranslationError(f"guidance: {type(o).__name__} is no registered kind of guidance (register_guidance)")
+        part = _KINDS[type(o)].build(o, context)
+        if part is not None:
+            parts.append(part)
+    return sorted(parts, key=lambda part: STAGES.index(part.stage))
+
+
+def _typed(kind: GuidanceKind, name: str, text: str):
+    fields = {f.name: f for f in dataclasses.fields(kind.options)}
+    if name not in fields:
+        raise TranslationError(f"--guidance {kind.name}: no option {name!r}; expected one of {', '.join(fields)}")
+    default = fields[name].default
+    cast = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
+    if isinstance(default, bool):
+        return text.lower() in ("1", "true", "yes")
+    try:
+        return cast(text)
+    except ValueError:
+        raise TranslationError(f"--guidance {kind.name}:{name}={text}: expected a {cast.__name__}") from None
+
+
+def parse_guidance(spec: Optional[str]) -> list:
+    """Options from ``NAME:field=value,...;NAME2:...`` (fairseq's ``--guidance``)."""
+    out = []
+    for item in filter(None, (s.strip() for s in (spec or "").split(";"))):
+        name, _, args = item.partition(":")
+        kind = kind_named(name.strip())
+        values = dict(a.split("=", 1) if "=" in a else (a, "") for a in filter(None, args.split(",")))
+        out.append(kind.options(**{k.strip(): _typed(kind, k.strip(), v.strip()) for k, v in values.items()}))
+    return out
+
+
+class GuidedBeamSearch(BeamSearch):
+    """fairseq's beam search with the guidance parts applied, in order, before every step.
+    A part with ``separator_ids`` (source, target) keeps the segments' separators: then
+    :meth:`start` counts each source's separators (what :attr:`BeamStep.required` reads)."""
+
+    def __init__(self, tgt_dict, parts: Sequence[Guidance]):
+        super().__init__(tgt_dict)
+        self.parts = list(parts)
+        self.separators = next((p.separator_ids for p in self.parts if getattr(p, "separator_ids", None)), None)
+        self.required: Optional[Tensor] = None
+
+    def start(self, batch: SourceBatch, device: str = "cpu") -> None:
+        if self.separators is not None:  # looked up by sample["id"], i.e. the index into the sources
+            self.required = torch.tensor([int((s == self.separators[0]).sum()) for s in batch.sources], device=device)
+        for part in self.parts:
+            part.start(batch)
+
+    def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
+             original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
+        assert original_batch_idxs is not None and prev_output_tokens is not None
+        bsz, beam_size, vocab_size = lprobs.size()
+        separator = self.separators[1] if self.separators is not None else None
+        view = BeamStep(lprobs.view(bsz * beam_size, vocab_size), prev_output_tokens, original_batch_idxs, beam_size,
+                        self.eos, separator, self.required if separator is not None else None)
+        for part in self.parts:
+            part.apply(view)
+        return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
+
+
+def install_guidance(generator, tgt_dict, parts: Sequence[Guidance]) -> Optional[GuidedBeamSearch]:
+    """Give ``generator`` (fairseq's SequenceGenerator) a :class:`GuidedBeamSearch` of ``parts``;
+    nothing to guide keeps fairseq's own beam search. Returns the search object (or None)."""
+    if not parts or not hasattr(generator, "search"):
+        return None
+    generator.search = GuidedBeamSearch(tgt_dict, parts)
+    return generator.search

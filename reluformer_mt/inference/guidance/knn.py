@@ -1,0 +1,173 @@
+"""kNN-MT as a part of decoding guidance (``--knn``, ``--knn-memory``, ``--knn-*``; the task's
+``--knn-datastore``): the neighbours of each step's decoder state mixed into the model's
+distribution (:mod:`reluformer_mt.knn.search`), from a corpus datastore or, in reluformer-translate,
+from per-input datastores of each sentence's memory matches (SK-MT)."""
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+import numpy as np
+import torch
+
+from reluformer_mt.inference.guidance.base import (BeamStep, Guidance, GuidanceContext, SourceBatch, TranslationError,
+                                                   register_guidance)
+
+# the search values, each overriding the datastore's tuned one when given: field -> option
+SEARCH_VALUES = {"k": "--knn-k", "lam": "--knn-lambda", "readout": "--knn-readout", "temperature": "--knn-temperature",
+                 "radius": "--knn-radius", "adaptive": "--knn-adaptive"}
+
+
+@dataclass
+class KnnMtOptions:
+    """Where the neighbours come from (a datastore directory, or per-input datastores of the
+    memory's matches) and the search values given (None: the datastore's tuned value, else
+    :class:`reluformer_mt.knn.search.KnnOptions`' default)."""
+    datastore: Optional[str] = field(default=None, metadata={"flat": "knn"})
+    memory: bool = field(default=False, metadata={"flat": "knn_memory"})
+    memory_k: int = field(default=8, metadata={"flat": "knn_memory_k"})
+    k: Optional[int] = field(default=None, metadata={"flat": "knn_k"})
+    lam: Optional[float] = field(default=None, metadata={"flat": "knn_lambda"})
+    readout: Optional[str] = field(default=None, metadata={"flat": "knn_readout"})
+    temperature: Optional[float] = field(default=None, metadata={"flat": "knn_temperature"})
+    radius: Optional[float] = field(default=None, metadata={"flat": "knn_radius"})
+    adaptive: Optional[bool] = field(default=None, metadata={"flat": "knn_adaptive"})
+
+    def __post_init__(self):
+        self.memory, self.memory_k = bool(self.memory), int(self.memory_k)
+        if self.datastore is not None:
+            self.datastore = str(self.datastore)
+        if self.memory and self.memory_k < 1:
+            raise TranslationError(f"--knn-memory-k: expected >= 1 matches per sentence, got {self.memory_k}")
+        if self.given() and self.datastore is None and not self.memory:
+            raise TranslationError(f"{'/'.join(SEARCH_VALUES.values())} need --knn DATASTORE or --knn-memory")
+        if self.adaptive and self.datastore is None:
+            raise TranslationError("--knn-adaptive: the Meta-k network is trained for a corpus datastore; give --knn "
+                                   "DATASTORE (per-input datastores of --knn-memory have none)")
+        if self.datastore is not None and self.memory:
+            raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
+
+    def given(self) -> dict:
+        return {name: getattr(self, name) for name in SEARCH_VALUES if getattr(self, name) is not None}
+
+    @property
+    def needs_memory(self) -> bool:
+        return self.memory
+
+
+class KnnMixture(Guidance):
+    """Mixes the neighbours in first, so that a bonus and the constraints act on the mixed
+    distribution. In a document segment, a row with sentences still to write takes an entry that
+    ended its sentence as a vote for the separator (:meth:`reluformer_mt.knn.search.KnnMixer.mix`)."""
+    stage = "mixture"
+
+    def __init__(self, mixer, options: KnnMtOptions, context: GuidanceContext, datastore=None):
+        super().__init__()
+        self.mixer, self.options, self.datastore = mixer, options, datastore
+        self.stats = mixer.stats  # the mixer's counts are the part's
+        self.memory_k = options.memory_k if options.memory else 0
+        self.context = context
+        self._entry_states = {}   # (entry, memory ids) -> (keys, values), decoded once
+        self._entry_sources = {}  # entry -> source token ids
+
+    def apply(self, step: BeamStep) -> None:
+        eos_as = sentences = None
+        if step.required is not None:
+            sentences = step.sentences  # the sentence each row is writing
+            eos_as = torch.where(sentences < step.required, torch.full_like(step.required, step.separator),
+                                 torch.full_like(step.required, step.eos))
+        step.lprobs.copy_(self.mixer.mix(step.lprobs, step.sources, step.eos, eos_as, sentences))
+
+    def start(self, batch: SourceBatch) -> None:
+        if self.options.memory:
+            entries = ([[self.unit_entries(batch, key) for key in units] for units in batch.units]
+                       if batch.units is not None else [[] for _ in batch.sources])
+            self.mixer.store = self.per_input_datastores(entries)
+
+    def unit_entries(self, batch: SourceBatch, key):
+        """A unit's per-input datastore entries: its top ``memory_k`` matches, each as ((entry, the
+        memory a memory-reading model decodes it with: the sentence's own matches, as at
+        translation), fuzzy score)."""
+        ids, scores = batch.matches[key]
+        k = self.options.memory_k
+        memory = tuple(int(e) for e in ids[:self.context.memory.k]) if self.context.reads_memory else ()
+        return [((int(e), memory), float(f)) for e, f in zip(ids[:k], scores[:k]) if e >= 0]
+
+    def per_input_datastores(self, entries_of_sources):
+        """SK-MT's per-input datastores: each sentence's memory matches force-decoded (cached per
+        entry and the memory it was decoded with), one unit per sentence of a source."""
+        from reluformer_mt.knn.search import PerInputDatastores
+
+        self.decode_entries({key for sentences in entries_of_sources for entries in sentences for key, _ in entries})
+        units = []
+        for sentences in entries_of_sources:
+            units.append([])
+            for entries in sentences:
+                keys = [self._entry_states[key][0] for key, _ in entries]
+                values = [self._entry_states[key][1] for key, _ in entries]
+                trust = [torch.full((len(v),), fuzzy) for v, (_, fuzzy) in zip(values, entries)]
+                units[-1].append((torch.cat(keys) if keys else torch.zeros(0, 1),
+                                  torch.cat(values) if values else torch.zeros(0, dtype=torch.long),
+                                  torch.cat(trust) if trust else torch.zeros(0)))
+        store = PerInputDatastores(units)
+        self.stats["knn: per-input datastore entries"] += store.entries
+        return store
+
+    def decode_entries(self, keys) -> None:
+        """Force-decode the (entry, memory ids) pairs not decoded yet."""
+        from reluformer_mt.knn.search import per_input_states
+
+        c = self.context
+        wanted = sorted(key for key in keys if key not in self._entry_states)
+        if not wanted:
+            return
+        eos = torch.tensor([c.src_dict.eos()])
+        pairs = [(torch.cat([self.entry_source(entry), eos]), c.memory.tokens[entry]) for entry, _ in wanted]
+        memories = [c.memory.tokens_of([np.asarray(ids)]) for _, ids in wanted] if c.reads_memory else None
+        for key, state in zip(wanted, per_input_states(c.models[0], c.task, pairs, memories, max_tokens=c.max_tokens,
+                                                       device=c.device)):
+            self._entry_states[key] = state
+
+    def entry_source(self, entry: int) -> torch.Tensor:
+        """Source token ids of a memory entry (without </s>), encoded once."""
+        if entry not in self._entry_sources:
+            line = " ".join(self.context.sp_src.encode(self.context.memory.entries.sources[entry], out_type=str))
+            self._entry_sources[entry] = self.context.src_dict.encode_line(line, add_if_not_exist=False,
+                                                                           append_eos=False).long()
+        return self._entry_sources[entry]
+
+    def describe(self) -> str:
+        where = (f"the {self.options.memory_k} best memory matches of each sentence (per-input datastores)"
+                 if self.options.memory else self.datastore.describe())
+        return f"kNN-MT: {self.mixer.options.describe()} over {where}"
+
+
+def build_knn(options: KnnMtOptions, context: GuidanceContext):
+    """The mixture over a corpus datastore (refused when built with other weights) or per-input
+    datastores; the search values given over the datastore's tuned ones."""
+    from reluformer_mt.knn.adaptive import AdaptiveError
+    from reluformer_mt.knn.datastore import Datastore, DatastoreError, model_fingerprint
+    from reluformer_mt.knn.readout import ReadoutError
+    from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder
+
+    if options.datastore is None and not options.memory:
+        return None
+    model = context.models[0]
+    try:
+        datastore = None
+        if options.datastore is not None:
+            datastore = Datastore.load(options.datastore, fingerprint=model_fingerprint(model),
+                                       checkpoint=context.checkpoint)
+            # ids within the model's dictionary, keys of its state width: checked before decoding
+            datastore.check_model(len(context.task.target_dictionary), model.decoder.output_projection.weight.shape[1])
+        tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
+        known = {f.name for f in fields(KnnOptions)}
+        tuned = {k: v for k, v in tuned.items() if k in known}
+        KnnOptions(**options.given()).check()  # the options' own ranges (--knn-k at most 2048, ...)
+        mixer = KnnMixer(StateRecorder(model.decoder), KnnOptions(**{**tuned, **options.given()}))
+        if datastore is not None:
+            mixer.use_datastore(datastore)
+    except (DatastoreError, ReadoutError, AdaptiveError) as e:
+        raise TranslationError(str(e)) from None
+    return KnnMixture(mixer, options, context, datastore)
+
+
+register_guidance("knn", KnnMtOptions, build_knn)
