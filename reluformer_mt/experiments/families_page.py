@@ -137,6 +137,9 @@ def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[
             lines += [f"**Under way**: {', '.join(unfinished)} have not finished their trials; the best settings "
                       "below are provisional and the demo does not use them yet.", ""]
         lines += render_tuning(tuning).splitlines() + [""]
+        lines += ["The trials' journals are kept in `docs/families/journals/`: to continue the search on a fresh "
+                  "machine, copy `FAMILY.log` to `OUT/FAMILY/journal.log` and rerun the command (finished trials "
+                  "are kept; an interrupted one trains again from its start when its checkpoints are not there).", ""]
     lines += ["## The length study", ""]
     if lengths is None:
         lines += ["Not run yet: `reluformer-study --lengths sentence,128,512,chapter --seeds 3` "

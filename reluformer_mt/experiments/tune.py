@@ -337,15 +337,31 @@ def family_summary(t: TuneOptions, search: FamilySearch) -> dict:
 def write_summary(t: TuneOptions, searches: Dict[str, FamilySearch]) -> dict:
     command = "reluformer-study --tune " + ",".join(t.families) + f" --trials {t.trials} --tune-updates {t.total_updates}"
     summary = {"command": command, "objective": "s-BLEU of the validation chapters (document translator, beam search)",
-               "families": {f: family_summary(t, s) for f, s in searches.items()}}
+               "baseline": validation_baseline(t), "families": {f: family_summary(t, s) for f, s in searches.items()}}
     _write_atomic(t.out / "tuning.json", json.dumps(summary, indent=1) + "\n")
     _write_atomic(t.out / "tuning.md", render(summary))
     return summary
 
 
+def validation_baseline(t: TuneOptions) -> Optional[dict]:
+    """What no learning gets on the same validation chapters: copying the nearest training verse."""
+    from reluformer_mt.evaluation.baselines import nearest_verse_translations
+    from reluformer_mt.evaluation.bleu import corpus_sbleu
+
+    data = next(iter(sorted((t.out / "data").glob("doc128.v*"))), None) if (t.out / "data").is_dir() else None
+    if data is None:
+        return None
+    read = lambda name: (data / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
+    copies = nearest_verse_translations(read("train.words.grc"), read("train.words.en"), read("valid.words.grc"))
+    return {"nearest_verse_valid_s_bleu": corpus_sbleu(copies, read("valid.words.en")).score}
+
+
 def render(summary: dict) -> str:
     """The tuning table: budget, search space and best settings per family, then every trial."""
-    lines = [f"Command: `{summary['command']}`; objective: {summary['objective']}.", "",
+    base = (summary.get("baseline") or {}).get("nearest_verse_valid_s_bleu")
+    lines = [f"Command: `{summary['command']}`; objective: {summary['objective']}."
+             + ("" if base is None else f" Copying the nearest training verse scores {base:.2f} on the same chapters; "
+                "an output of no words, 0."), "",
              "| family | trials | updates each | CPU minutes | best valid s-BLEU | best settings |", "|---|---|---|---|---|---|"]
     for family, f in summary["families"].items():
         best = f["best"]
