@@ -112,9 +112,19 @@ def test_a_stale_build_lock_is_removed(tmp_path):
 
     from reluformer_mt.attention.extension import clear_stale_lock
 
+    import threading
+
     lock = tmp_path / "lock"
+    assert not clear_stale_lock(tmp_path)  # no lock: nothing to wait for
+    lock.touch()  # a build beside this one: waited for until it ends, not removed
+    threading.Timer(0.3, lock.unlink).start()
+    started = time.time()
+    assert not clear_stale_lock(tmp_path, poll=0.05) and time.time() - started >= 0.25
+    lock.touch()  # a lock that turns stale while it is waited for (its build was killed): removed then
+    with pytest.warns(UserWarning, match="stale build lock"):
+        assert clear_stale_lock(tmp_path, max_age=0.3, poll=0.05)
+    assert not lock.exists()
     lock.touch()
-    assert not clear_stale_lock(tmp_path) and lock.exists()  # a fresh lock: a build is running
     old = time.time() - 3600
     os.utime(lock, (old, old))
     with pytest.warns(UserWarning, match="stale build lock"):

@@ -41,19 +41,24 @@ def disabled() -> bool:
     return os.environ.get("RELUFORMER_NO_FUSED") == "1"
 
 
-def clear_stale_lock(directory: Path, max_age: float = STALE_LOCK_SECONDS) -> bool:
-    """Remove torch's build lock in ``directory`` when it is older than ``max_age`` seconds."""
+def clear_stale_lock(directory: Path, max_age: float = STALE_LOCK_SECONDS, poll: float = 0.5) -> bool:
+    """Wait while another process holds torch's build lock in ``directory`` (a build beside this
+    one); remove it once it is older than ``max_age`` seconds (left by a build that was killed).
+    torch waits for the lock itself, but forever, also for a lock that only turns stale while it
+    waits (a worker killed mid-build hung the next test run here). True when a lock was removed."""
     import time
 
     lock = directory / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > max_age:
-            lock.unlink()
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if age > max_age:
+            lock.unlink(missing_ok=True)
             warnings.warn(f"reluformer_mt: removed a stale build lock {lock} (left by a build that was killed)")
             return True
-    except FileNotFoundError:
-        pass
-    return False
+        time.sleep(poll)
 
 
 def compile_cpp(name: str, source: Path, verbose: bool = False):
