@@ -42,3 +42,24 @@ def test_retrieval_study_judges_each_setting_beside_the_baseline(tmp_path, capsy
     assert rows["memory: chars"]["ms_per_sentence"] >= 0
     assert retrieval_study.main([str(tmp_path), "--split", "test"]) == 2  # no test files: one line, exit 2
     assert "test.words.grc: no such file" in capsys.readouterr().err
+
+
+def test_a_memory_files_targets_are_encoded_when_retrieved_as_before(prepared_doc_data):
+    """EntryTokens gives each entry the ids encode_entries gave the whole memory at once, but
+    encodes only the entries read (a 100,000-unit TMX encoded whole held its pieces at once)."""
+    import sentencepiece as spm
+    from fairseq.data import Dictionary
+
+    from reluformer_mt.memory.tm_data import EntryTokens, encode_entries
+
+    doc = prepared_doc_data["doc"]
+    sp = spm.SentencePieceProcessor(model_file=str(doc / "spm.model"))
+    dictionary = Dictionary.load(str(next(doc.glob("dict.*.txt"))))
+    targets = ["Thank you very much.", "This is a talk about ideas.", "", "Danke schön."]
+    whole = encode_entries([" ".join(p) for p in sp.encode(targets, out_type=str)], dictionary)
+    lazy = EntryTokens(targets, sp, dictionary)
+    assert len(lazy) == 4 and not lazy._done
+    assert lazy[1].tolist() == whole[1].tolist() and set(lazy._done) == {1}
+    assert all(lazy[i].tolist() == whole[i].tolist() for i in range(4))
+    with pytest.raises(IndexError, match="memory entry 4 of 4"):
+        lazy[4]

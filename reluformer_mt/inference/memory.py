@@ -20,7 +20,7 @@ import torch
 
 from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES, check_complete, check_same_sentencepiece
 from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
-from reluformer_mt.memory.tm_data import encode_entries, match_tokens
+from reluformer_mt.memory.tm_data import EntryTokens, match_tokens
 
 
 def learned_key_rerank(task, data_dir) -> Optional[str]:
@@ -99,8 +99,7 @@ class MemoryLookup:
         if Path(data_dir if training_memory else spec).is_dir() and hasattr(task, "memory_entries"):
             self.tokens = task.memory_entries(str(data_dir if training_memory else spec))
         else:  # a file, or a task without the document task's memory (pieces for any model)
-            pieces = [" ".join(p) for p in sp_tgt.encode(self.entries.targets, out_type=str)]
-            self.tokens = encode_entries(pieces, task.tgt_dict)
+            self.tokens = EntryTokens(self.entries.targets, sp_tgt, task.tgt_dict)  # encoded when retrieved
         rerank = learned_key_rerank(task, data_dir) if model is not None and sp_src is not None else None
         if rerank is None:
             # one retrieval: the candidates that preparation reranked for the training neighbours

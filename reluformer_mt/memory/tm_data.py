@@ -30,6 +30,27 @@ def encode_entries(pieces: Sequence[str], dictionary) -> List[torch.Tensor]:
     return [dictionary.encode_line(p, add_if_not_exist=False, append_eos=False).long() for p in pieces]
 
 
+class EntryTokens:
+    """Token ids of a memory file's targets (as :func:`encode_entries` gives them), each encoded
+    when it is first read and kept: translation reads only the entries it retrieves, and encoding a
+    100,000-unit TMX whole held millions of piece strings at once (hundreds of MiB)."""
+
+    def __init__(self, targets: Sequence[str], sp, dictionary):
+        self.targets, self.sp, self.dictionary, self._done = targets, sp, dictionary, {}
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, entry: int) -> torch.Tensor:
+        entry = int(entry)
+        if entry not in self._done:
+            if not -len(self.targets) <= entry < len(self.targets):
+                raise IndexError(f"memory entry {entry} of {len(self.targets)}")
+            pieces = " ".join(self.sp.encode(self.targets[entry], out_type=str))
+            self._done[entry] = encode_entries([pieces], self.dictionary)[0]
+        return self._done[entry]
+
+
 def match_tokens(entry_tokens: Sequence[torch.Tensor], id_rows: Sequence[Sequence[int]], bos: int) -> torch.Tensor:
     """``<s> entry`` for each retrieved id of each row, in order (-1 = nothing retrieved, skipped):
     the memory of one example, in training and in translation alike."""
