@@ -64,9 +64,14 @@ def test_a_resumed_search_proposes_what_an_uninterrupted_one_would(tmp_path):
     # b reopened from its journal (a new process) proposes what a proposes next
     b = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "b", trials=3, startup_trials=1), "rela")
     assert a.ask()[1] == b.ask()[1]
-    # the families' proposals differ (seeded apart)
+    # the families' proposals after the preset differ (seeded apart)
     s = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "s", trials=3), "softmax")
-    assert s.ask()[1]["lr"] != tune.FamilySearch(tune.TuneOptions(out=tmp_path / "c", trials=3), "rela").ask()[1]["lr"]
+    c = tune.FamilySearch(tune.TuneOptions(out=tmp_path / "c", trials=3), "rela")
+    for search in (s, c):
+        trial, params = search.ask()
+        assert params["lr"] == tune.PRESET_PARAMS["lr"]
+        _tell(search, trial, 1.0)
+    assert s.ask()[1]["lr"] != c.ask()[1]["lr"]
 
 
 def test_a_killed_trial_is_queued_again_and_does_not_use_budget(tmp_path):
@@ -231,3 +236,21 @@ def test_the_families_page_states_each_claim_from_the_length_table(tmp_path):
     assert "reluformer uses its context" in page and (tmp_path / "families_gap.png").stat().st_size > 1000
     (tmp_path / "bad.json").write_text("[1]")
     assert families_page.main(["--tuning", str(tmp_path / "bad.json")]) == 2
+
+
+def test_every_family_tries_the_quick_preset_once(tmp_path):
+    """The shared preset is one of each family's trials (so the search ends at least where it
+    stands), queued once however often the search is reopened."""
+    from reluformer_mt.experiments.demo import PRESETS
+
+    quick = PRESETS["quick"]
+    assert tune.PRESET_PARAMS["lr"] == quick["lr"] and tune.PRESET_PARAMS["warmup_updates"] == quick["warmup_updates"]
+    assert tune.split_updates(2500, tune.PRESET_PARAMS["sentence_share"]) == (quick["sentence_updates"], quick["max_update"])
+    options = tune.TuneOptions(out=tmp_path, trials=3)
+    search = tune.FamilySearch(options, "rela")
+    tune.FamilySearch(options, "rela")  # reopened: not queued twice
+    trial, params = search.ask()
+    assert params == {"lr": 5e-3, "warmup_updates": 200, "dropout": 0.1, "sentence_share": 0.6, "rela_variant": "gated",
+                      "rela_gain_init": 1.0}
+    search.study.tell(trial, 1.0)
+    assert search.ask()[1] != params and tune.FamilySearch(options, "rela").remaining() == 2

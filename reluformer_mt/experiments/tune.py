@@ -95,6 +95,13 @@ FAMILY_KNOBS: Dict[str, tuple] = {
 }
 
 
+# the quick preset's values (experiments/demo.py PRESETS, the criterion's and the attention options'
+# defaults): every family's search tries them once
+PRESET_PARAMS = {"lr": 5e-3, "warmup_updates": 200, "dropout": 0.1, "sentence_share": 0.6, "relu_gamma": 1.0,
+                 "relu_gamma_mode": "fixed", "relu_length_scale": True, "norm_loss_weight": 0.1,
+                 "entropy_margin_weight": 0.1, "rela_variant": "gated", "rela_gain_init": 1.0}
+
+
 def knobs_of(family: str) -> tuple:
     if family not in FAMILY_KNOBS:
         raise ValueError(f"--tune: unknown family {family!r}; expected some of {', '.join(FAMILY_KNOBS)}")
@@ -208,6 +215,7 @@ class FamilySearch:
                                          load_if_exists=True)
         if resume:  # not while reading the journals of a search that may still be running
             self._requeue_interrupted()
+            self._queue_the_preset()
 
     def _requeue_interrupted(self) -> None:
         """Trials left RUNNING by a killed search: marked failed and their settings queued again
@@ -218,6 +226,14 @@ class FamilySearch:
             self.study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
             self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
             self.study.tell(trial.number, state=TrialState.FAIL)
+
+    def _queue_the_preset(self) -> None:
+        """The quick preset's own settings (:data:`PRESET_PARAMS`) are one of every family's trials,
+        so the search ends at least where the shared preset stands (queued once, at the next ask)."""
+        preset = {knob.name: PRESET_PARAMS[knob.name] for knob in knobs_of(self.family)}
+        if not any(tr.params == preset or tr.system_attrs.get("fixed_params") == preset
+                   for tr in self.study.get_trials(deepcopy=False)):
+            self.study.enqueue_trial(preset, user_attrs={"preset": "quick"})
 
     def counted(self) -> List:
         """Trials that used budget: finished, or failed for a reason of their own (not a kill)."""
