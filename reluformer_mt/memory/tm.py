@@ -439,11 +439,12 @@ class Retriever:
         the reference that retrieval recall is measured against)."""
         from rapidfuzz.process import extract
 
+        # every entry's units once per call (a processor would split the whole memory per query)
+        units = [match_units(s, self.score) for s in self.entries.sources]
         best = np.zeros(len(queries), dtype=np.float32)
         for i, query in enumerate(queries):
             skip = exclude[i] if exclude is not None else -1
-            found = extract(query, self.entries.sources, scorer=_scorer(self.score), limit=2,
-                            processor=lambda s: match_units(s, self.score))
+            found = extract(match_units(query, self.score), units, scorer=_scorer(self.score), limit=2, processor=None)
             best[i] = next((score for _, score, c in found if c != skip), 0.0)
         return best
 
