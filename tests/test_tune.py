@@ -198,6 +198,12 @@ def test_the_length_study_end_to_end_at_toy_scale(tmp_path):
     stamp = (seed_dir / "docchapter" / "cell.json").stat().st_mtime
     lengths.run_lengths(options, report=lambda line: None)
     assert (seed_dir / "docchapter" / "cell.json").stat().st_mtime == stamp
+    assert chapter["train_cpu_seconds"] > 0 and "train_seconds" in chapter
+    # the cells alone carry the study: without any checkpoint nothing trains again
+    for checkpoint in seed_dir.glob("**/*.pt"):
+        checkpoint.unlink()
+    again = lengths.run_lengths(options, report=lambda line: None)
+    assert not list(seed_dir.glob("**/*.pt")) and again["families"] == summary["families"]
 
 
 def test_the_families_page_states_each_claim_from_the_length_table(tmp_path):
@@ -236,6 +242,16 @@ def test_the_families_page_states_each_claim_from_the_length_table(tmp_path):
     assert "reluformer uses its context" in page and (tmp_path / "families_gap.png").stat().st_size > 1000
     (tmp_path / "bad.json").write_text("[1]")
     assert families_page.main(["--tuning", str(tmp_path / "bad.json")]) == 2
+    # a study under way: one seed of softmax lacks its chapter cell
+    del results["softmax"][2]["chapter"]
+    partial = lengths.summarise(results, t, Base())
+    assert (partial["cells_finished"], partial["cells_planned"]) == (7, 8)
+    assert partial["families"]["softmax"]["chapter"]["s_bleu"]["n"] == 1
+    (tmp_path / "lengths.json").write_text(json.dumps(partial))
+    assert families_page.main(["--tuning", str(tmp_path / "tuning.json"), "--lengths", str(tmp_path / "lengths.json"),
+                               "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "7 of 8 cells finished" in page and "(1 of 2 seeds)" in page and "The papers' claims" not in page
 
 
 def test_every_family_tries_the_quick_preset_once(tmp_path):

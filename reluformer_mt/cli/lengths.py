@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=positive_int, default=2, help="runs at once, one thread each")
     p.add_argument("--untuned", action="store_true", help="the quick preset's shared settings instead of the tuned ones")
     p.add_argument("--eval-chapters", type=non_negative_int, default=0, help="the first K test chapters only (0: all 13)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write OUT/lengths.json from the cells finished so far (a study under way); train nothing")
     p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
     return p
 
@@ -42,7 +44,7 @@ def main(argv=None) -> int:
     register()
     options = lengths.LengthOptions(out=Path(args.out), families=args.families, seeds=args.seeds, lengths=args.lengths,
                                     jobs=args.jobs, untuned=args.untuned, bible_root=args.bible_root,
-                                    eval_chapters=args.eval_chapters)
+                                    eval_chapters=args.eval_chapters, report_only=args.report_only)
     return run_command(lambda: lengths.run_lengths(options))
 
 if __name__ == "__main__":

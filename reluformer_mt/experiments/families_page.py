@@ -31,14 +31,17 @@ def read_json(path: Optional[Path], what: str) -> Optional[dict]:
     return data
 
 
-def cell(s: Optional[dict], places: int = 2) -> str:
-    return "" if s is None else f"{s['mean']:.{places}f} ± {s['std']:.{places}f}"
+def cell(s: Optional[dict], places: int = 2, seeds: int = 0) -> str:
+    if s is None:
+        return ""
+    fewer = f" ({s['n']} of {seeds} seeds)" if seeds and s.get("n", seeds) < seeds else ""
+    return f"{s['mean']:.{places}f} ± {s['std']:.{places}f}{fewer}"
 
 
 def length_table(lengths: dict) -> List[str]:
     lines = []
     for key, label, _ in MEASURES:
-        rows = [f for f in lengths["families"] if any(key in lengths["families"][f][n] for n in lengths["lengths"])]
+        rows = [f for f in lengths["families"] if any(key in lengths["families"][f].get(n, {}) for n in lengths["lengths"])]
         if not rows:
             continue
         lines += [f"**{label}** (mean ± std over {lengths['seeds']} seeds; minus softmax: difference, verdict)", "",
@@ -46,7 +49,8 @@ def length_table(lengths: dict) -> List[str]:
                   "|---|" + "---|" * len(lengths["lengths"])]
         for family in rows:
             cells = lengths["families"][family]
-            lines.append(f"| {family} | " + " | ".join(cell(cells[n].get(key)) for n in lengths["lengths"]) + " |")
+            lines.append(f"| {family} | " + " | ".join(cell(cells.get(n, {}).get(key), seeds=lengths["seeds"])
+                                                       for n in lengths["lengths"]) + " |")
         for family, gaps in lengths.get("minus_softmax", {}).items():
             row = []
             for n in lengths["lengths"]:
@@ -105,7 +109,11 @@ def plot_gap(lengths: dict, path: Path) -> None:
         ys, lo, hi = [], [], []
         for n in lengths["lengths"]:
             key = "verse_s_bleu" if n == "sentence" else "s_bleu"
-            a, b = lengths["families"][family][n][key], lengths["families"]["softmax"][n][key]
+            a = lengths["families"][family].get(n, {}).get(key)
+            b = lengths["families"]["softmax"].get(n, {}).get(key)
+            if a is None or b is None:  # a study under way: the cell is not finished yet
+                ys.append(float("nan")), lo.append(float("nan")), hi.append(float("nan"))
+                continue
             ys.append(a["mean"] - b["mean"])
             lo.append(a["min"] - b["max"])
             hi.append(a["max"] - b["min"])
@@ -145,11 +153,19 @@ def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[
         lines += ["Not run yet: `reluformer-study --lengths sentence,128,512,chapter --seeds 3` "
                   "(after the tuning; about 3 hours on 2 cores; resumable).", ""]
     else:
+        finished, planned = lengths.get("cells_finished"), lengths.get("cells_planned")
+        if finished is not None and finished < planned:
+            lines += [f"**Under way**: {finished} of {planned} cells finished (`--report-only` summarised them); "
+                      "the claims wait for every seed.", ""]
         lines += [f"Command: `{lengths['command']}`; test chapters; the diagonal alignment's AER is the line to beat "
                   "(the demo's report gives it).", ""] + length_table(lengths)
+        if lengths.get("cpu_minutes"):
+            lines += ["Cost on 2 cores, CPU minutes per family (training, the sentence phase once per seed, and "
+                      "scoring): " + ", ".join(f"{f} {m:.0f}" for f, m in lengths["cpu_minutes"].items()) + ".", ""]
         if plot_name:
             lines += [f"![the gap against length]({plot_name})", ""]
-        lines += ["## The papers' claims, here", ""] + claims(lengths) + [""]
+        if finished is None or finished >= planned:
+            lines += ["## The papers' claims, here", ""] + claims(lengths) + [""]
     return "\n".join(lines)
 
 

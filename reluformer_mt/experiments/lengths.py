@@ -17,8 +17,10 @@ so sharing it is honest), on document segments of 128 and 512 subword tokens and
   probability of a verse's reference rises when it sees the verses before it;
 - the share of exact zeros in the cross-attention.
 
-Resumable: a finished cell is kept (``cell.json``); an interrupted training resumes from its last
-checkpoint, so rerunning the same command continues where it stopped.
+Resumable: a finished cell is kept (``cell.json``, with the seconds its training took); an
+interrupted training resumes from its last checkpoint, so rerunning the same command continues where
+it stopped. The ``cell.json`` files alone carry a study to another machine: copied into an empty
+OUT, their cells are not trained again (docs/families/lengths/ keeps them between sessions).
 """
 import json
 import sys
@@ -48,6 +50,7 @@ class LengthOptions:
     eval_chapters: int = 0  # the first K test chapters only (0: all 13)
     device: str = "cpu"
     base: Optional[object] = None  # DemoOptions to start from (tests: a smaller model); None: the quick preset
+    report_only: bool = False  # summarise the cells finished so far; train nothing
 
 
 def base_options(t: LengthOptions):
@@ -92,22 +95,35 @@ def run_family_seed(base, family: str, seed: int, lengths: Sequence[str], dirs: 
     sentence_phase, document_phase = run.phases
     positions = max(Prepared.load(d).positions for d in dirs.values())  # one budget: every length fine-tunes it
     sentence_dir = root / "sentence"
+    cell_dirs = {length: sentence_dir if length == "sentence" else root / f"doc{length}" for length in lengths}
+    cells = {length: json.loads((d / "cell.json").read_text(encoding="utf-8"))
+             for length, d in cell_dirs.items() if (d / "cell.json").exists()}
+    if len(cells) == len(lengths):  # finished before (or restored from a saved copy): no checkpoint needed
+        return cells
     sentence_dir.mkdir(parents=True, exist_ok=True)
     train_phase(o, train_args(run, sentence_phase, dirs["sentence"], sentence_dir, sentence_dir / "train.log",
                               positions), sentence_dir, sentence_dir / "train.log")
     sentence_checkpoint = sentence_dir / "checkpoint_last.pt"
-    cells = {}
     for length in lengths:
+        if length in cells:
+            continue
         if length == "sentence":
             cells[length] = score_cell(o, sentence_checkpoint, dirs["128"] if "128" in dirs else dirs["sentence"],
                                        length, sentence_dir)
             continue
-        cell_dir = root / f"doc{length}"
+        cell_dir = cell_dirs[length]
         cell_dir.mkdir(parents=True, exist_ok=True)
         train_phase(o, train_args(run, document_phase, dirs[length], cell_dir, cell_dir / "train.log", positions,
                                   init_from=sentence_checkpoint), cell_dir, cell_dir / "train.log")
         cells[length] = score_cell(o, cell_dir / "checkpoint_last.pt", dirs[length], length, cell_dir)
     return cells
+
+
+def training_seconds(cell_dir: Path) -> dict:
+    """The wall and CPU seconds :func:`train_phase` wrote for the checkpoint of ``cell_dir``."""
+    return {key: float((cell_dir / name).read_text()) for key, name in
+            (("train_seconds", "train_seconds.txt"), ("train_cpu_seconds", "train_cpu_seconds.txt"))
+            if (cell_dir / name).exists()}
 
 
 def score_cell(o, checkpoint: Path, data_dir: Path, length: str, cell_dir: Path) -> dict:
@@ -139,6 +155,7 @@ def score_cell(o, checkpoint: Path, data_dir: Path, length: str, cell_dir: Path)
                     limit_docs=o.eval_chapters or None, device=o.device, progress=False)
     cell["cxmi"] = cxmi_value(cxmi)
     cell["cpu_seconds_scoring"] = round(process_cpu_seconds() - started, 1)
+    cell.update(training_seconds(cell_dir))  # a saved cell.json carries what its run cost
     done.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(done, json.dumps(cell, indent=1) + "\n")
     return cell
@@ -167,8 +184,14 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     if unknown:
         raise ValueError(f"--lengths: unknown {', '.join(unknown)}; expected some of {', '.join(LENGTHS)}")
     base = base_options(t)
-    dirs = prepare_lengths(t, base)
     jobs = [(family, seed) for seed in range(1, t.seeds + 1) for family in t.families]
+    if t.report_only:
+        summary = summarise(finished_cells(t), t, base)
+        _write_atomic(t.out / "lengths.json", json.dumps(summary, indent=1) + "\n")
+        report(f"lengths: {summary['cells_finished']} of {summary['cells_planned']} cells finished; "
+               f"wrote {t.out / 'lengths.json'}")
+        return summary
+    dirs = prepare_lengths(t, base)
     report(f"lengths: {len(jobs)} runs ({', '.join(t.families)} x {t.seeds} seeds), lengths {', '.join(t.lengths)}, "
            f"{t.jobs} at a time; " + ("shared preset" if not base.family_settings else "each family's tuned settings"))
     started, results = time.time(), {}
@@ -187,6 +210,19 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     return summary
 
 
+def finished_cells(t: LengthOptions) -> Dict[str, Dict[int, dict]]:
+    """{family: {seed: {length: cell}}} of every ``cell.json`` under OUT (a study under way)."""
+    results: Dict[str, Dict[int, dict]] = {}
+    for family in t.families:
+        for seed in range(1, t.seeds + 1):
+            root = t.out / family / f"seed-{seed}"
+            for length in t.lengths:
+                done = root / ("sentence" if length == "sentence" else f"doc{length}") / "cell.json"
+                if done.exists():
+                    results.setdefault(family, {}).setdefault(seed, {})[length] = json.loads(done.read_text("utf-8"))
+    return results
+
+
 MEASURES = (("s_bleu", "s-BLEU (document translator)", True), ("d_bleu", "d-BLEU (document translator)", True),
             ("verse_s_bleu", "s-BLEU (verse by verse)", True), ("verse_d_bleu", "d-BLEU (verse by verse)", True),
             ("aer_best_head", "AER best head", False), ("aer_head_average", "AER head average", False),
@@ -200,14 +236,22 @@ def summarise(results: Dict[str, Dict[int, dict]], t: LengthOptions, base) -> di
     table: Dict[str, Dict[str, dict]] = {}
     for family, seeds in results.items():
         for length in t.lengths:
-            cells = [seeds[s][length] for s in sorted(seeds)]
-            table.setdefault(family, {})[length] = {
-                key: spread([c[key] for c in cells]) for key, _, _ in MEASURES if all(c.get(key) is not None for c in cells)}
-    gaps = {family: {length: {key: gap(table[family][length].get(key), table["softmax"][length].get(key), higher)
+            cells = [seeds[s][length] for s in sorted(seeds) if length in seeds[s]]
+            if cells:
+                table.setdefault(family, {})[length] = {
+                    key: spread([c[key] for c in cells]) for key, _, _ in MEASURES
+                    if all(c.get(key) is not None for c in cells)}
+    gaps = {family: {length: {key: gap(table[family][length].get(key), table["softmax"].get(length, {}).get(key), higher)
                               for key, _, higher in MEASURES if key in table[family][length]}
-                     for length in t.lengths}
+                     for length in table[family]}
             for family in table if family != "softmax" and "softmax" in table}
+    every = [c for seeds in results.values() for cells in seeds.values() for c in cells.values()]
+    cpu_minutes = {family: round(sum(c.get("train_cpu_seconds", 0) + c.get("cpu_seconds_scoring", 0)
+                                     for cells in seeds.values() for c in cells.values()) / 60, 1)
+                   for family, seeds in results.items()}
     return {"lengths": list(t.lengths), "seeds": t.seeds, "families": table, "minus_softmax": gaps,
+            "cells_finished": len(every), "cells_planned": len(t.families) * t.seeds * len(t.lengths),
+            "cpu_minutes": cpu_minutes,  # training (the sentence phase counted once) and scoring, per family
             "settings": {f: base.family_settings.get(f, "the quick preset's") for f in t.families},
             "command": f"reluformer-study --lengths {','.join(t.lengths)} --tune-families {','.join(t.families)} "
                        f"--seeds {t.seeds}" + (" --untuned" if t.untuned else "")}
