@@ -1,11 +1,11 @@
 """The user docs say what to run and what you get; the history of the measurements lives apart in
-docs/history/. No user page (README.md, docs/*.md) names an issue number, and PERFORMANCE.md stays
+docs/history/. No user page (README.md, data/README.md, docs/*.md) names an issue number, and PERFORMANCE.md stays
 short enough to read."""
 import re
 
 from helpers import REPO
 
-USER_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+USER_PAGES = [REPO / "README.md", REPO / "data" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # "issue 14", "issue #32", "issues 31 and 32", "#32" in prose
 ISSUE = re.compile(r"\bissues? #?\d+|(?<![\w&/#])#\d{1,4}\b", re.I)
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
