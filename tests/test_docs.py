@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md")) + sorted((REPO / "docs" / "history").glob("*.md"))
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 
 
@@ -21,7 +21,7 @@ def anchors(page: Path) -> set:
     return out
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_local_links_resolve(page):
     broken = []
     for target, anchor in LINK.findall(page.read_text(encoding="utf-8")):
