@@ -54,6 +54,32 @@ def test_every_preset_composes_with_its_setup_base():
     assert bases["demo"]["optimization"]["lr"] == [0.003] and bases["europarl7_doc"]["dataset"]["max_tokens"] == 8192
 
 
+def test_a_family_preset_reads_its_tuned_settings_when_written(tmp_path):
+    """configs/demo/FAMILY.yaml merges tuned/FAMILY.yaml (written by ``reluformer-study --tune
+    --write-presets``) after the shared base: the tuned values win, other families keep the base."""
+    import shutil
+
+    from reluformer_mt.experiments.tune import hydra_overrides
+
+    demo = tmp_path / "configs" / "demo"
+    shutil.copytree(CONFIGS / "demo", demo, ignore=shutil.ignore_patterns("tuned"))
+    (demo / "tuned").mkdir()
+    preset = {"lr": 0.0071, "warmup_updates": 400, "dropout": 0.15, "sentence_updates": 1500, "max_update": 1000,
+              "train_args": ["--relu-gamma", "2.5", "--relu-gamma-mode", "head", "--relu-no-length-scale",
+                             "--norm-loss-weight", "0.03", "--entropy-margin-weight", "0.0"]}
+    (demo / "tuned" / "reluformer.yaml").write_text(hydra_overrides("reluformer", preset, "reluformer-study --tune"))
+    result = subprocess.run([sys.executable, "-c", COMPOSE, str(tmp_path / "configs")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    composed = json.loads(result.stdout.strip().splitlines()[-1])
+    tuned, other = composed["demo/reluformer"], composed["demo/rela"]
+    assert tuned["optimization"]["lr"] == [0.0071] and tuned["lr_scheduler"]["warmup_updates"] == 400
+    assert tuned["model"]["dropout"] == 0.15 and tuned["model"]["relu_gamma"] == 2.5
+    assert tuned["model"]["relu_gamma_mode"] == "head" and tuned["model"]["relu_no_length_scale"] is True
+    assert tuned["criterion"]["norm_loss_weight"] == 0.03 and tuned["criterion"]["entropy_margin_weight"] == 0.0
+    assert other["optimization"]["lr"] == [0.003] and other["model"]["dropout"] == 0.1
+
+
 @needs_shared_data
 def test_preset_trains_through_fairseq_hydra_train(sentence_data, tmp_path):
     result = run_subprocess([

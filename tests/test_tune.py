@@ -115,12 +115,16 @@ def test_a_search_end_to_end_at_toy_scale(tmp_path):
     assert result["segments"] > 0  # the validation chapter was translated
     again = tune.run_search(options, base, report=lines.append)  # resumable: nothing left to train
     assert again["families"]["rela"]["trials"] == rela["trials"]
-    presets = tune.write_presets(summary, tmp_path / "presets.json")
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    presets = tune.write_presets(summary, tmp_path / "presets.json", configs=configs)
     best = presets["families"]["rela"]
     assert best["sentence_updates"] + best["max_update"] == 8 and best["train_args"][0] == "--rela-variant"
+    override = (configs / "tuned" / "rela.yaml").read_text()
+    assert override.startswith("# @package _global_") and f"rela_variant: \"{best['train_args'][1]}\"" in override
     unfinished = replace(options, trials=3)
     with pytest.raises(ValueError, match="has not finished"):
-        tune.write_presets(tune.report_from_journals(unfinished), tmp_path / "presets.json")
+        tune.write_presets(tune.report_from_journals(unfinished), tmp_path / "presets.json", configs=None)
 
 
 def test_the_demo_trains_each_family_with_its_tuned_settings(tmp_path):

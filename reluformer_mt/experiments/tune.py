@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 TUNED_PRESETS = Path(__file__).with_name("tuned_presets.json")  # the chosen settings the demo reads
+DEMO_CONFIGS = Path(__file__).parents[2] / "configs" / "demo"  # the hydra presets of a checkout (tuned/FAMILY.yaml)
 SHARED_FAMILIES = ("reluformer", "rela", "softmax")
 
 
@@ -412,13 +413,59 @@ def chosen_presets(summary: dict) -> dict:
     return {"command": summary["command"], "families": presets}
 
 
-def write_presets(summary: dict, path: Path = TUNED_PRESETS) -> dict:
+def write_presets(summary: dict, path: Path = TUNED_PRESETS, configs: Optional[Path] = DEMO_CONFIGS) -> dict:
+    """The demo's presets (``path``) and, in a checkout, the hydra overrides ``configs/tuned/FAMILY.yaml``
+    that the family's preset of configs/demo reads when it is there."""
     presets = chosen_presets(summary)
     missing = [f for f in summary["families"] if f not in presets["families"]]
     if missing:
         raise ValueError(f"--write-presets: the search of {', '.join(missing)} has not finished its trials")
     _write_atomic(path, json.dumps(presets, indent=1) + "\n")
+    if configs is not None and configs.is_dir():
+        for family, preset in presets["families"].items():
+            (configs / "tuned").mkdir(exist_ok=True)
+            _write_atomic(configs / "tuned" / f"{family}.yaml", hydra_overrides(family, preset, presets["command"]))
     return presets
+
+
+# where each tuned fairseq-train option lives in a hydra config
+HYDRA_KEYS = {"--relu-gamma": "model.relu_gamma", "--relu-gamma-mode": "model.relu_gamma_mode",
+              "--relu-no-length-scale": "model.relu_no_length_scale", "--rela-variant": "model.rela_variant",
+              "--rela-gain-init": "model.rela_gain_init", "--norm-loss-weight": "criterion.norm_loss_weight",
+              "--entropy-margin-weight": "criterion.entropy_margin_weight"}
+
+
+def hydra_overrides(family: str, preset: dict, command: str) -> str:
+    """A ``# @package _global_`` file with a family's tuned settings, merged after base/setup.yaml."""
+    values = {"optimization.lr": [preset["lr"]], "lr_scheduler.warmup_updates": preset["warmup_updates"],
+              "model.dropout": preset["dropout"]}
+    argv = preset["train_args"]
+    for i, flag in enumerate(argv):
+        if flag.startswith("--"):
+            takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            values[HYDRA_KEYS[flag]] = _yaml_scalar(argv[i + 1]) if takes_value else True
+    nested: Dict[str, dict] = {}
+    for key, value in values.items():
+        group, name = key.split(".")
+        nested.setdefault(group, {})[name] = value
+    lines = ["# @package _global_",
+             f"# {family}'s tuned settings, written by `{command} --write-presets` (docs/FAMILIES.md);",
+             "# read by ../" + family + ".yaml after base/setup.yaml. The demo also splits its updates between",
+             f"# sentences ({preset['sentence_updates']}) and 128-token segments ({preset['max_update']}), "
+             "which one hydra run does not."]
+    for group, items in nested.items():
+        lines.append(f"{group}:")
+        lines += [f"  {name}: {json.dumps(value)}" for name, value in items.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_scalar(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 __all__ = ["FAMILY_KNOBS", "Knob", "SHARED_KNOBS", "TUNED_PRESETS", "TuneOptions", "chosen_presets", "run_search",
