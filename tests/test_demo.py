@@ -1,5 +1,6 @@
 """The demo end to end at toy scale: every stage runs and the report holds every number."""
 import json
+import re
 
 from conftest import TINY_DEMO_FAMILIES
 
@@ -49,8 +50,16 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     # the console: the stage lines, the report's step among them, then the table; libraries' lines
     # (sacreBLEU's INFO, torch's warnings, eflomal's) went to the log
     head = table.split("\nHTML report", 1)[0].strip().splitlines()
-    assert all(line.startswith(("[demo", "  train: ")) for line in head), head
-    assert head[-1].startswith("[demo] write the report: summary, tables, bootstrap intervals, index.html ... ")
+    job_done = re.compile(r"  (train|tune|guided modes|plain modes) [a-z+]+: done in |  reluformer-translate: done in ")
+    assert all(line.startswith(("[demo", "  train: ")) or job_done.match(line) for line in head), head
+    assert head[-1].startswith("[demo 4/4] write the report: summary, tables, bootstrap intervals, index.html ... ")
+    # the families' jobs side by side: each trained, tuned and decoded (plain and guided modes), one chapter
+    # with reluformer-translate, each job's seconds in report.json (the demo's time model reads them)
+    assert sum(bool(job_done.match(line)) for line in head) == 4 * len(TINY_DEMO_FAMILIES) + 1
+    for family, r in report["models"].items():
+        assert set(r["job_seconds"]) == {"train", "tune", "guided", "plain"} and min(r["job_seconds"].values()) > 0
+    assert list(report["stage_seconds"])[-1].startswith("write the report")
+    assert_the_schedule_explains_the_stage(report)
     assert tiny_demo["stderr"] == "", tiny_demo["stderr"][:2000]
     assert "s-BLEU" in table and "reluformer" in table and "softmax" in table and "free: fallbacks" in table
     assert "baseline: nearest training verse" in table and "baseline: diagonal alignment" in table
@@ -87,6 +96,21 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     assert "baseline: copy of the memory's match" in table and "by the best memory match's fuzzy-match band" in table
     assert "s-BLEU of every decoding mode" in table and "+ kNN-MT (per-input)" in table
     assert "values tuned on the validation chapters" in table
+
+
+def assert_the_schedule_explains_the_stage(report):
+    """The time model's simulation of the jobs, from their measured seconds, is within 20 % of the
+    stage where they ran side by side (the rest: the workers' start, the scores' collection)."""
+    from pathlib import Path
+
+    from reluformer_mt.experiments.demo_schedule import simulate
+    from reluformer_mt.experiments.demo_timing import family_jobs, timing_from_report, workers
+
+    options = {k: v for k, v in report["options"].items() if k in demo.DemoOptions.__dataclass_fields__}
+    o = demo.DemoOptions(**{**options, "out": Path(options["out"])})
+    scheduled, _ = simulate(family_jobs(o, timing_from_report(report)), workers(o))
+    stage = next(v for k, v in report["stage_seconds"].items() if k.startswith("train "))
+    assert 0.8 * stage <= scheduled <= 1.2 * stage, (scheduled, stage)
 
 
 def test_reference_run_rows_come_from_its_summary():

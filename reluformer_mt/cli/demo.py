@@ -1,7 +1,7 @@
 """``reluformer-demo`` (``make demo``): the toolkit's whole story on a real document-level corpus.
 
-Options left unset take the values of ``--preset`` (``quick``: about 25 minutes on 2 CPU cores;
-``long``: the reference run of docs/REFERENCE_RUN.md); the stages are
+Options left unset take the values of ``--preset`` (``quick``: ``make demo``, its duration in the
+README; ``long``: the reference run of docs/REFERENCE_RUN.md); the stages are
 :func:`reluformer_mt.experiments.demo.run_demo`. The console gets one line per stage; fairseq's
 logs go to ``OUT/logs/``.
 """

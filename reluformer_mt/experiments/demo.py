@@ -17,9 +17,11 @@ verse. The demo
    learning curves against updates and minutes, word-level attention of one verse with the gold
    links, and ``index.html`` with all of it (``report_page``, docs/REPORT.md).
 
-Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (about 21 minutes on 2 CPU
-cores, chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
-(docs/REFERENCE_RUN.md). Seeds are fixed: a second run with the same options gives the same numbers.
+Presets (``PRESETS``) bundle the settings: ``quick`` is ``make demo`` (its measured duration: the
+README; chosen from the quality study in docs/QUALITY_STUDY.md) and ``long`` the reference run
+(docs/REFERENCE_RUN.md). On a CPU the families train side by side, one thread each, and each
+family's datastore, tuning and decoding modes start as soon as it is trained (:mod:`.demo_schedule`),
+so no core idles while the last family trains; the console's estimates come from :mod:`.demo_timing`. Seeds are fixed: a second run with the same options gives the same numbers.
 """
 if __name__ == "__main__":  # the old command line, said before the imports (fairseq's notices)
     from reluformer_mt.experiments.moved import say_moved
@@ -58,7 +60,10 @@ from reluformer_mt.evaluation.plots import plot_curves_against_minutes, plot_wor
 from reluformer_mt.evaluation.reports import format_table, write_json, write_table_files
 from reluformer_mt.evaluation.stats import shift_rows, word_attention
 from reluformer_mt.experiments.curves import read_learning_curve
-from reluformer_mt.experiments.progress import Stages, demo_plan
+from reluformer_mt.experiments.demo_schedule import Job
+from reluformer_mt.experiments.demo_timing import workers
+from reluformer_mt.experiments.workers import spawn_pool
+from reluformer_mt.experiments.progress import Stages, demo_plan, minutes
 from reluformer_mt.experiments.report_page import write_report_page
 from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train_args
 from reluformer_mt.inference.translator import DocumentTranslator
@@ -370,7 +375,7 @@ def training_progress(o: "DemoOptions", families: List[str], stages: Optional[St
 def training_jobs(o: "DemoOptions") -> int:
     """Families trained at once: on a CPU, small models gain little from a second thread, so two
     one-thread trainings side by side finish about twice as fast as one after the other."""
-    return max(1, min(o.jobs, len(o.families))) if o.device == "cpu" else 1
+    return workers(o)
 
 
 def _in_worker(log_file: Path, level: int, fn, *args):
@@ -383,24 +388,59 @@ def _in_worker(log_file: Path, level: int, fn, *args):
         return fn(*args)
 
 
-def in_workers(o: "DemoOptions", calls: Dict[str, tuple], level: int = logging.INFO) -> Dict[str, object]:
-    """``{name: fn(*args)}`` of ``calls = {name: (fn, *args)}``, ``training_jobs(o)`` at a time, each in
-    its own spawned process (fresh fairseq state), started in the order of ``calls``."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def family_job_call(o: "DemoOptions", job: Job, dirs: Dict[str, Path], done: Dict[str, object]) -> tuple:
+    """``(fn, *args)`` of one job of :func:`reluformer_mt.experiments.demo_timing.family_jobs`;
+    ``done``: the results of the jobs it waits for (the checkpoint, the tuned values)."""
+    from reluformer_mt.experiments.demo_translate import GUIDED_MODES, PLAIN_MODES, translate_modes, tune_family
 
+    kind, family = job.info["kind"], job.info["family"]
+    if kind == "train":
+        return (train_family, o, family, dirs)
+    checkpoint = done[f"train {family}"]["checkpoint"]
+    if kind == "tune":
+        return (tune_family, o, family, checkpoint, dirs["doc"])
+    if kind == "chapter":
+        return (translate_one_chapter, o, checkpoint, dirs["doc"], o.out / "report", 1)
+    modes, tuned = (GUIDED_MODES, done.get(f"tune {family}")) if kind == "guided" else (PLAIN_MODES, None)
+    return (translate_modes, o, family, checkpoint, dirs["doc"], split_family(family)[1] is not None, tuned,
+            bleu_of_model, modes)
+
+
+def train_and_translate_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], stages: Stages) -> tuple:
+    """Every family trained, ``training_jobs(o)`` jobs at a time (one thread each), and each one's
+    datastore, tuning and decoding modes started as soon as it is trained, so that no core idles
+    while the last family trains (:mod:`.demo_schedule`). Returns (trained, translated, chapter):
+    ``train_family``'s result and ``{"tuned", "modes"}`` per family, ``translate_one_chapter``'s."""
+    from reluformer_mt.experiments.demo_schedule import run_jobs
+    from reluformer_mt.experiments.demo_timing import family_jobs, load_timing
+    from reluformer_mt.experiments.demo_translate import MODES
+
+    jobs = family_jobs(o, load_timing())
+    for job in jobs:
+        job.call = lambda done, job=job: family_job_call(o, job, dirs, done)
+    seconds: Dict[str, float] = {}
     log_file = o.out / "logs" / "demo.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(max_workers=training_jobs(o), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {name: pool.submit(_in_worker, log_file, level, *call) for name, call in calls.items()}
-        return {name: future.result() for name, future in futures.items()}
 
+    def done(job: Job, result, took: float) -> None:
+        seconds[job.name] = round(took, 1)
+        stages.note(f"{job.name}: done in {minutes(took)} ({len(seconds)} of {len(jobs)} jobs)")
 
-def train_in_parallel(o: "DemoOptions", dirs: Dict[str, Path]) -> Dict[str, dict]:
-    """Every family, ``training_jobs(o)`` at a time; the slower memory families first, so that no
-    long run starts last and alone."""
-    order = sorted(o.families, key=lambda f: split_family(f)[1] is None)
-    return in_workers(o, {family: (train_family, o, family, dirs) for family in order})
+    with spawn_pool(training_jobs(o)) as pool:
+        def submit(job: Job, fn, *args):  # fairseq-train's INFO lines into the log, the decoders' warnings
+            return pool.submit(_in_worker, log_file, logging.INFO if job.info["kind"] == "train" else logging.WARNING,
+                               fn, *args)
+
+        results = run_jobs(training_jobs(o), jobs, submit, done)
+    trained = {f: {**results[f"train {f}"], "job_seconds": {"train": seconds[f"train {f}"]}} for f in o.families}
+    translated = {}
+    for f in o.families:  # the modes in their order (the tables' columns)
+        modes = {**results.get(f"plain modes {f}", {}), **results.get(f"guided modes {f}", {})}
+        translated[f] = {"tuned": results.get(f"tune {f}"), "modes": {m: modes[m] for m in MODES if m in modes}}
+        trained[f]["job_seconds"].update({kind: seconds[f"{name} {f}"] for kind, name in
+                                          (("tune", "tune"), ("guided", "guided modes"), ("plain", "plain modes"))
+                                          if f"{name} {f}" in seconds})
+    return trained, translated, results["reluformer-translate"]
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -419,12 +459,9 @@ def needs_tuning(o: "DemoOptions") -> bool:
 
 
 def translate_families(o: "DemoOptions", checkpoints: Dict[str, Path], data_dir: Path) -> Dict[str, dict]:
-    """:func:`tune_and_translate_family` of every family, ``training_jobs(o)`` at a time (one thread each)."""
-    if training_jobs(o) == 1:
-        return {family: tune_and_translate_family(o, family, checkpoint, data_dir)
-                for family, checkpoint in checkpoints.items()}
-    return in_workers(o, {family: (tune_and_translate_family, o, family, checkpoint, data_dir)
-                          for family, checkpoint in checkpoints.items()}, level=logging.WARNING)
+    """:func:`tune_and_translate_family` of every family, one after the other (with one job at a
+    time; side by side, :func:`train_and_translate_in_parallel` translates them)."""
+    return {family: tune_and_translate_family(o, family, checkpoint, data_dir) for family, checkpoint in checkpoints.items()}
 
 
 def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, split: str = "test", **translator_options) -> dict:
@@ -541,15 +578,17 @@ def side_by_side(chapter: str, sources: List[str], references: List[str], hypoth
     return path
 
 
-def translate_one_chapter(o: DemoOptions, checkpoint: Path, data_dir: Path, report_dir: Path) -> dict:
-    """The user's path: ``reluformer-translate`` on one raw held-out chapter (one verse per line)."""
+def translate_one_chapter(o: DemoOptions, checkpoint: Path, data_dir: Path, report_dir: Path,
+                          threads: Optional[int] = None) -> dict:
+    """The user's path: ``reluformer-translate`` on one raw held-out chapter (one verse per line);
+    ``threads``: its ``--threads`` (one, as a job beside the others)."""
     chapter, verses = next(iter(read_split_documents(data_dir, "test", "grc").items()))
     source = report_dir / f"chapter_{chapter}.grc.txt"
     target = report_dir / f"chapter_{chapter}.en.txt"
     source.write_text("\n".join(verses) + "\n", encoding="utf-8")
     command = [str(Path(sys.executable).parent / "reluformer-translate"), "--checkpoint", str(checkpoint),
                "--data", str(data_dir), "--beam", str(o.beam), "--device", o.device, "--format", "lines",
-               "--input", str(source), "--output", str(target)]
+               "--input", str(source), "--output", str(target)] + (["--threads", str(threads)] if threads else [])
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -778,21 +817,36 @@ def collect_translations(o: DemoOptions, results: Dict[str, dict], translated: D
 
 
 def train_stage(o: DemoOptions, stages: Stages, dirs: Dict[str, Path]) -> tuple:
-    """Every family trained: one stage with the families side by side (one thread each), or a
-    stage per family. Returns the checkpoints and each family's first results (time, curve)."""
+    """Every family trained: one stage with the families side by side (one thread each), where each
+    family's datastore, tuning and decoding modes start as soon as it is trained; or a stage per
+    family. Returns the checkpoints, each family's first results (time, curve), and with the
+    families side by side also the baselines with the hypotheses (:func:`translate_stage`'s) and the
+    chapter of ``reluformer-translate`` (:func:`chapter_stage`'s), else None for both."""
     budget = f"{o.budget_minutes:g} min" if o.budget_minutes else (
         (f"{o.sentence_updates} sentence-level + " if o.sentence_updates else "") + f"{o.max_update} updates")
     if o.family_settings and not o.budget_minutes:  # the same total, each family's tuned split
         budget = f"{o.sentence_updates + o.max_update} updates, each family's tuned split"
-    if training_jobs(o) > 1:
-        with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time)"), \
-                training_progress(o, o.families, stages):
-            trained = train_in_parallel(o, dirs)
-    else:
+    if training_jobs(o) == 1:
         trained = {}
         for family in o.families:
             with stages.stage(f"train {family} ({budget})"), training_progress(o, [family], stages):
                 trained[family] = train_family(o, family, dirs)
+        return (*first_results(o, trained), None, None)
+    what = ("datastore, tuning and " if needs_tuning(o) else "") + "decoding modes"
+    with stages.stage(f"train {', '.join(o.families)} ({budget} each, {training_jobs(o)} at a time), each family's "
+                      f"{what} as soon as it is trained"), training_progress(o, o.families, stages):
+        trained, translated, chapter = train_and_translate_in_parallel(o, dirs, stages)
+        checkpoints, results = first_results(o, trained)
+        base = baselines(o, dirs["doc"])
+        hypotheses = collect_translations(o, results, translated, base, dirs["doc"])
+        print(f"  chapter {chapter['chapter']}: {chapter['verses']} verses in {chapter['seconds']} s -> "
+              f"{chapter['translation']}")
+    return checkpoints, results, (base, hypotheses), chapter
+
+
+def first_results(o: DemoOptions, trained: Dict[str, dict]) -> tuple:
+    """(checkpoints, results) of the trained families: training time, learning curve, valid loss and
+    the seconds of each of the family's jobs (``job_seconds``: the demo's time model, :mod:`.demo_timing`)."""
     results = {}
     for family in o.families:
         t = trained[family]
@@ -800,7 +854,7 @@ def train_stage(o: DemoOptions, stages: Stages, dirs: Dict[str, Path]) -> tuple:
         results[family] = {"train_seconds": t["train_seconds"], "train_cpu_seconds": t.get("train_cpu_seconds"),
                            "cpu_seconds_per_update": t.get("cpu_seconds_per_update"),
                            "valid_loss": document_valid[-1]["loss"] if document_valid else float("nan"),
-                           "learning_curve": t["learning_curve"]}
+                           "learning_curve": t["learning_curve"], "job_seconds": t.get("job_seconds")}
     return {family: trained[family]["checkpoint"] for family in o.families}, results
 
 
@@ -867,10 +921,15 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
                  started: float) -> dict:
     """summary.json, report.json, table.md, the hypothesis files and index.html (a step with its
     own console line: its bootstrap intervals and alignments log to the log file); prints the table."""
-    with stages.stage("write the report: summary, tables, bootstrap intervals, index.html", planned=False):
+    with stages.stage("write the report: summary, tables, bootstrap intervals, index.html"):
         report, page = write_report(o, results, base, hypotheses, checkpoints, translated, dirs,
                                     dict(stages.times), time.time() - started)
     total = time.time() - started
+    # the report's own seconds and the whole run's, measured once the report is written: again into
+    # report.json and summary.json (what demo_timing and the README's duration read)
+    report.update(stage_seconds=dict(stages.times), total_seconds=round(total, 1))
+    write_json(o.out / "report" / "report.json", report, command=" ".join(sys.argv))
+    write_json(o.out / "report" / "summary.json", summary(results, o, total, base))
     print(f"\nHTML report (opens from the file system): {page}")
     print("\n" + report["table"])
     print("published points of comparison:\n" + "\n".join(f"- {point}" for point in PAPER_POINTS))
@@ -890,7 +949,7 @@ def write_report(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
     write_json(report_dir / "summary.json", summary(results, o, total, base))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
     options["document_phase_lr"] = document_phase_lr(o)  # the value used, also when document_lr is unset
-    report = {"options": options, "versions": versions(), "stage_seconds": stage_seconds,
+    report = {"options": options, "versions": versions(), "commit": git_commit(), "stage_seconds": stage_seconds,
               "total_seconds": round(total, 1), "data": {k: str(v) for k, v in dirs.items()},
               "definitions": DEFINITIONS, "baselines": base, "models": results, "translated_chapter": translated,
               "table": table}
@@ -914,14 +973,17 @@ def run_demo(o: DemoOptions) -> dict:
     started = time.time()
     with stages.stage("prepare the bible corpus (Greek -> English, chapters as documents)"):
         dirs = prepare_corpus(o)
-    checkpoints, results = train_stage(o, stages, dirs)
-    what = ("kNN-MT datastores, tuning on the validation chapters, " if needs_tuning(o) else "") + "every decoding mode"
-    with stages.stage(f"translate the held-out chapters ({what})"):
-        base, hypotheses = translate_stage(o, checkpoints, results, dirs["doc"])
+    checkpoints, results, translations, translated = train_stage(o, stages, dirs)
+    if translations is None:  # one family at a time: the translations are a stage of their own
+        what = ("kNN-MT datastores, tuning on the validation chapters, " if needs_tuning(o) else "") + "every decoding mode"
+        with stages.stage(f"translate the held-out chapters ({what})"):
+            translations = translate_stage(o, checkpoints, results, dirs["doc"])
+    base, hypotheses = translations
     with stages.stage("evaluate: AER vs gold, attention statistics, the report's plots"):
         evaluate_stage(o, checkpoints, results, hypotheses, dirs["doc"], report_dir)
-    with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
-        translated = chapter_stage(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
+    if translated is None:
+        with stages.stage(f"translate one held-out chapter with reluformer-translate ({o.families[0]})"):
+            translated = chapter_stage(o, checkpoints[o.families[0]], dirs["doc"], report_dir)
     return report_stage(o, results, base, hypotheses, checkpoints, translated, dirs, stages, started)
 
 

@@ -265,11 +265,13 @@ def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.T
 
 def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
          memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
-         adaptive_k: int = 16, knn: bool = True, progress=print) -> dict:
+         adaptive_k: int = 16, knn: bool = True, progress=print,
+         pieces_floors: Sequence[float] = GRID_PIECES_FLOOR) -> dict:
     """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory;
     neither with ``knn=False``) and translation pieces on ``split``; returns the report (grid,
     decodes, chosen values).
-    ``documents``: decode only the split's first N documents in stage 2 (0: all)."""
+    ``documents``: decode only the split's first N documents in stage 2 (0: all); ``pieces_floors``:
+    the fuzzy floors of the pieces' grid (each decoded with every weight of ``GRID_PIECES_WEIGHT``)."""
     from reluformer_mt.checkpoints import load_model, pick_device
     from reluformer_mt.inference.translator import DocumentTranslator
 
@@ -278,6 +280,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         raise TuneError(f"--adaptive-k: expected 1 to {max(GRID_K)} (the neighbours searched per token), got {adaptive_k}")
     if split == "test":
         raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
+    if not pieces_floors or not all(0 <= f <= 1 for f in pieces_floors):
+        raise TuneError(f"pieces floors: expected fuzzy scores from 0 to 1, got {list(pieces_floors)}")
     for option, value in (("--pieces-k", pieces_k), ("--knn-memory-k", memory_k), ("--beam", beam)):
         if value < 1:  # checked by the translators only after the grid and the adaptive network's training
             raise TuneError(f"{option}: expected a positive integer, got {value}")
@@ -349,7 +353,7 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
 
     run("plain")
     for weight in GRID_PIECES_WEIGHT:
-        for floor in GRID_PIECES_FLOOR:
+        for floor in pieces_floors:
             run(f"pieces w={weight:g} floor={floor:g}", pieces_weight=weight, pieces_k=pieces_k, pieces_floor=floor)
     pieces = max((d for d in decodes if d["name"].startswith("pieces")), key=lambda d: d["s_bleu"])
     chosen_pieces = {"pieces_weight": pieces["pieces_weight"], "pieces_floor": pieces["pieces_floor"]}

@@ -2,11 +2,10 @@
 is left; everything a stage prints or logs (fairseq's training logs and model printouts, hydra's
 deprecation warnings, progress bars) goes to a log file in the run folder instead.
 
-The estimate starts from the expected seconds of each stage, measured for the quick preset on
-a 2-core CPU (a fresh-clone run of commit b2cd9c8: preparation 13 s, 6.5-8.2 min per family for
-2,500 updates, evaluation 0.8 min for three families), and rescales them by how much slower or
-faster the finished stages ran here, so a GPU, a larger model or a busy machine correct it after
-the first training stage.
+The estimate starts from the expected seconds of each stage, from the stored measurement of a
+whole run (:mod:`reluformer_mt.experiments.demo_timing`, scaled to the run's options), and rescales
+them by how much slower or faster the finished stages ran here, so a GPU, a larger model or a busy
+machine correct it after the first stages.
 """
 import contextlib
 import logging
@@ -18,39 +17,16 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from reluformer_mt.console import line_seconds
+from reluformer_mt.experiments.demo_timing import stage_plan
 
-# expected seconds on the 2-core machine of the measured quick run (see the module docstring)
-PREPARE_SECONDS = 13.0
-MEMORY_NEIGHBOURS_SECONDS = 15.0
-TRAIN_PHASE_SECONDS = 10.0  # start-up and final validation of one fairseq-train phase
-SECONDS_PER_UPDATE = 0.122  # fitted to the training stage of the measured run (bbeff71: 17.9 min for four families)
-# the held-out chapters in every decoding mode (constrained, free, verse by verse, pieces, kNN-MT x3),
-# and with kNN-MT or tuned pieces first a datastore and ``reluformer-memory tune`` on the validation chapters
-DECODE_SECONDS_PER_FAMILY = 90.0   # seven or eight decodings of the 406 test verses
-TUNE_SECONDS_PER_FAMILY = 200.0   # a datastore, the teacher-forced grid and ~18 decodings of 7 validation chapters
-EVALUATE_SECONDS = 60.0  # AER and attention statistics of every family, plots, the report page
-TRANSLATE_SECONDS = 10.0
 SKIPPED_SHARE = 0.2  # a stage far faster than expected was skipped (already done): no evidence of speed
 
 
 def demo_plan(o) -> List[Tuple[str, float]]:
-    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order.
-    A stage added to ``run_demo`` needs its row here (a test counts them)."""
-    phases = 2 if o.sentence_updates and not o.budget_minutes else 1
-    updates = (o.sentence_updates if phases == 2 else 0) + o.max_update
-    train = o.budget_minutes * 60 if o.budget_minutes else phases * TRAIN_PHASE_SECONDS + updates * SECONDS_PER_UPDATE
-    jobs = max(1, min(getattr(o, "jobs", 1), len(o.families))) if getattr(o, "device", "cpu") == "cpu" else 1
-    memory = sum(1 for f in o.families if "+" in f)  # a memory family takes about 1.9 times its twin
-    if jobs > 1:  # one stage: the families side by side, one thread each (~1.35 times slower than two threads)
-        trains = [("train", 1.35 * train * (len(o.families) + 0.9 * memory) / jobs)]
-    else:
-        trains = [("train", train * (1.9 if "+" in f else 1.0)) for f in o.families]
-    # the translation memory's neighbours of both prepared folders (measured 25 s on 2 cores)
-    prepare = PREPARE_SECONDS + (MEMORY_NEIGHBOURS_SECONDS if memory else 0.0)
-    tuning = getattr(o, "knn", False) or getattr(o, "pieces_weight", 0) is None
-    decode = (DECODE_SECONDS_PER_FAMILY + (TUNE_SECONDS_PER_FAMILY if tuning else 0.0)) * len(o.families) / jobs
-    return ([("prepare", prepare)] + trains
-            + [("decode", decode), ("evaluate", EVALUATE_SECONDS), ("translate", TRANSLATE_SECONDS)])
+    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order,
+    from the stored measured run (:func:`reluformer_mt.experiments.demo_timing.stage_plan`).
+    A stage added to ``run_demo`` needs its row there (a test counts them)."""
+    return stage_plan(o)
 
 
 def minutes(seconds: float) -> str:

@@ -1,0 +1,106 @@
+"""The demo's jobs and their time model: the scheduler starts each job once what it needs is done,
+the simulation predicts the same order, and a measured run's report gives back its own durations."""
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from reluformer_mt.experiments.demo_schedule import Job, run_jobs, simulate
+
+
+def toy_jobs(scale: float = 1.0):
+    """Two long trainings and one short one on 2 workers; each decoding waits for its training and
+    comes after every training (rank 1)."""
+    return [Job("train a", None, (), 0, 4 * scale), Job("train b", None, (), 0, 2 * scale),
+            Job("train c", None, (), 0, 3.5 * scale),
+            Job("decode a", None, ("train a",), 1, 1 * scale), Job("decode b", None, ("train b",), 1, 1 * scale),
+            Job("decode c", None, ("train c",), 1, 1 * scale)]
+
+
+def test_simulation_fills_the_core_the_last_training_leaves_free():
+    total, ends = simulate(toy_jobs(), 2)
+    # a and b start; b ends at 2, c (a training, before any decoding) takes its worker until 5.5;
+    # at 4 the free worker decodes a (the first given of the ready ones) and b while c trains
+    assert ends == {"train b": 2, "train a": 4, "decode a": 5, "train c": 5.5, "decode b": 6, "decode c": 6.5}
+    assert total == 6.5
+
+
+def test_jobs_run_in_the_simulated_order_with_the_results_they_wait_for():
+    jobs, order, lock = toy_jobs(0.1), [], threading.Lock()
+
+    def work(name, seconds, needed):
+        time.sleep(seconds)
+        with lock:
+            order.append(name)
+        return {"name": name, "needed": needed}
+
+    for job in jobs:
+        job.call = lambda done, job=job: (work, job.name, job.seconds, [done[a]["name"] for a in job.after])
+    seen = []
+    with ThreadPoolExecutor(2) as pool:
+        results = run_jobs(2, jobs, lambda job, fn, *args: pool.submit(fn, *args),
+                           lambda job, result, seconds: seen.append((job.name, seconds)))
+    assert results["decode a"]["needed"] == ["train a"] and results["train a"]["needed"] == []
+    _, ends = simulate(toy_jobs(), 2)
+    assert order == sorted(ends, key=ends.get)  # the order the simulation predicts
+    assert [name for name, _ in seen] == order and all(s > 0.09 for _, s in seen)
+
+
+def test_a_job_that_waits_for_a_later_one_is_refused():
+    with pytest.raises(ValueError, match="waits for"):
+        simulate([Job("decode", None, ("train",), 1, 1.0), Job("train", None, (), 0, 1.0)], 2)
+
+
+def test_a_failing_job_raises_in_the_caller():
+    def boom():
+        raise RuntimeError("broken job")
+
+    with ThreadPoolExecutor(2) as pool, pytest.raises(RuntimeError, match="broken job"):
+        run_jobs(2, [Job("x", lambda done: (boom,))], lambda job, fn, *args: pool.submit(fn, *args))
+
+
+def measured_report(options, job_seconds, stage_seconds):
+    return {"command": "reluformer-demo --out runs/demo", "options": options, "total_seconds": 1800.0,
+            "versions": {"cpus": "2", "cpu_model": "test CPU"}, "stage_seconds": stage_seconds,
+            "translated_chapter": {"seconds": 9.0},
+            "models": {f: {"job_seconds": s} for f, s in job_seconds.items()}}
+
+
+def test_a_measured_runs_report_gives_back_its_own_stage_times():
+    """The stored model made from a run (demo_timing --write) predicts that run's stages: each
+    job's seconds as measured, hence the merged stage as its schedule, and the stages around it."""
+    from dataclasses import asdict
+
+    from reluformer_mt.experiments.demo import DemoOptions
+    from reluformer_mt.experiments.demo_timing import family_jobs, stage_plan, timing_from_report
+
+    o = DemoOptions(out=Path("x"), families=["reluformer", "softmax", "softmax+tm"])
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(o).items()}
+    seconds = {"reluformer": {"train": 900.0, "tune": 200.0, "guided": 80.0, "plain": 20.0},
+               "softmax": {"train": 800.0, "tune": 120.0, "guided": 40.0, "plain": 15.0},
+               "softmax+tm": {"train": 1500.0, "tune": 150.0, "guided": 50.0, "plain": 25.0}}
+    stages = {"prepare the bible corpus": 30.0, "train ...": 2100.0, "evaluate: AER": 60.0,
+              "write the report: summary": 90.0}
+    timing = timing_from_report(measured_report(options, seconds, stages))
+    jobs = {j.name: j.seconds for j in family_jobs(o, timing)}
+    for family, by_kind in seconds.items():
+        assert jobs[f"train {family}"] == pytest.approx(by_kind["train"], abs=0.5)
+        assert jobs[f"tune {family}"] == by_kind["tune"] and jobs[f"plain modes {family}"] == by_kind["plain"]
+    plan = dict(stage_plan(o, timing))
+    assert plan["prepare"] == 30.0 and plan["evaluate"] == pytest.approx(60.0) and plan["report"] == pytest.approx(90.0)
+    # the stage took 2100 s: what its jobs' schedule leaves is its overhead, so the plan gives it back
+    assert plan["train and decode"] == pytest.approx(2100.0, abs=0.1)
+    work = sum(jobs.values())
+    assert work / 2 <= plan["train and decode"] - timing["stage_seconds"]["train_and_decode_overhead"] <= work
+    with pytest.raises(ValueError, match="job_seconds"):
+        timing_from_report(measured_report(options, {"softmax": {}}, stages))
+
+
+def test_the_stored_model_says_which_run_it_comes_from():
+    from reluformer_mt.experiments.demo_timing import load_timing
+
+    timing = load_timing()
+    assert "min" in timing["measured"] and set(timing["job_seconds"]) == {"tune", "guided", "plain"}
+    assert all(0 < v < 5 for v in timing["train_seconds_per_update"].values())
