@@ -601,7 +601,7 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float, base
                       for mode, m in r.get("modes", {}).items()},
             **({"knn": {**{mode: r["tuned"]["chosen"][mode]["options"] for mode in ("full", "per_input")
                            if mode in r["tuned"]["chosen"]},  # none with --no-knn
-                        "pieces": {k: v for k, v in r["tuned"]["chosen"]["pieces"].items() if k != "s_bleu"}}}
+                        "pieces": {k: v for k, v in r["tuned"]["chosen"]["pieces"].items() if k not in ("s_bleu", "decode")}}}
                if r.get("tuned") else {})}
     baselines = {name: {k: round(v, 2) for k, v in b.items()} for name, b in (base or {}).items()
                  if name in ("nearest_verse", "tm_copy", "diagonal")}
