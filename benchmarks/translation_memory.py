@@ -63,6 +63,7 @@ def bible_retrieval(data_dir: Path, k: int) -> dict:
     before = rss_mb()
     start = time.perf_counter()
     retriever = Retriever(memory)
+    retriever.search(queries[:1], k)  # the default score's sparse space is fitted at its first search
     build = time.perf_counter() - start
     ram = rss_mb() - before
     retriever.search(queries[:50], k)  # warm-up
@@ -76,7 +77,8 @@ def bible_retrieval(data_dir: Path, k: int) -> dict:
     mips_qps = 20 * len(queries) / (time.perf_counter() - start)
     best = retriever.exact_best(queries)
     close = best >= 0.5  # the matches that matter to a translator
-    return {"entries": len(memory), "queries": len(queries), "build_s": round(build, 2), "ram_mb": round(ram, 1),
+    return {"match_score": retriever.score, "entries": len(memory), "queries": len(queries),
+            "ms_per_sentence": round(1000 / lookup_qps, 3), "build_s": round(build, 2), "ram_mb": round(ram, 1),
             "lookup_qps": round(lookup_qps), "mips_qps": round(mips_qps), **recall_at_k(scores, best, ks=(1,)),
             "queries_with_best_fuzzy>=0.5": int(close.sum()),
             "recall@1 (best fuzzy >= 0.5)": recall_at_k(scores[close], best[close], ks=(1,))["recall@1"] if close.any() else None,
@@ -298,7 +300,8 @@ def main(argv=None):
     parts = []
     b = report.get("bible")
     if b:
-        parts += [f"bible lookup {b['lookup_qps']} q/s (MIPS alone {b['mips_qps']}) {'✓' if b['lookup_qps'] >= 1000 else '✗'} >=1000",
+        parts += [f"bible lookup ({b['match_score']}) {b['ms_per_sentence']:.2f} ms a sentence, {b['lookup_qps']} q/s "
+                  f"(MIPS alone {b['mips_qps']}) {'✓' if b['ms_per_sentence'] <= 2.0 else '✗'} <= 2 ms",
                   f"recall@1 {b['recall@1']:.2f} (where the best match has fuzzy >= 0.5: {b['recall@1 (best fuzzy >= 0.5)']})"]
     for row in report["synthetic"]:
         if row["index"].startswith("hnsw"):

@@ -152,7 +152,7 @@ def test_a_test_sentence_planted_in_the_memory_is_reported(memory_data, tmp_path
         (text / f"train.{lang}").write_text("\n".join(train) + "\n", encoding="utf-8")
     test_sources = read_prepared(directory, "test").sources
     train_entries = read_prepared(directory, "train")
-    info = build_neighbours(directory, k=2, progress=True)
+    info = build_neighbours(directory, k=2, progress=True, match_score="words")  # the word scores checked below
     planted = info["sources_also_in_memory"]["test"]
     assert planted["sentences"] >= 1 and planted["first"][0] == 1
     assert "test sentence(s) have a source identical to a training entry's" in capsys.readouterr().out

@@ -176,6 +176,24 @@ class _SpmModels(argparse.Action):
             parser.error(str(e))
 
 
+def match_score_names() -> dict:
+    """``MATCH_SCORES`` and ``DEFAULT_MATCH_SCORE`` of reluformer_mt/memory/score_names.py, run from
+    its file: importing it as a module would import the memory package, and torch with it, before
+    a bad option is answered."""
+    import runpy
+    from importlib.util import find_spec
+
+    names = runpy.run_path(str(Path(find_spec("reluformer_mt").origin).parent / "memory" / "score_names.py"))
+    return {"choices": names["MATCH_SCORES"], "default": names["DEFAULT_MATCH_SCORE"]}
+
+
+def add_match_score_option(parser, help: str, default=True) -> None:
+    """``--match-score SCORE``: how the translation memory ranks its entries (one of the names)."""
+    names = match_score_names()
+    parser.add_argument("--match-score", default=names["default"] if default else None, choices=names["choices"],
+                        metavar="SCORE", help=f"{help} (one of {', '.join(names['choices'])})")
+
+
 def add_spm_model_option(parser, default: str) -> None:
     """The one ``--spm-model`` option of every console script; ``default`` says what is used without it."""
     parser.add_argument("--spm-model", nargs="+", action=_SpmModels, metavar="MODEL[,TGT_MODEL]",

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter,
-                                     OneLineParser, add_device_option, check_distinct_files, check_input_folder,
-                                     check_output_file, folder_files, positive_int, resolve_device, write_error)
+                                     OneLineParser, add_device_option, add_match_score_option, check_distinct_files,
+                                     check_input_folder, check_output_file, folder_files, positive_int, resolve_device, write_error)
 from reluformer_mt.data.textfiles import write_text_atomically
 
 
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --knn: the largest k of the adaptive kNN-MT network (Zheng et al. 2021), trained on "
                         "the split and written beside the datastore (adaptive.npz); a power of two")
     add_device_option(t, help="torch device: " + DEVICE_HELP)
+    add_match_score_option(t, "how the memory ranks its matches for the pieces, the per-input datastores and TM-first "
+                              "(default: the score the data directory was prepared with)", default=False)
     t.add_argument("--json", help="write the whole report (grid, decodes, chosen values) here")
     return p
 
@@ -119,7 +121,7 @@ def run_tune(args) -> str:
         check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))
     report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=args.device,
                   beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
-                  adaptive_k=args.adaptive_k, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                  adaptive_k=args.adaptive_k, match_score=args.match_score, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return format_report(report)

@@ -19,8 +19,8 @@ import argparse
 import logging
 import sys
 
-from reluformer_mt.cli.checks import (RawDescriptionDefaultsFormatter, add_spm_model_option, check_input_file,
-                                     check_input_folder, check_output_folder, non_negative_int, positive_int,
+from reluformer_mt.cli.checks import (RawDescriptionDefaultsFormatter, add_match_score_option, add_spm_model_option,
+                                     check_input_file, check_input_folder, check_output_folder, non_negative_int, positive_int,
                                      segment_tokens, write_error)
 from reluformer_mt.data.readers import FORMATS
 
@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-k", type=non_negative_int, default=0, metavar="K",
                    help="translation memory: also store the top-K training entries of every sentence (leave-one-out "
                         "in training; TF-IDF keys, MIPS, fuzzy-match rerank) for --tm-fusion; 0 = none (default)")
+    add_match_score_option(p, "how --memory-k ranks the entries (docs/TRANSLATION_MEMORY.md): bm25-chars (the "
+                              "default: BM25 over character 3-5-grams), words (the word fuzzy score of CAT tools), ...")
     p.add_argument("--out", "-o", required=True, help="output data directory")
     p.add_argument("--force", action="store_true",
                    help="redo every step even when its stamp says it is done; first removes the previous run's "
@@ -88,6 +90,7 @@ def config_from_args(args):
         input_separator=args.input_separator or SEPARATOR,
         bible_root=args.bible_root, bible_books=books,
         force=args.force, workers=args.workers, progress=not args.no_progress, memory_k=args.memory_k,
+        match_score=args.match_score,
     )
 
 

@@ -26,7 +26,8 @@ from typing import Iterator, List
 from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
                                      check_checkpoint_file, check_device, check_distinct_files, check_input_file,
                                      check_input_folder, check_no_repeats, check_output_file, no_gpu_visible,
-                                     non_negative_float, non_negative_int, segment_tokens, writing, write_error)
+                                     match_score_names, non_negative_float, non_negative_int, segment_tokens, unit_interval,
+                                     writing, write_error)
 from reluformer_mt.cli.stored_config import check_resources_findable
 
 
@@ -153,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--tmx-placeholders", choices=["space", "text"], default=D["tmx_placeholders"],
                     help="a TMX memory's placeholders (<ph>, <ut>): a space where they stood between words, or their "
                          "own text (Value<ph>{0}</ph>here: 'Value here' or 'Value {0} here')")
+    tm.add_argument("--match-score", default=D["match_score"], choices=match_score_names()["choices"], metavar="SCORE",
+                    help="how the memory ranks its matches (default: the score the checkpoint's data directory was "
+                         "prepared with; bm25-chars for a directory prepared without memory, words for one prepared "
+                         "before the score was recorded; docs/TRANSLATION_MEMORY.md)")
+    tm.add_argument("--tm-first", type=unit_interval, default=D["tm_first"], metavar="T",
+                    help="TM-first: a sentence whose best match scores >= T is translated by the match's target, the "
+                         "others by the model (with its guidance); 'reluformer-memory tune' tunes T on validation "
+                         "(default: off)")
     tm.add_argument("--pieces-weight", type=pieces_weight, default=D["pieces_weight"], metavar="W",
                     help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
                          "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
@@ -420,7 +429,7 @@ def run(args) -> str:
         knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
-        tmx_placeholders=args.tmx_placeholders)
+        tmx_placeholders=args.tmx_placeholders, match_score=args.match_score, tm_first=args.tm_first)
     if args.memory_matches and translator.memory is None:
         raise ValueError(f"--memory-matches: {args.checkpoint[0]} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")

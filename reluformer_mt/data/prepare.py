@@ -73,6 +73,7 @@ class PrepareConfig:
     progress: bool = True
     memory_k: int = 0                       # translation-memory neighbours per sentence (0 = none; the step is
                                             # reluformer_mt.memory.neighbours.prepare_with_memory's)
+    match_score: Optional[str] = None      # how the neighbours are ranked (None: reluformer_mt.memory.score_names)
 
 
 # ---------------------------------------------------------------- steps with stamps
@@ -374,7 +375,7 @@ def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str
         format=cfg.fmt, extras=tuple(extras),
         report={"counts": dict(report.counts), "repaired": dict(report.repaired), "skipped": dict(report.skipped),
                 "warnings": dict(report.warnings)},
-        options={k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers", "memory_k")},
+        options={k: v for k, v in asdict(cfg).items() if k not in ("force", "progress", "workers", "memory_k", "match_score")},
     )
 
 

@@ -640,7 +640,7 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float, base
                       for mode, m in r.get("modes", {}).items()},
             **({"knn": {**{mode: r["tuned"]["chosen"][mode]["options"] for mode in ("full", "per_input")
                            if mode in r["tuned"]["chosen"]},  # none with --no-knn
-                        "pieces": {k: v for k, v in r["tuned"]["chosen"]["pieces"].items() if k != "s_bleu"}}}
+                        "pieces": {k: v for k, v in r["tuned"]["chosen"]["pieces"].items() if k not in ("s_bleu", "decode")}}}
                if r.get("tuned") else {})}
     baselines = {name: {k: round(v, 2) for k, v in b.items()} for name, b in (base or {}).items()
                  if name in ("nearest_verse", "tm_copy", "diagonal")}
@@ -782,7 +782,8 @@ def collect_translations(o: DemoOptions, results: Dict[str, dict], translated: D
     """Each family's modes into ``results`` (the table's s-BLEU/d-BLEU are the constrained
     decoding's), the bands of every mode, the copy-of-the-match baseline; prints a line per mode.
     Returns the hypotheses as ``{mode: {family: {chapter: verses}}}``."""
-    from reluformer_mt.experiments.demo_translate import bands_of_modes, best_validation_mode, hypothesis_file
+    from reluformer_mt.experiments.demo_translate import (bands_of_modes, best_validation_mode, hypothesis_file,
+                                                          tm_first_mode)
 
     references = limit_chapters(read_split_documents(data_dir, "test", "en"), o.eval_chapters)
     refs = [v for doc in references.values() for v in doc]
@@ -795,6 +796,11 @@ def collect_translations(o: DemoOptions, results: Dict[str, dict], translated: D
             print(f"  {family} ({mode}): s-BLEU {b['s_bleu']:.2f}  d-BLEU {b['d_bleu']:.2f}  "
                   f"({b['chapters']} chapters, {b['verses']} verses, {b['fallbacks']}/{b['segments']} segments "
                   f"retranslated, {b['translate_seconds']} s)", flush=True)
+        tm_first = tm_first_mode(t["tuned"], {m: {**b, "hypotheses": hypotheses[m][family]} for m, b in modes.items()},
+                                 best_validation_mode(t["tuned"], modes), references)
+        if tm_first is not None:  # the best mode with its matches above the tuned threshold copied
+            hypotheses.setdefault("tm-first", {})[family] = tm_first.pop("hypotheses")
+            modes["tm-first"] = {**tm_first, "hypothesis_file": hypothesis_file(family, "tm-first")}
         bands = bands_of_modes(refs, {m: {**b, "hypotheses": hypotheses[m][family]} for m, b in modes.items()})
         matches = next((b["matches"] for b in modes.values() if b.get("matches")), None)
         if matches is not None and "tm_copy" not in base:

@@ -12,7 +12,11 @@ recomputed with sacreBLEU from the files (``report.json`` names the file behind 
 - ``pieces``: beam search guided by translation pieces (weight and fuzzy floor tuned);
 - ``knn``: kNN-MT over the family's full datastore of the training chapters (tuned);
 - ``knn-memory``: kNN-MT over per-input datastores of each verse's memory matches (SK-MT; tuned);
-- ``knn+pieces``: the full datastore and the pieces together.
+- ``knn+pieces``: the full datastore and the pieces together;
+- ``tm-first``: the best mode (by validation) with ``--tm-first T``: a verse whose best match scores
+  >= T is the match's target (T tuned on the validation chapters over that mode's decode). Made
+  from the best mode's outputs and matches by the rule the translator applies
+  (:func:`reluformer_mt.memory.tm.memory_first`), so no chapter is translated again.
 
 The search values come from ``reluformer-memory tune`` on the validation chapters
 (:func:`tune_family`), never from the test chapters; the demo's "best" row of a family is the
@@ -25,13 +29,15 @@ from typing import Dict, List, Optional, Sequence
 
 from reluformer_mt.data.textfiles import write_text_atomically
 
-MODES = ("constrained", "free", "sentence", "without-memory", "pieces", "knn", "knn-memory", "knn+pieces")
-# the modes that need no tuning (the demo decodes them while the family's tuning runs beside), and the rest
+MODES = ("constrained", "free", "sentence", "without-memory", "pieces", "knn", "knn-memory", "knn+pieces",
+         "tm-first")
+# the modes that need no tuning (the demo decodes them while the family's tuning runs beside), the
+# guided ones, and tm-first, which decodes nothing: it rewrites the best guided mode's outputs
 PLAIN_MODES = ("constrained", "free", "sentence", "without-memory")
-GUIDED_MODES = tuple(m for m in MODES if m not in PLAIN_MODES)
+GUIDED_MODES = tuple(m for m in MODES if m not in PLAIN_MODES and m != "tm-first")
 LABELS = {"constrained": "document translator", "free": "free separators", "sentence": "verse by verse",
           "without-memory": "without its matches", "pieces": "+ translation pieces", "knn": "+ kNN-MT",
-          "knn-memory": "+ kNN-MT (per-input)", "knn+pieces": "+ kNN-MT + pieces"}
+          "knn-memory": "+ kNN-MT (per-input)", "knn+pieces": "+ kNN-MT + pieces", "tm-first": "TM-first (best mode)"}
 
 
 def hypothesis_file(family: str, mode: str) -> str:
@@ -93,6 +99,8 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
         pieces = {"pieces_weight": o.pieces_weight, "pieces_floor": o.pieces_floor} if o.pieces_weight else None
     elif tuned is not None:
         pieces = {k: v for k, v in tuned["chosen"]["pieces"].items() if k in ("pieces_weight", "pieces_floor", "segment_tokens")}
+    if mode == "tm-first":  # not decoded: tm_first_mode rewrites the best mode's outputs
+        return None
     if mode == "free":
         return {"separators": "free"}
     if mode == "sentence":
@@ -152,8 +160,49 @@ def best_validation_mode(tuned: Optional[dict], results: Dict[str, dict]) -> str
              "knn-memory": chosen.get("per_input", {}).get("s_bleu"),
              "knn+pieces": chosen.get("full", {}).get("s_bleu_with_pieces")}
     candidates = {m: s for m, s in valid.items() if m in results and s is not None}
-    return max(candidates, key=candidates.get) if candidates else "constrained"
+    best = max(candidates, key=candidates.get) if candidates else "constrained"
+    # TM-first over that mode, when its tuned threshold beat the mode on the validation chapters
+    row = chosen.get("tm_first", {}).get("by_decode", {}).get(tuned_decode(tuned, best))
+    if "tm-first" in results and row and max(row.values()) > row["off"]:
+        return "tm-first"
+    return best
 
 
-__all__ = ["GUIDED_MODES", "LABELS", "MODES", "PLAIN_MODES", "bands_of_modes", "best_validation_mode", "hypothesis_file", "translate_modes",
+def tuned_decode(tuned: dict, mode: str) -> Optional[str]:
+    """The tuner's decode (its name in ``decodes``) that a demo mode translates with."""
+    chosen = tuned["chosen"]
+    return {"constrained": "plain", "pieces": chosen["pieces"].get("decode"),
+            "knn": chosen.get("full", {}).get("decode"), "knn-memory": chosen.get("per_input", {}).get("decode"),
+            "knn+pieces": chosen.get("full", {}).get("decode_with_pieces")}.get(mode)
+
+
+def tm_first_mode(tuned: Optional[dict], results: Dict[str, dict], best_mode: str, references: Dict[str, list]
+                  ) -> Optional[dict]:
+    """The ``tm-first`` mode's scores: ``best_mode``'s test outputs with the matches >= the threshold
+    tuned over that mode's validation decode copied; None without a tuned threshold or matches."""
+    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+    from reluformer_mt.experiments.knn_tune import best_threshold
+    from reluformer_mt.memory.tm import at_least, memory_first
+
+    tm_first = (tuned or {}).get("chosen", {}).get("tm_first")
+    row = tm_first and tm_first["by_decode"].get(tuned_decode(tuned, best_mode))
+    matches = next((r["matches"] for r in results.values() if r.get("matches")), None)
+    if not row or best_threshold(row) is None or matches is None or best_mode not in results:
+        return None
+    threshold, base = best_threshold(row), results[best_mode]
+    docs, start = {}, 0
+    for chapter, verses in base["hypotheses"].items():
+        part = matches[start:start + len(verses)]
+        docs[chapter] = memory_first(verses, [m["copy"] for m in part], [m["fuzzy"] for m in part], threshold)
+        start += len(verses)
+    refs = [references[c] for c in docs]
+    copied = sum(1 for m in matches[:start] if m["copy"] is not None and at_least(m["fuzzy"], threshold))
+    return {**{k: v for k, v in base.items() if k not in ("s_bleu", "d_bleu", "hypotheses")},
+            "s_bleu": corpus_sbleu([v for d in docs.values() for v in d], [v for d in refs for v in d]).score,
+            "d_bleu": corpus_dbleu(list(docs.values()), refs).score, "hypotheses": docs,
+            "tm_first": {"threshold": threshold, "over": best_mode, "verses_copied": copied,
+                         "match_score": tm_first["match_score"]}}
+
+
+__all__ = ["GUIDED_MODES", "LABELS", "MODES", "PLAIN_MODES", "tm_first_mode", "tuned_decode", "bands_of_modes", "best_validation_mode", "hypothesis_file", "translate_modes",
            "tune_family"]

@@ -15,6 +15,10 @@ Two stages, so that a grid of hundreds of settings costs seconds:
    s-BLEU wins; for the better read-out, larger lambdas (0.6, 0.9) are decoded too, since beam
    search can gain from trusting the neighbours more than the NLL's mixture does. This is what the
    demo uses for the test chapters.
+3. **TM-first.** Every decode's outputs with each sentence whose best memory match scores >= T
+   replaced by the match's target (what ``--tm-first T`` translates: the model's outputs stay where
+   the match is below T), for T on a grid; the best (decode, T) by validation s-BLEU is chosen
+   (T = off when no threshold beats the decode alone). Seconds: no decode is repeated.
 
 The choices go to a JSON report (``--json``) and, for the full datastore, into its
 ``datastore.json`` (``tuned.full``), where ``reluformer-translate --knn`` finds them.
@@ -35,15 +39,16 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 
 logger = logging.getLogger(__name__)
 
-# 2: adaptive kNN-MT; 3: pieces stop at the source's expected length.
+# 2: adaptive kNN-MT; 3: pieces stop at the source's expected length; 4: the TM-first threshold.
 # A report of another version is stale (the demo tunes again).
-TUNER_VERSION = 3
+TUNER_VERSION = 4
 GRID_K = (4, 16, 64, 256)
 GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
 GRID_RADIUS = (0.5, 1.0, 2.0, 4.0, 8.0)         # x the median nearest-entry distance
 GRID_PIECES_WEIGHT = (5.0, 10.0)
 GRID_PIECES_FLOOR = (0.0, 0.3)
+GRID_TM_FIRST = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # match scores above which the match is the output
 BLEU_LAMBDAS = (0.9, 1.0)  # stage 2 also decodes the best read-out with these, when above the NLL's lambda
 TUNE_READOUTS = ("softmax", "relu")
 
@@ -223,15 +228,45 @@ def per_input_neighbours(forced: ForcedSplit, model, task, memory_ids: np.ndarra
 
 # ------------------------------------------------------------------ stage 2: decoding
 
-def validation_bleu(translator_factory, sources, references) -> Tuple[float, float]:
-    from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+def validation_bleu(translator_factory, sources, references, outputs: Optional[list] = None) -> Tuple[float, float]:
+    """(s-BLEU, seconds) of a translator on the documents; its verse outputs appended to ``outputs``."""
+    from reluformer_mt.evaluation.bleu import corpus_sbleu
 
     translator = translator_factory()
     start = time.time()
     results = translator.translate(sources, progress=False)
-    hyps = [[r.text for r in doc] for doc in results]
-    s = corpus_sbleu([h for d in hyps for h in d], [r for d in references for r in d]).score
+    hyps = [r.text for doc in results for r in doc]
+    if outputs is not None:
+        outputs.extend(hyps)
+    s = corpus_sbleu(hyps, [r for d in references for r in d]).score
     return s, time.time() - start
+
+
+def tune_tm_first(checkpoint, common: dict, sources, references, outputs: Dict[str, List[str]]) -> dict:
+    """The TM-first threshold (stage 3): every decode's outputs with the matches >= T copied, for T
+    in :data:`GRID_TM_FIRST`; the best decode and threshold by s-BLEU (threshold None: none helps)."""
+    from reluformer_mt.evaluation.bleu import corpus_sbleu
+    from reluformer_mt.inference.translator import DocumentTranslator
+    from reluformer_mt.memory.tm import memory_first
+
+    lookup = DocumentTranslator(checkpoint, **common, tm_first=1.0).memory  # the matches --tm-first copies
+    ids, scores = lookup.lookup([s for doc in sources for s in doc], 1)
+    copies, best = [lookup.target(int(i)) for i in ids[:, 0]], scores[:, 0].tolist()
+    flat_refs = [r for d in references for r in d]
+    by_decode = {}
+    for name, hyps in outputs.items():
+        by_decode[name] = {"off" if t is None else f"{t:g}": round(corpus_sbleu(memory_first(hyps, copies, best, t),
+                                                                              flat_refs).score, 2)
+                           for t in (None, *GRID_TM_FIRST)}
+    name, row = max(by_decode.items(), key=lambda item: max(item[1].values()))
+    return {"over": name, "threshold": best_threshold(row), "s_bleu": max(row.values()),
+            "match_score": lookup.match_score, "by_decode": by_decode}
+
+
+def best_threshold(row: Dict[str, float]) -> Optional[float]:
+    """The threshold of the best s-BLEU of one decode's TM-first row ('off' first: a tie keeps it off)."""
+    key = max(row, key=row.get)
+    return None if key == "off" else float(key)
 
 
 def fixed_nll(forced: ForcedSplit, distances: torch.Tensor, values: torch.Tensor, options: dict, rows: torch.Tensor) -> float:
@@ -265,11 +300,12 @@ def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.T
 
 def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
          memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
-         adaptive_k: int = 16, knn: bool = True, progress=print,
+         adaptive_k: int = 16, knn: bool = True, match_score: Optional[str] = None, progress=print,
          pieces_floors: Sequence[float] = GRID_PIECES_FLOOR) -> dict:
     """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory;
-    neither with ``knn=False``) and translation pieces on ``split``; returns the report (grid,
-    decodes, chosen values).
+    neither with ``knn=False``), translation pieces and the TM-first threshold on ``split``; returns
+    the report (grid, decodes, chosen values). ``match_score``: the memory's (None: the one the data
+    directory was prepared with).
     ``documents``: decode only the split's first N documents in stage 2 (0: all); ``pieces_floors``:
     the fuzzy floors of the pieces' grid (each decoded with every weight of ``GRID_PIECES_WEIGHT``)."""
     from reluformer_mt.checkpoints import load_model, pick_device
@@ -306,7 +342,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         full_d, full_v = torch.from_numpy(d), torch.from_numpy(v.astype(np.int64))
         grids["full"], report["full_scale"] = grid_scores(forced, full_d, full_v)
     if knn:  # per-input: the memory of the translator (the data directory's training split)
-        probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k)
+        probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k,
+                                   match_score=match_score)
         lookup = probe.memory
         sentence_sources = read_split_sentences(data_dir, split)
         memory_ids, memory_scores = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
@@ -334,8 +371,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     if documents:
         sources, references = sources[:documents], references[:documents]
     report["decoded_documents"] = len(sources)
-    common = dict(data=data, device=device, beam=beam)
-    decodes = []
+    common = dict(data=data, device=device, beam=beam, match_score=match_score)
+    decodes, outputs = [], {}
 
     def run(name, knn: Optional[KnnOptions] = None, **kwargs):
         """Decode the validation documents with translator keywords ``kwargs`` (``knn``: the kNN
@@ -345,7 +382,9 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
             options.update(knn.translator_options())
             if not options.get("knn_memory"):
                 options["knn"] = datastore
-        s, seconds = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **options), sources, references)
+        outputs[name] = []
+        s, seconds = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **options), sources, references,
+                                     outputs[name])
         decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds, 1), **kwargs,
                         **({"knn_options": knn.as_dict()} if knn is not None else {})})
         progress(f"tune: {name}: {split} s-BLEU {s:.2f} ({seconds:.0f} s)")
@@ -364,15 +403,15 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                      pieces_k=pieces_k, segment_tokens=0, **chosen_pieces)
         if single > pieces["s_bleu"]:
             chosen_pieces["segment_tokens"], pieces = 0, decodes[-1]
-    best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"]}}
+    best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"], "decode": pieces["name"]}}
     for mode in grids:
         kw = {} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
         scores = {}
         for readout in TUNE_READOUTS:
             options = KnnOptions(**chosen[mode][readout])
-            scores[readout] = (run(f"knn {mode} {readout}", knn=options, **kw), options)
+            scores[readout] = (run(f"knn {mode} {readout}", knn=options, **kw), options, decodes[-1]["name"])
         readout = max(scores, key=lambda r: scores[r][0])
-        s_best, options = scores[readout]
+        s_best, options, decode = scores[readout]
         # the NLL's lambda is the best mixture of distributions; beam search may gain from trusting
         # the neighbours more (copying a match whole): larger lambdas are decoded too
         for lam in BLEU_LAMBDAS:
@@ -380,18 +419,21 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                 candidate = KnnOptions(**{**options.as_dict(), "lam": lam})
                 s = run(f"knn {mode} {readout} lambda {lam:g}", knn=candidate, **kw)
                 if s > s_best:
-                    s_best, options = s, candidate
+                    s_best, options, decode = s, candidate, decodes[-1]["name"]
         if mode == "full" and adaptive is not None:  # the Meta-k network against the best fixed setting
             candidate = KnnOptions(**{**options.as_dict(), "readout": adaptive.readout, "temperature": adaptive.temperature,
                                       "radius": adaptive.radius, "adaptive": True})
             s = adaptive_s_bleu = run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
             if s > s_best:
-                s_best, options = s, candidate
+                s_best, options, decode = s, candidate, decodes[-1]["name"]
         with_pieces = run(f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''} + pieces", knn=options, pieces_k=pieces_k, **chosen_pieces, **kw)
-        best[mode] = {"options": options.as_dict(), "s_bleu": s_best,
+        best[mode] = {"options": options.as_dict(), "s_bleu": s_best, "decode": decode,
                       "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
-                      "by_readout": {r: s for r, (s, _) in scores.items()},
+                      "decode_with_pieces": decodes[-1]["name"], "by_readout": {r: s for r, (s, _, _) in scores.items()},
                       **({"adaptive_s_bleu": adaptive_s_bleu} if mode == "full" and adaptive is not None else {})}
+    best["tm_first"] = tune_tm_first(checkpoint, common, sources, references, outputs)
+    progress(f"tune: TM-first over {best['tm_first']['over']}: threshold {best['tm_first']['threshold']} "
+             f"({best['tm_first']['match_score']}), {split} s-BLEU {best['tm_first']['s_bleu']:.2f}")
     report["decodes"], report["chosen"] = decodes, best
     if store is not None:
         store.set_tuned("full", {**best["full"]["options"], "tuned_on": f"{data_dir} ({split})"})
@@ -426,7 +468,13 @@ def format_report(report: dict) -> str:
                      + ", ".join(f"{k}: {w:.2f}" for k, w in zip(a["choices"], a["mean_weight_by_choice"])))
     for d in report.get("decodes", []):
         lines.append(f"  decode {d['name']:32s} s-BLEU {d['s_bleu']:6.2f}  ({d['seconds']} s)")
+    tm_first = report.get("chosen", {}).get("tm_first")
+    if tm_first:
+        row = tm_first["by_decode"][tm_first["over"]]
+        lines.append(f"  TM-first over {tm_first['over']} ({tm_first['match_score']}): chosen threshold "
+                     f"{tm_first['threshold']}, s-BLEU {tm_first['s_bleu']:.2f}; by threshold: "
+                     + ", ".join(f"{t} {s:.2f}" for t, s in row.items()))
     return "\n".join(lines)
 
 
-__all__ = ["TuneError", "check_leakage", "format_report", "split_documents", "tune"]
+__all__ = ["TuneError", "best_threshold", "check_leakage", "format_report", "split_documents", "tune"]

@@ -25,7 +25,8 @@ SUMMARY_COPY = ROOT / "docs" / "benchmarks" / "demo_summary.json"
 BEGIN, END = "<!-- demo-table:begin", "<!-- demo-table:end -->"
 NAMES = {"reluformer": "ReLUFormer", "rela": "ReLA", "softmax": "softmax", "softmax+tm": "softmax + translation memory"}
 MODE_COLUMNS = (("constrained", "s-BLEU"), ("sentence", "verse by verse"), ("pieces", "+ pieces"),
-                ("knn", "+ kNN-MT"), ("knn-memory", "+ kNN-MT (per-input)"), ("knn+pieces", "+ kNN-MT + pieces"))
+                ("knn", "+ kNN-MT"), ("knn-memory", "+ kNN-MT (per-input)"), ("knn+pieces", "+ kNN-MT + pieces"),
+                ("tm-first", "TM-first (best mode)"))
 
 
 def _name(family: str) -> str:

@@ -18,7 +18,11 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-SETTINGS = ("words", "chars", "mips")  # rerank by word fuzzy score, by character similarity, not at all
+def settings() -> tuple:
+    """Every match score of the retriever, and its MIPS candidates without a rerank."""
+    from reluformer_mt.memory.tm import MATCH_SCORES
+
+    return MATCH_SCORES + ("mips",)
 
 
 def best_matches(retriever, queries: Sequence[str], setting: str) -> np.ndarray:
@@ -37,7 +41,8 @@ def judge(copies: List[str], references: List[str]) -> Dict[str, float]:
     return {"chrf": corpus_chrf(copies, references).score, "s_bleu": corpus_sbleu(copies, references).score}
 
 
-def run_study(data_dir: Path, split: str = "valid", src: str = "grc", tgt: str = "en", candidates: int = 32) -> dict:
+def run_study(data_dir: Path, split: str = "valid", src: str = "grc", tgt: str = "en", candidates: int = 32,
+              scores: Sequence[str] = ()) -> dict:
     from reluformer_mt.evaluation.baselines import nearest_verse_translations
     from reluformer_mt.memory.tm import MemoryEntries, Retriever
 
@@ -47,23 +52,49 @@ def run_study(data_dir: Path, split: str = "valid", src: str = "grc", tgt: str =
     if len(queries) != len(references):
         raise ValueError(f"{data_dir}: {split}.words.{src} has {len(queries)} lines, {split}.words.{tgt} {len(references)}")
     rows = {"nearest verse (baseline)": judge(nearest_verse_translations(train_src, train_tgt, queries), references)}
-    retriever = Retriever(MemoryEntries(train_src, train_tgt, f"{data_dir}/train"), candidates=candidates)
-    for setting in SETTINGS:
+    spm = data_dir / "spm.model"
+    retriever = Retriever(MemoryEntries(train_src, train_tgt, f"{data_dir}/train"), candidates=candidates,
+                          sentencepiece=spm if spm.is_file() else None)
+    for setting in scores or settings():
+        if "pieces" in setting and retriever.sentencepiece is None:
+            continue  # no SentencePiece model in the directory
+        best_matches(retriever, queries[:1], setting)  # keys and spaces fitted once, outside the timing
         started = time.process_time()
         ids = best_matches(retriever, queries, setting)
         seconds = time.process_time() - started
         rows[f"memory: {setting}"] = {**judge([train_tgt[i] for i in ids], references),
                                       "ms_per_sentence": 1000 * seconds / max(1, len(queries))}
-    return {"data": str(data_dir), "split": split, "sentences": len(queries), "candidates": candidates, "rows": rows}
+    return {"data": str(data_dir), "split": split, "sentences": len(queries), "candidates": candidates, "rows": rows,
+            "bands": score_bands(retriever, queries, references)}
+
+
+def score_bands(retriever, queries: Sequence[str], references: Sequence[str]) -> Dict[str, List[dict]]:
+    """Per band of the best match's score: the verses and the s-BLEU of copying the match, under the
+    default score and the word fuzzy score of older versions, side by side."""
+    from reluformer_mt.memory.maintenance.bands import band_scores
+    from reluformer_mt.memory.tm import DEFAULT_MATCH_SCORE, LEGACY_MATCH_SCORE
+
+    out = {}
+    for score in (LEGACY_MATCH_SCORE, DEFAULT_MATCH_SCORE):
+        ids, scores = retriever.rescored(score).search(queries, 1)
+        copies = [retriever.entries.targets[i] for i in ids[:, 0]]
+        out[score] = band_scores(list(references), scores[:, 0].tolist(), {"copy": copies})
+    return out
 
 
 def render(result: dict) -> str:
     lines = [f"best match of each of the {result['sentences']} {result['split']} verses, copied "
              f"({result['data']}, {result['candidates']} candidates):",
-             f"{'retrieval':28s} {'chrF':>6s} {'s-BLEU':>7s} {'CPU ms/sentence':>16s}"]
+             f"{'retrieval':30s} {'chrF':>6s} {'s-BLEU':>7s} {'CPU ms/sentence':>16s}"]
     for name, row in result["rows"].items():
         ms = f"{row['ms_per_sentence']:.2f}" if "ms_per_sentence" in row else ""
-        lines.append(f"{name:28s} {row['chrf']:6.2f} {row['s_bleu']:7.2f} {ms:>16s}")
+        lines.append(f"{name:30s} {row['chrf']:6.2f} {row['s_bleu']:7.2f} {ms:>16s}")
+    scores = list(result["bands"])
+    lines += ["", "by band of the best match's score (verses, s-BLEU of copying the match):",
+              f"{'band (%)':10s}" + "".join(f" {s + ': verses':>20s} {'s-BLEU':>7s}" for s in scores)]
+    for rows in zip(*result["bands"].values()):
+        lines.append(f"{rows[0]['band']:10s}" + "".join(
+            f" {r['sentences']:20d} {'' if r['copy'] is None else format(r['copy'], '.2f'):>7s}" for r in rows))
     return "\n".join(lines)
 
 

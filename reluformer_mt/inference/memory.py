@@ -18,8 +18,9 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from reluformer_mt.memory.neighbours import PREPARATION_CANDIDATES, check_complete, check_same_sentencepiece
-from reluformer_mt.memory.tm import Retriever, read_memory, read_prepared
+from reluformer_mt.memory.neighbours import (PREPARATION_CANDIDATES, check_complete, check_same_sentencepiece,
+                                             recorded_match_score)
+from reluformer_mt.memory.tm import DEFAULT_MATCH_SCORE, LEGACY_MATCH_SCORE, Retriever, read_memory, read_prepared
 from reluformer_mt.memory.tm_data import EntryTokens, match_tokens
 
 
@@ -52,7 +53,7 @@ def content_key(entries) -> str:
     return digest.hexdigest()
 
 
-def cached_retriever(entries, candidates: int) -> Retriever:
+def cached_retriever(entries, candidates: int, score: str = DEFAULT_MATCH_SCORE, sentencepiece=None) -> Retriever:
     """A :class:`Retriever` of ``entries``, reused when the same memory is opened again in this
     process (the demo and the tuner open a translator per decoding mode; fitting the keys of the
     bible's 7,187 verses each time cost seconds). Keyed by the entries' content, not their path."""
@@ -60,8 +61,9 @@ def cached_retriever(entries, candidates: int) -> Retriever:
     if key not in _RETRIEVERS:
         if len(_RETRIEVERS) >= 4:
             _RETRIEVERS.pop(next(iter(_RETRIEVERS)))
-        _RETRIEVERS[key] = Retriever(entries, candidates=candidates)
-    return _RETRIEVERS[key]
+        _RETRIEVERS[key] = Retriever(entries, candidates=candidates, score=score, sentencepiece=sentencepiece)
+    # another score reuses what was fitted (keys, sparse spaces) for the same memory
+    return _RETRIEVERS[key].rescored(score) if _RETRIEVERS[key].score != score else _RETRIEVERS[key]
 
 
 def memory_word_links(entries) -> list:
@@ -81,7 +83,7 @@ def memory_word_links(entries) -> list:
 
 class MemoryLookup:
     def __init__(self, task, spec, data_dir: Path, src_lang: str, tgt_lang: str, sp_tgt, model=None, sp_src=None,
-                 placeholders: str = "space"):
+                 placeholders: str = "space", match_score: Optional[str] = None):
         # a model trained without a memory (any task, fairseq's plain translation too) has no
         # --tm-k: it is guided by pieces only, whose k is the translator's --pieces-k
         self.k = int(getattr(task.cfg, "tm_k", 1))
@@ -109,7 +111,13 @@ class MemoryLookup:
 
             prepared = Prepared.load_if_present(data_dir)
             info = (prepared.memory if prepared is not None else None) or {}
-            self.retriever = cached_retriever(self.entries, int(info.get("candidates", PREPARATION_CANDIDATES)))
+            self.match_score = match_score or (recorded_match_score(info) if info else DEFAULT_MATCH_SCORE)
+            self.retriever = cached_retriever(self.entries, int(info.get("candidates", PREPARATION_CANDIDATES)),
+                                              self.match_score, sp_src)
+            # a memory prepared before the score was recorded: its own (word) score, said once
+            self.note = (f"; ranked by {LEGACY_MATCH_SCORE}, the score {data_dir} was prepared with (--match-score "
+                         f"{DEFAULT_MATCH_SCORE} ranks by the new default)"
+                         if info and "match_score" not in info and match_score is None else "")
         else:
             from reluformer_mt.memory.learned_keys import LearnedRetriever
 
@@ -121,10 +129,12 @@ class MemoryLookup:
             entry_tokens = (task.sentence_sources(str(data_dir), "train") if training_memory
                             else [encode(s) for s in self.entries.sources])
             self.retriever = LearnedRetriever(model, self.entries, entry_tokens, encode, rerank=rerank == "fuzzy")
+            self.match_score, self.note = LEGACY_MATCH_SCORE, ""  # the learned keys rerank by the word score
         self.keys = "learned" if rerank is not None else "tfidf"
 
     def describe(self) -> str:
-        return f"translation memory {self.entries.summary()}; {self.k} match(es) per sentence ({self.keys} keys)"
+        keys = "learned keys" if self.keys == "learned" else f"match score {self.match_score}"
+        return (f"translation memory {self.entries.summary()}; {self.k} match(es) per sentence ({keys}){self.note}")
 
     def lookup(self, sentences: Sequence[str], k: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(ids, fuzzy scores), each (len(sentences), k), best first; k: the model's by default."""

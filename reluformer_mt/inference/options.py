@@ -58,6 +58,20 @@ class MemoryOptions:
     prepared directory, a TMX or TSV file, or "none" (no matches)."""
     memory: Optional[str] = None
     tmx_placeholders: str = "space"  # a TMX memory's placeholders: 'space' or their 'text'
+    match_score: Optional[str] = None  # how matches are ranked; None: the one the memory was prepared with
+    # TM-first: a sentence whose best match scores >= this is translated by the match's target
+    tm_first: Optional[float] = None
+
+    def __post_init__(self):
+        from reluformer_mt.memory.score_names import MATCH_SCORES
+
+        if self.match_score is not None and self.match_score not in MATCH_SCORES:
+            raise TranslationError(f"--match-score {self.match_score!r}: expected one of {', '.join(MATCH_SCORES)}")
+        if self.tm_first is not None and not 0.0 <= self.tm_first <= 1.0:
+            raise TranslationError(f"--tm-first {self.tm_first}: expected a match score between 0 and 1 (the "
+                                   "threshold above which the match's target is the output)")
+        if self.tm_first is not None and self.withheld:
+            raise TranslationError("--tm-first copies the translation memory's matches, but --memory is none")
 
     @property
     def withheld(self) -> bool:

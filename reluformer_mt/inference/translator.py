@@ -229,11 +229,12 @@ class DocumentTranslator:
         (``--memory none`` withholds it)."""
         m, res = self.options.memory, self.resources
         self.memory = None
-        if (self.reads_memory or self.options.needs_memory()) and not m.withheld:
+        if (self.reads_memory or self.options.needs_memory() or m.tm_first is not None) and not m.withheld:
             from reluformer_mt.inference.memory import MemoryLookup
 
             self.memory = MemoryLookup(self.task, m.memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
-                                       model=self.model, sp_src=self.sp_src, placeholders=m.tmx_placeholders)
+                                       model=self.model, sp_src=self.sp_src, placeholders=m.tmx_placeholders,
+                                       match_score=m.match_score)
         elif m.memory is not None and not m.withheld:
             raise TranslationError(f"--memory: {self.checkpoint} was trained without a translation memory "
                                    "(--tm-fusion none), so it cannot read one; --pieces-weight W > 0 guides it by the "
@@ -285,6 +286,9 @@ class DocumentTranslator:
         if self.memory is not None and self.reads_memory:
             level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
         level += "".join(f"; {part.describe()}" for part in self.guidance if part.describe())
+        if self.options.memory.tm_first is not None and self.memory is not None:
+            level += (f"; TM-first: a match scoring >= {self.options.memory.tm_first:g} is the output"
+                      + ("" if self.reads_memory else f" ({self.memory.describe()})"))
         which = f"checkpoint {self.checkpoint}" if len(self.checkpoints) == 1 else \
             f"ensemble of {len(self.checkpoints)} checkpoints ({', '.join(map(str, self.checkpoints))})"
         precision = "" if self.precision == "fp32" else f" ({self.precision})"
@@ -600,8 +604,26 @@ class DocumentTranslator:
             part.stats.clear()
         self.stats["seconds"] += time.time() - t0
         assert all(r is not None for doc in out for r in doc)
-        return [self._merge(doc_out, doc_units, doc_owners, len(doc))
-                for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+        merged = [self._merge(doc_out, doc_units, doc_owners, len(doc))
+                  for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+        return self._memory_first(merged)
+
+    def _memory_first(self, documents: List[List[SentenceResult]]) -> List[List[SentenceResult]]:
+        """TM-first (``--tm-first T``): a sentence whose best match scores >= T gets the match's
+        target as its translation, as a CAT tool offers a high fuzzy match before any MT; the others
+        keep the model's. The model still translated the whole segment, so the other sentences
+        of a segment keep their context (and the speed is the model's alone)."""
+        from reluformer_mt.memory.tm import at_least
+
+        threshold = self.options.memory.tm_first
+        if threshold is None or self.memory is None:
+            return documents
+        for doc in documents:
+            for i, r in enumerate(doc):
+                if r.match is not None and r.match[0] >= 0 and at_least(r.match[1], threshold):
+                    doc[i] = SentenceResult(self.memory.target(r.match[0]), context=r.context, match=r.match)
+                    self.stats[f"TM-first: sentences translated by their match (score >= {threshold:g})"] += 1
+        return documents
 
     def _warn_about_input(self, new: Counter) -> None:
         if new["sentences longer than the segment length"]:

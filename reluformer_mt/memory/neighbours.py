@@ -16,13 +16,14 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
-from reluformer_mt.memory.tm import (FUZZY_BANDS, Retriever, TranslationMemoryError, at_least, band_of,
-                                     read_prepared, recall_at_k)
+from reluformer_mt.memory.tm import (DEFAULT_MATCH_SCORE, FUZZY_BANDS, LEGACY_MATCH_SCORE, Retriever,
+                                     TranslationMemoryError, at_least, band_of, read_prepared, recall_at_k,
+                                     score_parts)
 
 MEMORY_DIR = "memory"
 RECALL_SAMPLE = 500  # queries per split scored exhaustively for recall@k (the exact best fuzzy match)
@@ -100,8 +101,21 @@ def band_counts(scores: np.ndarray) -> Dict[str, int]:
 PREPARATION_CANDIDATES = 128  # MIPS candidates reranked by fuzzy match, at preparation and at translation
 
 
+def recorded_match_score(memory_info: Optional[dict]) -> str:
+    """The match score a prepared directory's neighbours were ranked by (``prepared.json``
+    ``memory.match_score``); a directory prepared before it was recorded used the word fuzzy score."""
+    return (memory_info or {}).get("match_score", LEGACY_MATCH_SCORE)
+
+
+def keys_description(retriever: Retriever) -> str:
+    sparse, edit = score_parts(retriever.score)
+    if sparse is None:
+        return f"tfidf-char2-4-svd{retriever.keys.svd.n_components}"
+    return f"{sparse} over the whole memory" + (f", {retriever.candidates} reranked by {edit}" if edit else "")
+
+
 def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = PREPARATION_CANDIDATES,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, match_score: str = DEFAULT_MATCH_SCORE) -> dict:
     """Retrieve the top-``k`` training entries of every sentence of every split; write the
     arrays and record the description (with recall@k on a sample and fuzzy bands) in
     ``prepared.json``. Returns the description."""
@@ -112,8 +126,10 @@ def build_neighbours(directory, k: int = 16, dim: int = 256, candidates: int = P
     prepared = Prepared.load(directory)
     start = time.time()
     memory = read_prepared(directory, "train")
-    retriever = Retriever(memory, dim=dim, candidates=candidates)
-    info = {"entries": len(memory), "k": k, "keys": f"tfidf-char2-4-svd{retriever.keys.svd.n_components}",
+    spm = prepared.spm_paths()[0]
+    retriever = Retriever(memory, dim=dim, candidates=candidates, score=match_score,
+                          sentencepiece=spm if spm.is_file() else None)
+    info = {"entries": len(memory), "k": k, "keys": keys_description(retriever), "match_score": match_score,
             "candidates": candidates, "splits": {}}
     if k >= len(memory):  # kept as asked (training reads the first --tm-k columns); said, not silent
         info["note"] = (f"--memory-k {k}: the memory has {len(memory)} entries, so a sentence gets at most {len(memory)} "
@@ -166,12 +182,17 @@ def prepare_with_memory(cfg):
     from reluformer_mt.data.prepared import Prepared
 
     stamp = Path(cfg.out) / STEP_DIR / "memory.json"
+    score = getattr(cfg, "match_score", None) or DEFAULT_MATCH_SCORE
     if cfg.memory_k and stamp.is_file() and not cfg.force:
         # refused before prepare() rewrites prepared.json: refused after it, the memory entry was lost
-        done_k = json.loads(stamp.read_text(encoding="utf-8")).get("config", {}).get("k")
-        if done_k != cfg.memory_k:
-            raise ValueError(f"{cfg.out}: step 'memory' was done with --memory-k {done_k} (changed: k); pass --force "
-                             "to redo it, or use another output directory")
+        done = json.loads(stamp.read_text(encoding="utf-8")).get("config", {})
+        if done.get("k") != cfg.memory_k:
+            raise ValueError(f"{cfg.out}: step 'memory' was done with --memory-k {done.get('k')} (changed: k); pass "
+                             "--force to redo it, or use another output directory")
+        if recorded_match_score(done) != score:
+            raise ValueError(f"{cfg.out}: step 'memory' was done with --match-score {recorded_match_score(done)} "
+                             f"(changed: match score); pass --force to redo it with {score}, or --match-score "
+                             f"{recorded_match_score(done)} to keep it")
     report = prepare(cfg)
     if cfg.memory_k:
         out = Path(cfg.out)
@@ -181,8 +202,10 @@ def prepare_with_memory(cfg):
             for lang in (prepared.src_lang, prepared.tgt_lang):
                 digest.update((out / "text" / f"{split}.{lang}").read_bytes())
         config = {"k": cfg.memory_k, "data": digest.hexdigest()[:16]}
-        info = run_step(out, "memory", config, lambda: build_neighbours(out, k=cfg.memory_k, progress=cfg.progress),
-                        cfg.force)
+        if score != LEGACY_MATCH_SCORE:  # a stamp of the word score keeps the form older versions wrote
+            config["match_score"] = score
+        info = run_step(out, "memory", config, lambda: build_neighbours(out, k=cfg.memory_k, progress=cfg.progress,
+                                                                        match_score=score), cfg.force)
         dataclasses.replace(Prepared.load(out), memory=info).write(out)
     return report
 
@@ -218,5 +241,5 @@ def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
     return rows
 
 
-__all__ = ["MEMORY_DIR", "REWRITING", "band_counts", "check_complete", "left_rewriting", "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
+__all__ = ["MEMORY_DIR", "REWRITING", "recorded_match_score", "band_counts", "check_complete", "left_rewriting", "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
 

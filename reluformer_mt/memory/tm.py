@@ -16,7 +16,10 @@ directories, whose entry ids are training sentences) keep each (source, target) 
 its count, and one target per source: the most frequent, ties to the last in the file (the most
 recent, as CAT tools keep); merged pairs and sources with conflicting targets are counted.
 
-Keys (model-free, usable before any training): TF-IDF over character 2-4-grams of the
+Match scores (:data:`MATCH_SCORES`, model-free, usable before any training): by default BM25 over
+character 3-5-grams, over the whole memory (:mod:`reluformer_mt.memory.sparse_scores`: TF-IDF and
+BM25 over words, character n-grams or pieces), or an edit similarity over MIPS candidates.
+Keys for those: TF-IDF over character 2-4-grams of the
 lower-cased source (sublinear tf), reduced to ``dim`` dimensions by a truncated SVD (fixed seed,
 so refitting on the same entries gives the same keys) and L2-normalised, so inner product =
 cosine. The top ``candidates`` by MIPS are reranked by the fuzzy-match score
@@ -32,6 +35,8 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from reluformer_mt.memory.score_names import DEFAULT_MATCH_SCORE, EDIT_SCORES, LEGACY_MATCH_SCORE, MATCH_SCORES
 
 logger = logging.getLogger(__name__)
 
@@ -305,22 +310,23 @@ def fuzzy_words(text: str) -> List[str]:
     return text.lower().split()
 
 
-# How a match is scored: "words" = the CAT tools' fuzzy-match score, 1 - word edit distance / the
-# longer sentence's words; "chars" = 1 - character insertions and deletions / both lengths (the
-# Indel similarity, rapidfuzz's ``ratio``) of the lower-cased sentences, which an inflected form
-# (Greek λόγος / λόγου) costs a character or two where it costs a whole word in "words"
-MATCH_SCORES = ("words", "chars")
-
-
 def match_units(text: str, score: str = "words"):
-    """What a match score compares: the word list ("words") or the lower-cased string ("chars")."""
+    """What an edit score compares: the word list ("words") or the lower-cased string ("chars")."""
     return fuzzy_words(text) if score == "words" else text.lower()
 
 
-def check_match_score(score: str) -> str:
+def check_match_score(score: str, option: str = "match score") -> str:
     if score not in MATCH_SCORES:
-        raise TranslationMemoryError(f"match score {score!r}: expected one of {', '.join(MATCH_SCORES)}")
+        raise TranslationMemoryError(f"{option} {score!r}: expected one of {', '.join(MATCH_SCORES)}")
     return score
+
+
+def score_parts(score: str) -> Tuple[Optional[str], Optional[str]]:
+    """(the sparse score that finds the candidates or None = MIPS, the edit score that reranks or None)."""
+    sparse, _, edit = score.partition(">")
+    if sparse in EDIT_SCORES:
+        return None, sparse
+    return sparse, edit or None
 
 
 def fuzzy_score(a: Sequence[str], b: Sequence[str]) -> float:
@@ -387,64 +393,120 @@ class TfidfKeys:
 
 
 class Retriever:
-    """Top-k entries of a memory for query sentences: MIPS over :class:`TfidfKeys`, the top
-    ``candidates`` reranked by the match score ``score`` (:data:`MATCH_SCORES`)."""
+    """Top-k entries of a memory for query sentences by the match score ``score``
+    (:data:`MATCH_SCORES`): MIPS over :class:`TfidfKeys`, the top ``candidates`` reranked by an
+    edit similarity; or a sparse score over the whole memory, optionally its top ``candidates``
+    reranked. ``sentencepiece``: a SentencePiece model (path or processor) for the pieces scores."""
 
     def __init__(self, entries: MemoryEntries, dim: int = 256, index: str = "exact", candidates: int = 32,
-                 score: str = "words"):
-        from reluformer_mt.memory.mips import MipsIndex
-
+                 score: str = DEFAULT_MATCH_SCORE, sentencepiece=None):
         if len(entries) == 0:
             raise TranslationMemoryError(f"{entries.origin}: the memory is empty")
         self.entries, self.candidates, self.score = entries, candidates, check_match_score(score)
-        self.keys = TfidfKeys(dim).fit(entries.sources)
-        self.index = MipsIndex(index).build(self.keys.encode(entries.sources))
+        self.dim, self.index_kind, self.sentencepiece = dim, index, sentencepiece
+        # what was fitted (the MIPS keys and index, sparse spaces by name), shared with rescored copies
+        self._fitted: dict = {"dense": None, "spaces": {}}
+        if "pieces" in score:
+            self._pieces()  # no model: one line now, not at the first search
+
+    @property
+    def keys(self) -> TfidfKeys:
+        return self._dense_keys()[0]
+
+    @property
+    def index(self):
+        return self._dense_keys()[1]
+
+    def _dense_keys(self):
+        """The MIPS keys and index, fitted when an edit score first needs them (the slow part)."""
+        from reluformer_mt.memory.mips import MipsIndex
+
+        if self._fitted["dense"] is None:
+            keys = TfidfKeys(self.dim).fit(self.entries.sources)
+            self._fitted["dense"] = (keys, MipsIndex(self.index_kind).build(keys.encode(self.entries.sources)))
+        return self._fitted["dense"]
+
+    def _pieces(self):
+        sp = self.sentencepiece
+        if sp is None:
+            raise TranslationMemoryError(f"match score {self.score!r}: needs a SentencePiece model for its pieces "
+                                         "(a prepared directory's spm.model)")
+        if isinstance(sp, (str, Path)):
+            import sentencepiece
+
+            sp = self.sentencepiece = sentencepiece.SentencePieceProcessor(model_file=str(sp))
+        return lambda text: sp.encode(text, out_type=str)
+
+    def space(self, name: str):
+        from reluformer_mt.memory.sparse_scores import SparseSpace
+
+        spaces = self._fitted["spaces"]
+        if name not in spaces:
+            weighting, units = name.split("-")
+            pieces = self._pieces() if units == "pieces" else None
+            spaces[name] = SparseSpace(weighting, units, pieces).fit(self.entries.sources)
+        return spaces[name]
 
     def rescored(self, score: str) -> "Retriever":
-        """The same keys and index (fitting them is the slow part), reranked by another score."""
+        """The same memory with another score; keys, index and sparse spaces fitted once for both."""
         import copy
 
         other = copy.copy(self)
         other.score = check_match_score(score)
+        if "pieces" in score:
+            other._pieces()
         return other
+
+    def _candidates(self, queries: Sequence[str], wanted: int, exclude):
+        """(ids, their sparse scores or None) of each query's ``wanted`` candidates."""
+        sparse, _ = score_parts(self.score)
+        if sparse is not None:
+            return self.space(sparse).top(queries, wanted, exclude)
+        keys, index = self._dense_keys()
+        return index.search(keys.encode(list(queries)), wanted)[1], None
 
     def search(self, queries: Sequence[str], k: int, exclude: Optional[Sequence[int]] = None,
                batch: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
-        """(ids, fuzzy scores), each (len(queries), k), best first; id -1 where fewer than k
+        """(ids, match scores), each (len(queries), k), best first; id -1 where fewer than k
         entries exist. ``exclude[i]``: an entry query i must not retrieve (itself, in training)."""
         n = len(queries)
         ids = np.full((n, k), -1, dtype=np.int64)
         scores = np.zeros((n, k), dtype=np.float32)
-        wanted = min(len(self.entries), max(k, self.candidates) + (1 if exclude is not None else 0))
+        _, edit = score_parts(self.score)
+        wanted = min(len(self.entries), (max(k, self.candidates) if edit else k) + (1 if exclude is not None else 0))
         for start in range(0, n, batch):
             chunk = list(queries[start:start + batch])
-            _, found = self.index.search(self.keys.encode(chunk), wanted)
+            part = None if exclude is None else exclude[start:start + batch]
+            found, sparse_scores = self._candidates(chunk, wanted, part)
             for row, (query, candidates) in enumerate(zip(chunk, found)):
-                i = start + row
-                words = match_units(query, self.score)
-                skip = exclude[i] if exclude is not None else -1
+                skip = part[row] if part is not None else -1
                 kept = [(rank, int(c)) for rank, c in enumerate(candidates) if c >= 0 and c != skip]
-                # the candidates' words are split here, not kept for the whole memory (a list of
-                # word strings per entry is the largest part of a big memory's footprint)
-                choices = [match_units(self.entries.sources[c], self.score) for _, c in kept]
-                scores_of = fuzzy_scores(words, choices, self.score).tolist()
-                ranked = [(score, -rank, c) for score, (rank, c) in zip(scores_of, kept)]
-                ranked.sort(reverse=True)
+                if edit is None:  # the sparse score's own order and values
+                    scores_of = [float(sparse_scores[row, rank]) for rank, _ in kept]
+                else:
+                    # the candidates' units are split here, not kept for the whole memory (a list of
+                    # word strings per entry is the largest part of a big memory's footprint)
+                    choices = [match_units(self.entries.sources[c], edit) for _, c in kept]
+                    scores_of = fuzzy_scores(match_units(query, edit), choices, edit).tolist()
+                ranked = sorted(((score, -rank, c) for score, (rank, c) in zip(scores_of, kept)), reverse=True)
                 for j, (score, _, c) in enumerate(ranked[:k]):
-                    ids[i, j], scores[i, j] = c, score
+                    ids[start + row, j], scores[start + row, j] = c, score
         return ids, scores
 
     def exact_best(self, queries: Sequence[str], exclude: Optional[Sequence[int]] = None) -> np.ndarray:
-        """The best fuzzy-match score of each query over the whole memory (scored exhaustively:
-        the reference that retrieval recall is measured against)."""
+        """The best match score of each query over the whole memory (scored exhaustively: the
+        reference that retrieval recall is measured against)."""
         from rapidfuzz.process import extract
 
+        _, edit = score_parts(self.score)
+        if edit is None:  # a sparse score already ranks the whole memory
+            return self.search(queries, 1, exclude)[1][:, 0]
         # every entry's units once per call (a processor would split the whole memory per query)
-        units = [match_units(s, self.score) for s in self.entries.sources]
+        units = [match_units(s, edit) for s in self.entries.sources]
         best = np.zeros(len(queries), dtype=np.float32)
         for i, query in enumerate(queries):
             skip = exclude[i] if exclude is not None else -1
-            found = extract(match_units(query, self.score), units, scorer=_scorer(self.score), limit=2, processor=None)
+            found = extract(match_units(query, edit), units, scorer=_scorer(edit), limit=2, processor=None)
             best[i] = next((score for _, score, c in found if c != skip), 0.0)
         return best
 
@@ -462,11 +524,20 @@ def at_least(score, bound: float):
     return score >= bound - BAND_TOLERANCE
 
 
+def memory_first(outputs: Sequence[str], copies: Sequence[Optional[str]], scores: Sequence[float],
+                 threshold: Optional[float]) -> List[str]:
+    """TM-first: each output replaced by its best match's target (``copies``; None = no match) where
+    the match scores >= ``threshold`` (None: off), as a CAT tool offers a high match before any MT."""
+    if threshold is None:
+        return list(outputs)
+    return [c if c is not None and at_least(s, threshold) else o for o, c, s in zip(outputs, copies, scores)]
+
+
 def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4, 16)) -> dict:
     """Share of queries whose first k retrieved entries include one with the exact best
     fuzzy-match score (``best``, from :meth:`Retriever.exact_best`; ties count as found)."""
     return {f"recall@{k}": float(np.mean(scores[:, :k].max(1) >= best - 1e-6)) for k in ks if k <= scores.shape[1]}
 
 
-__all__ = ["FUZZY_BANDS", "MATCH_SCORES", "at_least", "match_units", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score", "fuzzy_scores",
+__all__ = ["DEFAULT_MATCH_SCORE", "LEGACY_MATCH_SCORE", "FUZZY_BANDS", "MATCH_SCORES", "score_parts", "at_least", "match_units", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score", "memory_first", "fuzzy_scores",
            "read_memory", "read_prepared", "read_tmx", "read_tsv", "recall_at_k"]

@@ -29,8 +29,9 @@ import torch
 from reluformer_mt.memory.learned_keys import TFIDF_SUFFIX, encode_keys, neighbours_from_keys
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
 from reluformer_mt.memory.neighbours import (MEMORY_DIR, RECALL_SAMPLE, band_counts, check_complete, left_rewriting,
-                                             mark_rewriting, neighbour_paths, save_array)
-from reluformer_mt.memory.tm import Retriever, TranslationMemoryError, fuzzy_words, read_prepared, recall_at_k
+                                             mark_rewriting, neighbour_paths, recorded_match_score, save_array)
+from reluformer_mt.memory.tm import (LEGACY_MATCH_SCORE, Retriever, TranslationMemoryError, fuzzy_words, read_prepared,
+                                     recall_at_k)
 
 RERANKS = ("fuzzy", "none")
 REKEY = "reluformer-memory rekey"  # how its REWRITING marker starts
@@ -102,7 +103,10 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
     entry_words = [fuzzy_words(s) for s in memory.sources]
     keys = encode_keys(model, source_tokens(directory, "train", dictionary), max_tokens, progress, "keys: memory")
     index = MipsIndex("exact").build(keys)
-    tfidf = Retriever(memory, candidates=candidates)  # scores the exact best fuzzy match for recall
+    # the exact best match for recall, in the score of each side: the learned keys rerank by the word
+    # fuzzy score, the model-free neighbours were ranked by the score the directory was prepared with
+    words = Retriever(memory, candidates=candidates, score=LEGACY_MATCH_SCORE)
+    prepared_score = words.rescored(recorded_match_score(info))
     layers = getattr(model.encoder, "tm_key_layers", 1)
     projection = "proj" if "tm_key_proj" in model.encoder._modules else "no-proj"
     description = f"learned-enc{layers}-mean-{projection}{keys.shape[1]}, rerank {rerank}"
@@ -123,8 +127,10 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
         save_array(ids_path, ids.astype(np.int32))
         save_array(scores_path, scores)
         sample = np.linspace(0, len(pairs) - 1, min(RECALL_SAMPLE, len(pairs))).astype(int)
-        best = tfidf.exact_best([pairs.sources[i] for i in sample], exclude=None if exclude is None else exclude[sample])
-        learned, model_free = quality(scores, best, sample), quality(old_scores, best, sample)
+        sampled, skip = [pairs.sources[i] for i in sample], None if exclude is None else exclude[sample]
+        best = words.exact_best(sampled, exclude=skip)
+        best_prepared = best if prepared_score.score == words.score else prepared_score.exact_best(sampled, exclude=skip)
+        learned, model_free = quality(scores, best, sample), quality(old_scores, best_prepared, sample)
         if split != "train":
             learned["copy_top1_sbleu"] = copy_sbleu(ids, memory.targets, pairs.targets)
             model_free["copy_top1_sbleu"] = copy_sbleu(old_ids, memory.targets, pairs.targets)
