@@ -24,7 +24,6 @@ The choices go to a JSON report (``--json``) and, for the full datastore, into i
 ``datastore.json`` (``tuned.full``), where ``reluformer-translate --knn`` finds them.
 """
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -34,7 +33,7 @@ import torch
 
 from reluformer_mt.knn.datastore import (Datastore, DatastoreError, model_fingerprint, overlap, pair_hashes,
                                          split_pairs)
-from reluformer_mt.knn.readout import MODEL_SHARE, knn_probabilities, neighbour_weights
+from reluformer_mt.knn.readout import MODEL_SHARE, neighbour_weights
 from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecorder, per_input_states
 
 logger = logging.getLogger(__name__)
