@@ -164,6 +164,16 @@ class Datastore:
     def pairs(self) -> np.ndarray:
         return np.load(self.directory / "pairs.npy")
 
+    def set_probe(self, probe: int) -> "Datastore":
+        """Search ``probe`` IVF lists per query (an HNSW index: efSearch ``probe``) instead of the
+        stored value: fewer is faster and recalls less; an exact index has nothing to probe."""
+        kind, index = self.meta["index"]["kind"], self.index()
+        if kind == "ivf":
+            index.nprobe = index.index.nprobe = min(int(probe), index.index.nlist)
+        elif kind == "hnsw":
+            index.hnsw.efSearch = int(probe)
+        return self
+
     def index(self):
         """The faiss index (read from ``index.faiss``; built from the keys if it is missing)."""
         if self._index is None:
@@ -210,6 +220,12 @@ class Datastore:
     def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """(squared L2 distances, values) of the ``k`` nearest keys of each query (rows, k); a
         missing neighbour has distance inf and value -1."""
+        distances, ids = self.search_ids(queries, k)
+        return distances, np.where(ids >= 0, self.values[np.maximum(ids, 0)], -1)
+
+    def search_ids(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(squared L2 distances, entry ids) of the ``k`` nearest keys of each query; a missing
+        neighbour has distance inf and id -1."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         index = self.index()
         if self.meta["index"]["kind"] == "hnsw":  # an L2 graph: distances as they are
@@ -220,7 +236,7 @@ class Datastore:
             norms = (queries.astype(np.float64) ** 2).sum(1, keepdims=True)
             distances = np.maximum(norms - 2.0 * scores, 0.0).astype(np.float32)
         found = ids >= 0
-        return np.where(found, distances, np.inf), np.where(found, self.values[np.maximum(ids, 0)], -1)
+        return np.where(found, distances, np.inf), np.where(found, ids, -1)
 
     def set_tuned(self, key: str, values: dict) -> None:
         """Record tuned search values under ``tuned.KEY`` in ``datastore.json`` (atomically)."""

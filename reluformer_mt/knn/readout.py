@@ -134,8 +134,10 @@ def mix_log_probs(lprobs: Tensor, knn_probs: Tensor, mass: Tensor, lam: float) -
     # they did not vote for would be impossible, and once the separator constraint forbids those they
     # did vote for, beam search would be left without a finite candidate (fairseq then fails)
     share = (lam * mass).clamp(0.0, 1.0 - MODEL_SHARE).unsqueeze(1).to(lprobs.dtype)
-    mixed = torch.log(share * knn_probs.to(lprobs.dtype) + (1 - share) * lprobs.exp())
-    return mixed.masked_fill(torch.isneginf(lprobs), float("-inf"))
+    # in place on one fresh (rows, vocab) tensor: a step's new large tensors cost more (allocation,
+    # page faults) than its arithmetic; the same operations, bit for bit
+    mixed = lprobs.exp().mul_(1 - share).add_(knn_probs.to(lprobs.dtype) * share).log_()
+    return mixed.masked_fill_(torch.isneginf(lprobs), float("-inf"))
 
 
 __all__ = ["MAX_K", "READOUTS", "ReadoutError", "check_search_values", "knn_probabilities", "mix_log_probs",

@@ -106,9 +106,11 @@ class PerInputDatastores:
     the neighbours' mass by the trust of those that voted, so a 0.9-similar match may decide the
     token and a 0.3-similar one barely moves it."""
 
-    def __init__(self, units: Sequence[Sequence[Tuple[Tensor, Tensor, float]]]):
+    def __init__(self, units: Sequence[Sequence[Tuple[Tensor, Tensor, float]]], batched: bool = False):
         """``units[source][sentence]`` = (keys (n, dim), values (n,), fuzzy score); a source with no
-        sentence gets one empty unit."""
+        sentence gets one empty unit. ``batched``: each step's distances as one batched product of
+        every unit the rows read with the rows reading it (:meth:`_products`), instead of a copy of
+        the unit's keys for every beam row; the same neighbours up to float rounding."""
         flat, self.first_unit, self.n_units = [], [], []
         for sentences in units:
             self.first_unit.append(len(flat))
@@ -125,8 +127,11 @@ class PerInputDatastores:
             self.keys[u, :len(v)] = k.float()
             self.values[u, :len(v)] = v
             self.trust[u, :len(v)] = t if isinstance(t, float) else torch.as_tensor(t, dtype=torch.float32)
-        self.norms = (self.keys ** 2).sum(-1)
+        # padding slots at distance inf: added to the distances (inf + x = inf, 0 + x = x exactly)
+        self.norms = (self.keys ** 2).sum(-1).masked_fill(self.values < 0, float("inf"))
         self.entries = sum(len(v) for _, v, _ in flat)
+        self.batched = batched
+        self.keys_t = self.keys.transpose(1, 2).contiguous() if batched else None  # (units, dim, n)
 
     def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
         """(distances, values, trust) of each row's nearest entries in the unit of its source and
@@ -135,14 +140,26 @@ class PerInputDatastores:
         sources = sources.cpu()
         sentence = torch.zeros_like(sources) if sentences is None else sentences.cpu()
         units = self.first_unit[sources] + torch.minimum(sentence, self.n_units[sources] - 1)
-        keys, values = self.keys[units], self.values[units]  # (rows, n, dim), (rows, n)
-        distances = ((states ** 2).sum(-1, keepdim=True) - 2 * torch.einsum("rd,rnd->rn", states, keys)
-                     + self.norms[units]).clamp_min(0)
-        distances = distances.masked_fill(values < 0, float("inf"))
+        products = self._products(states, units) if self.batched else torch.einsum("rd,rnd->rn", states, self.keys[units])
+        distances = ((states ** 2).sum(-1, keepdim=True) - 2 * products + self.norms[units]).clamp_min(0)
         k = min(k, distances.size(1))
         nearest, at = torch.topk(distances, k, dim=1, largest=False)
-        return (nearest, torch.gather(values, 1, at).masked_fill(torch.isinf(nearest), -1),
-                torch.gather(self.trust[units], 1, at))
+        rows = units.unsqueeze(1)  # only the k chosen slots of each row's unit are read
+        return nearest, self.values[rows, at].masked_fill(torch.isinf(nearest), -1), self.trust[rows, at]
+
+    def _products(self, states: Tensor, units: Tensor) -> Tensor:
+        """(rows, n) inner products of each row's state with its unit's keys: the rows grouped by
+        unit (a sentence's beams read one unit), one bmm of (units read, rows per unit, dim) by
+        (units read, dim, n)."""
+        read, group, counts = torch.unique(units, return_inverse=True, return_counts=True)
+        order = torch.argsort(group, stable=True)
+        slot = torch.arange(len(units)) - (torch.cumsum(counts, 0) - counts)[group[order]]
+        queries = states.new_zeros(len(read), int(counts.max()), states.size(1))
+        queries[group[order], slot] = states[order]
+        products = torch.bmm(queries, self.keys_t[read])
+        out = torch.empty(len(units), products.size(2))
+        out[order] = products[group[order], slot]
+        return out
 
 
 class KnnMixer:

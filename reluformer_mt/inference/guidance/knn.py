@@ -30,6 +30,14 @@ class KnnMtOptions:
     temperature: Optional[float] = field(default=None, metadata={"flat": "knn_temperature"})
     radius: Optional[float] = field(default=None, metadata={"flat": "knn_radius"})
     adaptive: Optional[bool] = field(default=None, metadata={"flat": "knn_adaptive"})
+    # per-input datastores: each step's distances as one batched product per unit read (a sentence's
+    # beams together), not a copy of its keys per beam row; the same neighbours up to float rounding
+    batched_search: bool = field(default=False, metadata={"flat": "knn_batched_search"})
+    # a corpus datastore's IVF lists searched per step (HNSW: efSearch); None: the datastore's (16)
+    probe: Optional[int] = field(default=None, metadata={"flat": "knn_probe"})
+    # a corpus datastore's index searched every N steps, the neighbours' successors followed in
+    # between (reluformer_mt.knn.continued); 1: every step (exact)
+    search_every: int = field(default=1, metadata={"flat": "knn_search_every"})
 
     def __post_init__(self):
         self.memory, self.memory_k = bool(self.memory), int(self.memory_k)
@@ -42,6 +50,17 @@ class KnnMtOptions:
         if self.adaptive and self.datastore is None:
             raise TranslationError("--knn-adaptive: the Meta-k network is trained for a corpus datastore; give --knn "
                                    "DATASTORE (per-input datastores of --knn-memory have none)")
+        self.batched_search = bool(self.batched_search)
+        if self.batched_search and not self.memory:
+            raise TranslationError("--knn-batched-search: a search of per-input datastores; give --knn-memory")
+        if self.probe is not None:
+            self.probe = int(self.probe)
+            if self.probe < 1 or self.datastore is None:
+                raise TranslationError(f"--knn-probe {self.probe}: expected >= 1 lists of a --knn DATASTORE's index")
+        self.search_every = int(self.search_every)
+        if self.search_every < 1 or (self.search_every > 1 and self.datastore is None):
+            raise TranslationError(f"--knn-search-every {self.search_every}: expected >= 1 steps, > 1 only with --knn "
+                                   "DATASTORE")
         if self.datastore is not None and self.memory:
             raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
 
@@ -74,6 +93,8 @@ class KnnMixture(Guidance):
             sentences = step.sentences  # the sentence each row is writing
             eos_as = torch.where(sentences < step.required, torch.full_like(step.required, step.separator),
                                  torch.full_like(step.required, step.eos))
+        if hasattr(self.mixer.store, "follow"):  # which row continues which: the prefixes
+            self.mixer.store.follow(step.prefix)
         step.lprobs.copy_(self.mixer.mix(step.lprobs, step.sources, step.eos, eos_as, sentences))
 
     def start(self, batch: SourceBatch) -> None:
@@ -107,7 +128,7 @@ class KnnMixture(Guidance):
                 units[-1].append((torch.cat(keys) if keys else torch.zeros(0, 1),
                                   torch.cat(values) if values else torch.zeros(0, dtype=torch.long),
                                   torch.cat(trust) if trust else torch.zeros(0)))
-        store = PerInputDatastores(units)
+        store = PerInputDatastores(units, batched=self.options.batched_search)
         self.stats["knn: per-input datastore entries"] += store.entries
         return store
 
@@ -158,6 +179,8 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
                                        checkpoint=context.checkpoint)
             # ids within the model's dictionary, keys of its state width: checked before decoding
             datastore.check_model(len(context.task.target_dictionary), model.decoder.output_projection.weight.shape[1])
+            if options.probe is not None:
+                datastore.set_probe(options.probe)
         tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
         known = {f.name for f in fields(KnnOptions)}
         tuned = {k: v for k, v in tuned.items() if k in known}
@@ -165,6 +188,10 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
         mixer = KnnMixer(StateRecorder(model.decoder), KnnOptions(**{**tuned, **options.given()}))
         if datastore is not None:
             mixer.use_datastore(datastore)
+            if options.search_every > 1:
+                from reluformer_mt.knn.continued import ContinuedSearch
+
+                mixer.store = ContinuedSearch(datastore, options.search_every, mixer.stats)
     except (DatastoreError, ReadoutError, AdaptiveError) as e:
         raise TranslationError(str(e)) from None
     return KnnMixture(mixer, options, context, datastore)
