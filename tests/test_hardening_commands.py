@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from helpers import SHARED_DATA
+
 
 def one_line(code, err, message):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -224,6 +226,50 @@ def test_data_whose_vocabulary_cannot_be_checked_is_refused(command, doc_checkpo
         code, err = main_of(memory, argv, capsys)
         assert code == 0 and (tmp_path / "store" / "datastore.json").is_file(), err
 
+
+
+EVAL_COMMANDS = {  # each subcommand that force-decodes with a model, with what it reads
+    "align": lambda src, tmp: ["--src", src, "--tgt", src, "--output", tmp / "links.align"],
+    "attn-stats": lambda src, tmp: ["--split", "valid"],
+    "cxmi": lambda src, tmp: ["--split", "valid", "--bootstrap", "10"],
+    "contrastive": lambda src, tmp: ["--suite", "contrapro", "--suite-dir", SHARED_DATA / "contrapro_ctx1",
+                                     "--limit", "2"],
+    "memory": lambda src, tmp: ["--split", "valid", "--max-batches", "1"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(EVAL_COMMANDS))
+def test_eval_refuses_data_of_another_vocabulary(command, doc_checkpoint, other_vocabulary, tmp_path, capsys):
+    """Before, reluformer-eval force-decoded a --data of another vocabulary (of the same size) without
+    a word: its binarised ids and its dictionaries' pieces mean other tokens to the model."""
+    from reluformer_mt.cli import eval as eval_cli
+
+    if command == "contrastive" and not (SHARED_DATA / "contrapro_ctx1").is_dir():
+        pytest.skip("ContraPro not found")
+    src = tmp_path / "in.txt"
+    src.write_text("Thank you .\n", encoding="utf-8")
+    argv = [command, "--checkpoint", doc_checkpoint, "--data", other_vocabulary, "--device", "cpu",
+            *EVAL_COMMANDS[command](src, tmp_path), "--json", tmp_path / "report.json"]
+    code, err = main_of(eval_cli, argv, capsys)
+    one_line(code, err, rf"--data {re.escape(str(other_vocabulary))}: {OTHER_DICTIONARIES}")
+    assert not (tmp_path / "report.json").exists() and not (tmp_path / "links.align").exists()
+
+
+def test_eval_refuses_a_compared_checkpoint_of_another_vocabulary_before_any_work(doc_checkpoint, prepared_doc_data,
+                                                                                   other_vocabulary, tmp_path, capsys):
+    """align and attn-stats compare several checkpoints on one --data: the last one's vocabulary is
+    checked before the first one is force-decoded."""
+    from reluformer_mt.cli import eval as eval_cli
+
+    other = checkpoint_copy(doc_checkpoint, tmp_path / "other.pt", data=other_vocabulary)
+    src = tmp_path / "in.txt"
+    src.write_text("Thank you .\n", encoding="utf-8")
+    code, err = main_of(eval_cli, ["align", "--checkpoint", doc_checkpoint, other, "--data", prepared_doc_data["doc"],
+                                   "--src", src, "--tgt", src, "--output", tmp_path / "links.align", "--device", "cpu"],
+                        capsys)
+    one_line(code, err, rf"--data {re.escape(str(prepared_doc_data['doc']))}: {OTHER_DICTIONARIES}")
+    assert re.search(r"differ from the checkpoint .*other\.pt's", err), err
+    assert not list(tmp_path.glob("links*"))
 
 
 def test_tune_json_on_the_training_data_it_reads_is_refused(doc_checkpoint, prepared_doc_data, tmp_path, capsys):

@@ -143,6 +143,37 @@ def test_a_damaged_datastore_is_one_line_naming_its_file(case, datastore, doc_ch
     assert not out.exists()  # refused when the datastore was opened, before decoding
 
 
+def truncate_pairs(store):
+    data = (store / "pairs.npy").read_bytes()
+    (store / "pairs.npy").write_bytes(data[:len(data) // 2])
+
+
+PAIRS_DAMAGES = {
+    "truncated": (truncate_pairs, r"pairs\.npy: not a readable array of plain numbers \(.*\)"),
+    "pickled": (lambda s: np.save(s / "pairs.npy", np.array([1, "x"], dtype=object), allow_pickle=True),
+                r"pairs\.npy: not a readable array of plain numbers \(.*\)"),
+    "floats": (lambda s: np.save(s / "pairs.npy", np.load(s / "pairs.npy").astype(np.float64)),
+               r"pairs\.npy: expected a 1-d array of unsigned integers, got float64"),
+    "another count": (lambda s: np.save(s / "pairs.npy", np.load(s / "pairs.npy")[:-3]),
+                      r"pairs\.npy: (\d+) sentence-pair hashes, datastore\.json says the entries come from \d+ sentences"),
+}
+
+
+@pytest.mark.parametrize("case", list(PAIRS_DAMAGES))
+def test_a_damaged_pairs_file_is_one_line_before_the_tuning(case, datastore, doc_checkpoint, tmp_path, capsys):
+    """On main the tuner's leakage check read pairs.npy unchecked: numpy's traceback for a truncated
+    or pickled file, and a file of another datastore compared without a word."""
+    damage, message = PAIRS_DAMAGES[case]
+    store = copy_of(datastore, tmp_path)
+    damage(store)
+    report = tmp_path / "tuned.json"
+    code, err = memory_main(["tune", "--checkpoint", doc_checkpoint, "--knn", store, "--no-decode", "--device", "cpu",
+                             "--json", report], capsys)
+    errors = [line for line in err.splitlines() if "INFO:" not in line]
+    one_line(code, "\n".join(errors), message)
+    assert str(store) in err and not report.exists()
+
+
 # ---------------------------------------------------------------- the adaptive network's file
 
 def adaptive_file(store, **config):
@@ -388,3 +419,75 @@ def test_gpu_check_wheels_relative_to_the_callers_folder(tmp_path):
                           env=dict(__import__("os").environ, PYTHON=sys.executable))
     assert done.returncode == 0, done.stderr
     assert "wheel folder: 1 wheels" in done.stdout, done.stdout
+
+
+# ---------------------------------------------------------------- the memory's neighbour files
+
+from test_learned_keys import key_data  # noqa: E402,F401 (fixture: a directory prepared with --memory-k 4)
+
+
+def neighbours_copy(key_data, tmp_path):  # noqa: F811
+    data = tmp_path / "data"
+    shutil.copytree(key_data, data)
+    return data, data / "memory" / "train.ids.npy", data / "memory" / "train.scores.npy"
+
+
+def entries_of(data):
+    return json.loads((data / "prepared.json").read_text())["memory"]["entries"]
+
+
+NEIGHBOUR_DAMAGES = {
+    # (damage of (ids path, scores path, entries), the error expected)
+    "an id beyond the memory": (lambda ids, scores, n: np.save(ids, np.full_like(np.load(ids), n)),
+                                r"train\.ids\.npy: entry id (\d+), expected -1 for none or one of the memory's \1 entries"),
+    "an id below -1": (lambda ids, scores, n: np.save(ids, np.full_like(np.load(ids), -7)),
+                       r"train\.ids\.npy: entry id -7, expected -1 for none or one of the memory's"),
+    "float ids": (lambda ids, scores, n: np.save(ids, np.load(ids).astype(np.float32)),
+                  r"train\.ids\.npy: expected a 2-d array of integers, got float32"),
+    "truncated ids": (lambda ids, scores, n: ids.write_bytes(ids.read_bytes()[:200]),
+                      r"train\.ids\.npy: not a readable array of plain numbers"),
+    "pickled scores": (lambda ids, scores, n: np.save(scores, np.array([[0.5, "x"]], dtype=object), allow_pickle=True),
+                       r"train\.scores\.npy: not a readable array of plain numbers"),
+    "rows of another split": (lambda ids, scores, n: (np.save(ids, np.load(ids)[:-2]), np.save(scores, np.load(scores)[:-2])),
+                              r"train\.ids\.npy: shape \(\d+, 4\), expected \(\d+, 4\) \(the split's sentences"),
+    "scores of another shape": (lambda ids, scores, n: np.save(scores, np.load(scores)[:, :2]),
+                                r"train\.scores\.npy: shape \(\d+, 2\), expected that of train\.ids\.npy"),
+}
+
+
+@pytest.mark.parametrize("case", list(NEIGHBOUR_DAMAGES))
+def test_damaged_neighbour_files_are_one_line_naming_the_file(case, key_data, tmp_path):  # noqa: F811
+    """On main the neighbours were read unchecked: an id beyond the memory was an IndexError when the
+    training examples were built (or silently another entry's target), numpy's lines named no file."""
+    from reluformer_mt.memory.neighbours import load_neighbours
+    from reluformer_mt.memory.tm import TranslationMemoryError
+
+    data, ids, scores = neighbours_copy(key_data, tmp_path)
+    damage, message = NEIGHBOUR_DAMAGES[case]
+    damage(ids, scores, entries_of(data))
+    with pytest.raises(TranslationMemoryError, match=message) as raised:
+        load_neighbours(data, "train", 2)
+    assert str(data / "memory") in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_key_loss_positives_refuse_neighbours_beyond_the_memory(key_data, tmp_path):  # noqa: F811
+    """The key loss's positives index the memory's targets with the TF-IDF neighbours: on main an
+    IndexError."""
+    from reluformer_mt.memory.learned_keys import positives_of
+    from reluformer_mt.memory.tm import TranslationMemoryError
+
+    data, ids, _ = neighbours_copy(key_data, tmp_path)
+    for name in ("train.positive.npy", "train.positive.json"):
+        (data / "memory" / name).unlink(missing_ok=True)
+    np.save(ids, np.full_like(np.load(ids), entries_of(data) + 5))
+    with pytest.raises(TranslationMemoryError, match=r"train\.ids\.npy: entry id \d+, expected -1 for none or one of"):
+        positives_of(data)
+    assert load_ok(key_data)
+
+
+def load_ok(key_data):  # noqa: F811
+    """The control: the untouched directory's neighbours load."""
+    from reluformer_mt.memory.neighbours import load_neighbours
+
+    ids, scores = load_neighbours(key_data, "train", 2)
+    return ids.shape == scores.shape and ids.shape[1] == 2

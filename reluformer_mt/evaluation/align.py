@@ -227,6 +227,8 @@ def run_align(checkpoints: Sequence[str], src=None, tgt=None, pairs=None, data=N
     if gold:
         report["gold"] = {"path": str(gold), "base": gold_base, "possible_mark": possible_mark, "swapped": gold_swap,
                           "range_checked": not unchecked_gold}
+    if len(checkpoints) > 1:
+        extract.check_data_of(checkpoints, data)
     for ckpt, name in zip(checkpoints, names):
         loaded = extract.load_checkpoint(ckpt, data, spm_models, device)
         encoded = extract.encode_pairs(loaded, src_words, tgt_words, where)

@@ -88,6 +88,8 @@ def run_attn_stats(checkpoints: Sequence[str], data=None, split: Optional[str] =
                              f"mass share of a row's top {top_percent:g}% keys; head_diversity: mean pairwise "
                              "Jensen-Shannon divergence (bits) between heads' normalised rows",
               "models": {}}
+    if len(checkpoints) > 1:
+        extract.check_data_of(checkpoints, data)
     for ckpt, name in zip(checkpoints, names):
         loaded = extract.load_checkpoint(ckpt, data, spm_models, device)
         if text:

@@ -25,14 +25,26 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 # the loaded model and its attention modules by kind come from the one checkpoint loader
-from reluformer_mt.checkpoints import KINDS, LoadedModel, load_model  # noqa: F401  (re-exported)
+from reluformer_mt.checkpoints import KINDS, LoadedModel, check_data_vocabulary, load_model, open_checkpoint  # noqa: F401
 from reluformer_mt.data.batching import length_batches
 
 
 def load_checkpoint(path, data_dir=None, spm_models=None, device: str = "cpu", quiet: bool = True) -> LoadedModel:
     """A reluformer checkpoint for force-decoding (:func:`reluformer_mt.checkpoints.load_model`;
-    refuses a model without ``ReluformerAttention`` cross-attention)."""
-    return load_model(path, data_dir, spm_models, device, need_attention=True, quiet=quiet)
+    refuses a model without ``ReluformerAttention`` cross-attention, and a ``data_dir`` whose
+    dictionaries or SentencePiece model are not the checkpoint's: the data's ids and pieces would
+    mean other tokens to the model)."""
+    return load_model(path, data_dir, spm_models, device, need_attention=True, quiet=quiet, check_data=True)
+
+
+def check_data_of(checkpoints: Sequence[str], data_dir=None) -> None:
+    """Every checkpoint of a comparison checked against ``data_dir`` (when given) before the first
+    is loaded, so that the last one's refusal does not come after the others' work; each is only
+    opened (its weights read, no model built)."""
+    if data_dir is None:
+        return
+    for path in checkpoints:
+        check_data_vocabulary(open_checkpoint(path, data_dir))
 
 
 # ---------------------------------------------------------------------------------------------- text

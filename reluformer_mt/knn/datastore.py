@@ -26,6 +26,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reluformer_mt.data.arrays import load_checked_array
 from reluformer_mt.data.outputs import check_distinct_files, folder_files
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
 
@@ -162,7 +163,14 @@ class Datastore:
         return self
 
     def pairs(self) -> np.ndarray:
-        return np.load(self.directory / "pairs.npy")
+        """The hashes of the sentence pairs the entries come from, one per sentence of the source
+        (``pair_hashes``), checked against ``datastore.json``."""
+        path = self.directory / "pairs.npy"
+        pairs = load_array(path, "u", 1)
+        if len(pairs) != self.meta["source"]["sentences"]:
+            raise DatastoreError(f"{path}: {len(pairs)} sentence-pair hashes, {META_NAME} says the entries come from "
+                                 f"{self.meta['source']['sentences']} sentences; rebuild the datastore")
+        return pairs
 
     def set_probe(self, probe: int) -> "Datastore":
         """Search ``probe`` IVF lists per query (an HNSW index: efSearch ``probe``) instead of the
@@ -253,18 +261,7 @@ class Datastore:
 def load_array(path: Path, kinds: str, ndim: int, mmap: bool = False) -> np.ndarray:
     """A datastore's ``.npy`` array of ``ndim`` dimensions and a dtype kind in ``kinds`` ("f" float,
     "iu" integers), one line naming the file otherwise (truncated, pickled objects, another shape)."""
-    try:
-        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except FileNotFoundError:
-        raise DatastoreError(f"{path}: missing; rebuild the datastore") from None
-    except (OSError, ValueError, EOFError) as e:
-        raise DatastoreError(f"{path}: not a readable array of plain numbers ({e}); rebuild the datastore") from None
-    if not isinstance(array, np.ndarray) or array.dtype.kind not in kinds or array.ndim != ndim:
-        what = {"f": "floats", "iu": "integers"}[kinds]
-        raise DatastoreError(f"{path}: expected a {ndim}-d array of {what}, got "
-                             f"{getattr(array, 'dtype', type(array).__name__)} of shape {getattr(array, 'shape', '?')}; "
-                             "rebuild the datastore")
-    return array
+    return load_checked_array(path, kinds, ndim, DatastoreError, "rebuild the datastore", mmap)
 
 
 def _whole(x) -> bool:
@@ -293,6 +290,8 @@ def check_meta(path: Path, meta: dict) -> None:
     source = meta.get("source")
     if not isinstance(source, dict) or not all(name in source for name in ("data", "split", "sentences")):
         bad("source", "an object with data, split and sentences")
+    if not (_whole(source["sentences"]) and source["sentences"] >= 0):
+        bad("source.sentences", "the number of sentences the entries come from")
     tuned = meta.get("tuned", {})
     if not isinstance(tuned, dict) or not all(isinstance(v, dict) for v in tuned.values()):
         bad("tuned", "an object of tuned search values")

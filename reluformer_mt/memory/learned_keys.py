@@ -177,6 +177,7 @@ def best_target_positives(candidates: np.ndarray, query_targets: Sequence[str], 
 def positives_of(directory, progress: bool = False) -> np.ndarray:
     """The positive entry of every training sentence (-1: none), computed from the TF-IDF
     neighbours once and stored as ``DIR/memory/train.positive.npy`` with its stamp."""
+    from reluformer_mt.memory.neighbours import read_entry_ids
     from reluformer_mt.memory.tm import read_prepared
 
     ids_path = tfidf_ids_path(directory, "train")
@@ -188,9 +189,9 @@ def positives_of(directory, progress: bool = False) -> np.ndarray:
     stamp = {"from": ids_path.name, "sha256": hashlib.sha256(ids_path.read_bytes()).hexdigest()[:16],
              "rule": "best target fuzzy match among the candidates"}
     if path.is_file() and stamp_path.is_file() and json.loads(stamp_path.read_text(encoding="utf-8")) == stamp:
-        return np.load(path)
+        return read_entry_ids(path, None, ndim=1)
     memory = read_prepared(directory, "train")
-    positives = best_target_positives(np.load(ids_path), memory.targets, memory.targets)
+    positives = best_target_positives(read_entry_ids(ids_path, len(memory)), memory.targets, memory.targets)
     try:
         replace_atomically(path, lambda f: np.save(f, positives.astype(np.int32)))
         write_text_atomically(stamp_path, json.dumps(stamp))  # last: the stamp vouches for the array

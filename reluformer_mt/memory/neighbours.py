@@ -228,7 +228,53 @@ def load_neighbours(directory, split: str, k: int) -> Tuple[np.ndarray, np.ndarr
     if not ids_path.is_file():
         raise TranslationMemoryError(f"{ids_path}: missing; re-run the same reluformer-prepare "
                                      "command with --memory-k K")
-    return np.load(ids_path)[:, :k], np.load(scores_path)[:, :k]
+    sentences = prepared.memory.get("splits", {}).get(split, {}).get("sentences")
+    ids, scores = read_neighbour_files(directory, split, prepared.memory.get("entries"), stored, sentences)
+    return ids[:, :k], scores[:, :k]
+
+
+REDO = "re-run the same reluformer-prepare command with --memory-k K (or --force)"
+
+
+def read_neighbour_files(directory, split: str, entries: Optional[int], k: int,
+                         sentences: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """``split``'s (ids, scores) checked against the memory they point into: (sentences, k) int ids
+    of entries in [-1, ``entries``) and float scores of the same shape; one line naming the file
+    otherwise (an edited, truncated or other directory's file would index outside the memory).
+    ``entries`` or ``sentences`` None (not recorded): not checked."""
+    from reluformer_mt.data.arrays import load_checked_array
+
+    ids_path, scores_path = neighbour_paths(directory, split)
+    ids = load_checked_array(ids_path, "iu", 2, TranslationMemoryError, REDO)
+    scores = load_checked_array(scores_path, "f", 2, TranslationMemoryError, REDO)
+    rows = len(ids) if sentences is None else sentences
+    if ids.shape != (rows, k):
+        raise TranslationMemoryError(f"{ids_path}: shape {ids.shape}, expected ({rows}, {k}) (the split's sentences, "
+                                     f"the neighbours per sentence prepared.json records); {REDO}")
+    if scores.shape != ids.shape:
+        raise TranslationMemoryError(f"{scores_path}: shape {scores.shape}, expected that of {ids_path.name} "
+                                     f"{ids.shape}; {REDO}")
+    check_entry_ids(ids_path, ids, entries)
+    return ids, scores
+
+
+def read_entry_ids(path: Path, entries: Optional[int], ndim: int = 2) -> np.ndarray:
+    """An int array of memory entry ids (neighbours, positives) from ``path``, checked by
+    :func:`check_entry_ids`."""
+    from reluformer_mt.data.arrays import load_checked_array
+
+    return check_entry_ids(path, load_checked_array(path, "iu", ndim, TranslationMemoryError, REDO), entries)
+
+
+def check_entry_ids(path: Path, ids: np.ndarray, entries: Optional[int]) -> np.ndarray:
+    """``ids`` (read from ``path``) are -1 (none) or indices of the memory's ``entries`` (None:
+    not recorded, only -1 checked): one line naming the file otherwise, not an IndexError later."""
+    low, high = (int(ids.min()), int(ids.max())) if ids.size else (-1, -1)
+    if low < -1 or (entries is not None and high >= entries):
+        expected = "-1 for none or an entry's index" if entries is None else \
+            f"-1 for none or one of the memory's {entries} entries, 0..{entries - 1}"
+        raise TranslationMemoryError(f"{path}: entry id {low if low < -1 else high}, expected {expected}; {REDO}")
+    return ids
 
 
 def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
@@ -241,5 +287,7 @@ def sentence_rows(n_sentences: Sequence[int]) -> Sequence[range]:
     return rows
 
 
-__all__ = ["MEMORY_DIR", "REWRITING", "recorded_match_score", "band_counts", "check_complete", "left_rewriting", "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths", "sentence_rows"]
+__all__ = ["MEMORY_DIR", "REWRITING", "recorded_match_score", "band_counts", "check_complete", "left_rewriting",
+           "mark_rewriting", "save_array", "build_neighbours", "prepare_with_memory", "load_neighbours", "neighbour_paths",
+           "read_entry_ids", "read_neighbour_files", "check_entry_ids", "sentence_rows"]
 

@@ -26,10 +26,12 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from reluformer_mt.memory.learned_keys import TFIDF_SUFFIX, encode_keys, neighbours_from_keys
+from reluformer_mt.data.arrays import load_checked_array
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+from reluformer_mt.memory.learned_keys import TFIDF_SUFFIX, encode_keys, neighbours_from_keys
 from reluformer_mt.memory.neighbours import (MEMORY_DIR, RECALL_SAMPLE, band_counts, check_complete, left_rewriting,
-                                             mark_rewriting, neighbour_paths, recorded_match_score, save_array)
+                                             mark_rewriting, neighbour_paths, read_entry_ids, recorded_match_score,
+                                             save_array)
 from reluformer_mt.memory.tm import (LEGACY_MATCH_SCORE, Retriever, TranslationMemoryError, fuzzy_words, read_prepared,
                                      recall_at_k)
 
@@ -121,8 +123,9 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
         words = entry_words if split == "train" else [fuzzy_words(s) for s in pairs.sources]
         ids, scores = neighbours_from_keys(index, queries, words, entry_words, k, candidates, rerank == "fuzzy", exclude)
         tfidf_ids_file = keep_tfidf_neighbours(directory, split)
-        old_ids = np.load(tfidf_ids_file)
-        old_scores = np.load(tfidf_ids_file.with_name(f"{split}.scores{TFIDF_SUFFIX}.npy"))
+        old_ids = read_entry_ids(tfidf_ids_file, len(memory))
+        old_scores = load_checked_array(tfidf_ids_file.with_name(f"{split}.scores{TFIDF_SUFFIX}.npy"), "f", 2,
+                                        TranslationMemoryError, "re-run reluformer-prepare --memory-k K --force")
         ids_path, scores_path = neighbour_paths(directory, split)
         save_array(ids_path, ids.astype(np.int32))
         save_array(scores_path, scores)

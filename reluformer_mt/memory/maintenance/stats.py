@@ -145,7 +145,7 @@ def memory_stats_report(checkpoint, data_dir, split: str = "valid", top_percent:
     for p in top_percent:
         if not 0 < p <= 100:
             raise ValueError(f"--top-percent: got {p}, expected a percentage in (0, 100]")
-    loaded = load_model(checkpoint, data_dir, device=device)
+    loaded = load_model(checkpoint, data_dir, device=device, check_data=True)  # --data of the model's vocabulary
     model, cfg, task = loaded.model, loaded.cfg, loaded.task
     task.load_dataset(split)
     dataset = task.dataset(split)
