@@ -27,7 +27,7 @@ import math
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 import torch

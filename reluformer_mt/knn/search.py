@@ -217,8 +217,6 @@ def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memori
     ``memories``: the memory tokens each pair is decoded with (models trained with memory attention)."""
     from fairseq.data import LanguagePairDataset, data_utils
 
-    from reluformer_mt.knn.datastore import forced_states
-
     if not pairs:
         return []
     eos = task.tgt_dict.eos()
