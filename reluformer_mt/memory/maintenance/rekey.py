@@ -107,8 +107,8 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
     index = MipsIndex("exact").build(keys)
     # the exact best match for recall, in the score of each side: the learned keys rerank by the word
     # fuzzy score, the model-free neighbours were ranked by the score the directory was prepared with
-    words = Retriever(memory, candidates=candidates, score=LEGACY_MATCH_SCORE)
-    prepared_score = words.rescored(recorded_match_score(info))
+    word_score = Retriever(memory, candidates=candidates, score=LEGACY_MATCH_SCORE)
+    prepared_score = word_score.rescored(recorded_match_score(info))
     layers = getattr(model.encoder, "tm_key_layers", 1)
     projection = "proj" if "tm_key_proj" in model.encoder._modules else "no-proj"
     description = f"learned-enc{layers}-mean-{projection}{keys.shape[1]}, rerank {rerank}"
@@ -131,8 +131,8 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
         save_array(scores_path, scores)
         sample = np.linspace(0, len(pairs) - 1, min(RECALL_SAMPLE, len(pairs))).astype(int)
         sampled, skip = [pairs.sources[i] for i in sample], None if exclude is None else exclude[sample]
-        best = words.exact_best(sampled, exclude=skip)
-        best_prepared = best if prepared_score.score == words.score else prepared_score.exact_best(sampled, exclude=skip)
+        best = word_score.exact_best(sampled, exclude=skip)
+        best_prepared = best if prepared_score.score == word_score.score else prepared_score.exact_best(sampled, exclude=skip)
         learned, model_free = quality(scores, best, sample), quality(old_scores, best_prepared, sample)
         if split != "train":
             learned["copy_top1_sbleu"] = copy_sbleu(ids, memory.targets, pairs.targets)
