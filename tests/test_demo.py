@@ -72,7 +72,8 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
     for family, r in report["models"].items():
         expected = {"constrained", "free", "sentence", "pieces", "knn", "knn-memory", "knn+pieces"}
         expected |= {"without-memory"} if "+" in family else set()
-        assert set(r["modes"]) == expected, family
+        # tm-first where the tuner's threshold beat its mode on validation (it decodes nothing)
+        assert set(r["modes"]) - {"tm-first"} == expected, family
         for mode, m in r["modes"].items():
             hyps = (report_dir / m["hypothesis_file"]).read_text(encoding="utf-8").splitlines()
             assert len(hyps) == r["verses"] and m["verses"] == r["verses"]

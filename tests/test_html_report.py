@@ -54,7 +54,8 @@ def test_report_folder_has_plain_outputs_metrics_and_a_self_contained_page(repor
     # every decoding mode of every family (demo_translate.MODES; without-memory for memory families only)
     modes = ("constrained", "free", "sentence", "pieces", "knn", "knn-memory", "knn+pieces")
     expected = {f"{f} ({m})" for f in FAMILIES for m in modes} | {f"{f} (without-memory)" for f in FAMILIES if "+" in f}
-    assert set(metrics["systems"]) == expected | {"nearest training verse"}
+    tm_first = {name for name in metrics["systems"] if name.endswith("(tm-first)")}  # where its threshold won
+    assert set(metrics["systems"]) - tm_first == expected | {"nearest training verse"}
     nearest = metrics["systems"]["nearest training verse"]
     assert len(nearest["sentence_chrf"]) == verses and nearest["bleu"] > 5 and 0 < nearest["ter"]
     assert boot["systems"]["nearest training verse"]["BLEU"]["significant"] is True  # copies beat 6 updates

@@ -936,6 +936,9 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
     report.update(stage_seconds=dict(stages.times), total_seconds=round(total, 1))
     write_json(o.out / "report" / "report.json", report, command=" ".join(sys.argv))
     write_json(o.out / "report" / "summary.json", summary(results, o, total, base))
+    from reluformer_mt.evaluation.html_report import write_html_report
+
+    page = write_html_report(o.out / "report")  # again: the page shows the total, known only now
     print(f"\nHTML report (opens from the file system): {page}")
     print("\n" + report["table"])
     print("published points of comparison:\n" + "\n".join(f"- {point}" for point in PAPER_POINTS))
