@@ -86,7 +86,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
         assert r["modes"]["knn"]["knn_steps"] > 0  # the datastore was consulted at every step
         # the values tuned on the validation chapters, and the mode chosen there
         tuned = r["tuned"]
-        assert set(tuned["chosen"]) == {"pieces", "full", "per_input"} and tuned["datastore"]["entries"] > 0
+        assert set(tuned["chosen"]) == {"pieces", "full", "per_input", "tm_first"} and tuned["datastore"]["entries"] > 0
         assert r["best_mode"] in r["modes"]
         assert json.loads(open(tuned["report"], encoding="utf-8").read())["split"] == "valid"
         # bands of every mode beside copying the match
