@@ -184,9 +184,12 @@ def test_document_phase_learning_rate(tmp_path):
         return float(train[train.index("--lr") + 1])
 
     lr = demo.PRESETS["quick"]["lr"]
-    assert lr_of([], 0) == lr_of([], 1) == lr
-    assert lr_of(["--document-lr", "3e-4"], 0) == lr  # the sentence phase keeps --lr
-    assert lr_of(["--document-lr", "3e-4"], 1) == 3e-4
+    assert lr_of(["--untuned"], 0) == lr_of(["--untuned"], 1) == lr
+    assert lr_of(["--untuned", "--document-lr", "3e-4"], 0) == lr  # the sentence phase keeps --lr
+    assert lr_of(["--untuned", "--document-lr", "3e-4"], 1) == 3e-4
+    assert lr_of(["--lr", "2e-3"], 0) == lr_of(["--lr", "2e-3"], 1) == 2e-3  # the command line beats a tuned value
+    tuned = demo.tuned_settings(demo.build_parser().parse_args([])).get("softmax", {})
+    assert lr_of([], 0) == lr_of([], 1) == tuned.get("lr", lr)  # the family's tuned rate when one is written
 
 
 def test_no_knn_leaves_out_every_knn_mode_and_table_row(tmp_path):
