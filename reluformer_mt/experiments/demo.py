@@ -64,7 +64,7 @@ from reluformer_mt.experiments.demo_schedule import Job
 from reluformer_mt.experiments.demo_timing import workers
 from reluformer_mt.experiments.workers import spawn_pool
 from reluformer_mt.experiments.progress import Stages, demo_plan, minutes
-from reluformer_mt.experiments.report_page import write_report_page
+from reluformer_mt.experiments.report_page import write_page_files
 from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train_args
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
@@ -928,8 +928,8 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
     """summary.json, report.json, table.md, the hypothesis files and index.html (a step with its
     own console line: its bootstrap intervals and alignments log to the log file); prints the table."""
     with stages.stage("write the report: summary, tables, bootstrap intervals, index.html"):
-        report, page = write_report(o, results, base, hypotheses, checkpoints, translated, dirs,
-                                    dict(stages.times), time.time() - started)
+        report = write_report(o, results, base, hypotheses, checkpoints, translated, dirs,
+                              dict(stages.times), time.time() - started)
     total = time.time() - started
     # the report's own seconds and the whole run's, measured once the report is written: again into
     # report.json and summary.json (what demo_timing and the README's duration read)
@@ -938,7 +938,7 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
     write_json(o.out / "report" / "summary.json", summary(results, o, total, base))
     from reluformer_mt.evaluation.html_report import write_html_report
 
-    page = write_html_report(o.out / "report")  # again: the page shows the total, known only now
+    page = write_html_report(o.out / "report")  # rendered last: the page shows the total, known only now
     print(f"\nHTML report (opens from the file system): {page}")
     print("\n" + report["table"])
     print("published points of comparison:\n" + "\n".join(f"- {point}" for point in PAPER_POINTS))
@@ -951,7 +951,7 @@ def report_stage(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
 def write_report(o: DemoOptions, results: Dict[str, dict], base: dict, hypotheses: Dict[str, Dict[str, dict]],
                  checkpoints: Dict[str, Path], translated: dict, dirs: Dict[str, Path], stage_seconds,
                  total: float):
-    """(report, page): the files of :func:`report_stage`."""
+    """The report and the files of :func:`report_stage` but ``index.html`` (rendered after it)."""
     report_dir = o.out / "report"
     reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
     table = demo_table(results, base, reference)
@@ -966,9 +966,9 @@ def write_report(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
     # the readable report: table.md (Markdown and fixed width), plain hypothesis files, index.html
     write_table_files(report_dir, TABLE_HEADERS, comparison_rows(results, base, reference), PAPER_POINTS,
                       title=f"reluformer-demo, {o.preset} preset")
-    page = write_report_page(report_dir, dirs["doc"], checkpoints, hypotheses,
-                             {f: results[f]["aer"] for f in o.families}, device=o.device)
-    return report, page
+    write_page_files(report_dir, dirs["doc"], checkpoints, hypotheses,
+                     {f: results[f]["aer"] for f in o.families}, device=o.device)
+    return report
 
 
 def run_demo(o: DemoOptions) -> dict:

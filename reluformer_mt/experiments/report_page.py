@@ -1,6 +1,7 @@
 """What the demo's HTML report needs beyond report.json, written into the report folder, and the page.
 
-``write_report_page`` is the demo's last step. Into ``OUT/report/`` it writes
+``write_page_files`` is the demo's last step but one (the page itself, ``index.html``, is rendered
+once the run's total time is known: ``html_report.write_html_report``). Into ``OUT/report/`` it writes
 
 - ``test_{model}.{mode}.txt``: the hypotheses of every decoding mode (constrained, free, sentence,
   pieces, knn, ...: ``demo_translate.MODES``), one held-out verse a line, chapters in
@@ -18,7 +19,7 @@
 - ``aligners.json``: AER of a statistical aligner (eflomal) on the same gold links, an informed
   reference beside the diagonal (also a line under table.md's table);
 
-then ``index.html`` (:mod:`reluformer_mt.evaluation.html_report`).
+which ``index.html`` (:mod:`reluformer_mt.evaluation.html_report`) reads.
 """
 import base64
 import json
@@ -33,7 +34,6 @@ from reluformer_mt.evaluation import bleu as bleu_lib
 from reluformer_mt.evaluation import extract
 from reluformer_mt.evaluation.align import MODES, head_variants
 from reluformer_mt.evaluation.baselines import nearest_verse_translations
-from reluformer_mt.evaluation.html_report import write_html_report
 from reluformer_mt.evaluation.reports import write_json
 from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.significance import paired_bootstrap
@@ -235,10 +235,10 @@ def aligner_note(aligners: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ the page
-def write_report_page(report_dir: Path, data_dir: Path, checkpoints: Mapping[str, Path],
-                      hypotheses: Mapping[str, Mapping[str, Docs]], aer: Mapping[str, dict], device: str = "cpu",
-                      max_alignment_verses: int = MAX_ALIGNMENT_VERSES) -> Path:
-    """The files above and ``index.html``. ``hypotheses[mode][model][chapter]``: the translated
+def write_page_files(report_dir: Path, data_dir: Path, checkpoints: Mapping[str, Path],
+                     hypotheses: Mapping[str, Mapping[str, Docs]], aer: Mapping[str, dict], device: str = "cpu",
+                     max_alignment_verses: int = MAX_ALIGNMENT_VERSES) -> None:
+    """The files above (not ``index.html``). ``hypotheses[mode][model][chapter]``: the translated
     verses of every decoding mode (:mod:`reluformer_mt.experiments.demo_translate`; "constrained"
     first, a mode may lack some models); the chapters are those translated."""
     report_dir, data_dir = Path(report_dir), Path(data_dir)
@@ -257,7 +257,6 @@ def write_report_page(report_dir: Path, data_dir: Path, checkpoints: Mapping[str
     write_json(report_dir / "aligners.json", aligners)
     if (report_dir / "table.md").exists():
         add_table_note(report_dir, aligner_note(aligners))
-    return write_html_report(report_dir)
 
 
-__all__ = ["write_report_page", "compute_metrics", "alignment_view", "sentence_view", "write_plain_files"]
+__all__ = ["write_page_files", "compute_metrics", "alignment_view", "sentence_view", "write_plain_files"]
