@@ -192,6 +192,8 @@ def test_the_length_study_end_to_end_at_toy_scale(tmp_path):
     for length in ("chapter",):
         for key in ("s_bleu", "d_bleu", "verse_s_bleu", "aer_best_head", "aer_head_average", "cxmi", "cross_sparsity"):
             assert cells[length][key]["n"] == 1, (length, key)
+    trivial = summary["baselines"]  # the lines to beat, on the same test chapters
+    assert 0 < trivial["aer"] < 1 and trivial["s_bleu"] > 0 and trivial["cxmi"] == 0
     gap = summary["minus_softmax"]["rela"]["chapter"]["s_bleu"]
     assert gap["verdict"] in ("better", "worse", "within the seed spread")
     # one sentence model for every length; the chapter cell's segments are whole chapters
@@ -227,7 +229,7 @@ def test_the_families_page_states_each_claim_from_the_length_table(tmp_path):
 
     class Base:
         family_settings = {}
-    summary = lengths.summarise(results, t, Base())
+    summary = lengths.summarise(results, t, Base(), {"s_bleu": 16.4, "d_bleu": 22.2, "aer": 0.77, "cxmi": 0.0})
     assert summary["minus_softmax"]["reluformer"]["chapter"]["s_bleu"]["verdict"] == "better"
     assert summary["minus_softmax"]["reluformer"]["sentence"]["verse_s_bleu"]["verdict"] == "within the seed spread"
     (tmp_path / "lengths.json").write_text(json.dumps(summary))
@@ -244,6 +246,8 @@ def test_the_families_page_states_each_claim_from_the_length_table(tmp_path):
     assert "on par with softmax on sentences (verse-by-verse s-BLEU, verses): confirmed (within the seed spread)" in page
     assert "aligns better than softmax (AER head average, whole chapters): contradicted" in page
     assert "reluformer uses its context" in page and (tmp_path / "families_gap.png").stat().st_size > 1000
+    # each table stands next to what no learning gets
+    assert "Baseline, copying the nearest training verse: 16.40" in page and "the diagonal alignment: AER 0.77" in page
     (tmp_path / "bad.json").write_text("[1]")
     assert families_page.main(["--tuning", str(tmp_path / "bad.json")]) == 2
     # a study under way: one seed of softmax lacks its chapter cell

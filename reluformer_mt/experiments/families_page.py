@@ -10,6 +10,7 @@ Either input may be missing (a study not run yet): its section then says so and 
 """
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -35,6 +36,8 @@ def cell(s: Optional[dict], places: int = 2, seeds: int = 0) -> str:
     if s is None:
         return ""
     fewer = f" ({s['n']} of {seeds} seeds)" if seeds and s.get("n", seeds) < seeds else ""
+    if s.get("n") == 1:  # one run has no spread
+        return f"{s['mean']:.{places}f}{fewer}"
     return f"{s['mean']:.{places}f} ± {s['std']:.{places}f}{fewer}"
 
 
@@ -57,8 +60,22 @@ def length_table(lengths: dict) -> List[str]:
                 g = gaps.get(n, {}).get(key)
                 row.append("" if g is None else f"{g['difference']:+.2f} ({g['verdict']})")
             lines.append(f"| {family} − softmax | " + " | ".join(row) + " |")
-        lines.append("")
+        lines += ["", baseline_line(key, lengths.get("baselines")), ""]
     return lines
+
+
+def baseline_line(key: str, trivial: Optional[dict]) -> str:
+    """What no learning gets for the measure ``key``, under its table."""
+    if key == "cross_sparsity":
+        return "Softmax attention has no exact zeros by construction (its row is 0 %)."
+    if key == "cxmi":
+        return "0 is a model that ignores its context; below 0, the context makes the reference less likely."
+    if not trivial:
+        return "(the trivial baselines are written once the study's corpus is prepared)"
+    if key.startswith("aer"):
+        return f"Baseline, the diagonal alignment: AER {trivial['aer']:.2f} (lower is better)."
+    which = "d_bleu" if key.endswith("d_bleu") else "s_bleu"
+    return f"Baseline, copying the nearest training verse: {trivial[which]:.2f} (the same at every length)."
 
 
 def claims(lengths: dict) -> List[str]:
@@ -131,6 +148,7 @@ def plot_gap(lengths: dict, path: Path) -> None:
 
 
 def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[str]) -> str:
+    from reluformer_mt.experiments.demo import PAPER_POINTS
     from reluformer_mt.experiments.tune import render as render_tuning
 
     lines = ["# Each family at its best: ReLU against softmax attention, from verses to chapters", "",
@@ -157,8 +175,8 @@ def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[
         if finished is not None and finished < planned:
             lines += [f"**Under way**: {finished} of {planned} cells finished (`--report-only` summarised them); "
                       "the claims wait for every seed.", ""]
-        lines += [f"Command: `{lengths['command']}`; test chapters; the diagonal alignment's AER is the line to beat "
-                  "(the demo's report gives it).", ""] + length_table(lengths)
+        lines += [f"Command: `{lengths['command']}`; scored on the 13 test chapters. The papers' points of "
+                  "comparison: " + "; ".join(PAPER_POINTS) + ".", ""] + length_table(lengths)
         if lengths.get("cpu_minutes"):
             lines += ["Cost on 2 cores, CPU minutes per family (training, the sentence phase once per seed, and "
                       "scoring): " + ", ".join(f"{f} {m:.0f}" for f, m in lengths["cpu_minutes"].items()) + ".", ""]
@@ -175,6 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=Path, default=None, help="the length study's lengths.json")
     p.add_argument("--out", type=Path, default=None, help="the page to write (default: print it)")
     args = p.parse_args(argv)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import leaves the root logger at DEBUG
     try:
         tuning = read_json(args.tuning, "tuner's tuning.json (reluformer-study --tune)")
         lengths = read_json(args.lengths, "length study's lengths.json (reluformer-study --lengths)")

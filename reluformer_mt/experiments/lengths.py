@@ -186,7 +186,9 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     base = base_options(t)
     jobs = [(family, seed) for seed in range(1, t.seeds + 1) for family in t.families]
     if t.report_only:
-        summary = summarise(finished_cells(t), t, base)
+        sentence_dir = t.out / "data" / f"sentence.v{base.vocab_size}"
+        summary = summarise(finished_cells(t), t, base, trivial_baselines(base, sentence_dir)
+                            if (sentence_dir / "test.words.grc").exists() else None)
         _write_atomic(t.out / "lengths.json", json.dumps(summary, indent=1) + "\n")
         report(f"lengths: {summary['cells_finished']} of {summary['cells_planned']} cells finished; "
                f"wrote {t.out / 'lengths.json'}")
@@ -205,9 +207,19 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
             results.setdefault(family, {})[seed] = future.result()
             report(f"lengths: {family} seed {seed} done ({sum(map(len, results.values()))}/{len(jobs)}), "
                    f"{(time.time() - started) / 60:.1f} min elapsed")
-    summary = summarise(results, t, base)
+    summary = summarise(results, t, base, trivial_baselines(base, dirs["sentence"]))
     _write_atomic(t.out / "lengths.json", json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def trivial_baselines(base, data_dir: Path) -> dict:
+    """What no learning gets on the same test chapters, whatever the length: copying the nearest
+    training verse (s-BLEU, d-BLEU), the diagonal alignment (AER); CXMI's is 0 (context ignored)."""
+    from reluformer_mt.experiments.demo import baselines
+
+    found = baselines(base, data_dir)
+    return {"s_bleu": found["nearest_verse"]["s_bleu"], "d_bleu": found["nearest_verse"]["d_bleu"],
+            "aer": found["diagonal"]["aer"], "cxmi": 0.0}
 
 
 def finished_cells(t: LengthOptions) -> Dict[str, Dict[int, dict]]:
@@ -229,7 +241,7 @@ MEASURES = (("s_bleu", "s-BLEU (document translator)", True), ("d_bleu", "d-BLEU
             ("cxmi", "CXMI (nats/token)", True), ("cross_sparsity", "exact zeros in cross-attention", None))
 
 
-def summarise(results: Dict[str, Dict[int, dict]], t: LengthOptions, base) -> dict:
+def summarise(results: Dict[str, Dict[int, dict]], t: LengthOptions, base, trivial: Optional[dict] = None) -> dict:
     """mean ± std per (family, length, measure), and each family minus softmax with the verdict."""
     from reluformer_mt.experiments.seeds import spread
 
@@ -252,6 +264,7 @@ def summarise(results: Dict[str, Dict[int, dict]], t: LengthOptions, base) -> di
     return {"lengths": list(t.lengths), "seeds": t.seeds, "families": table, "minus_softmax": gaps,
             "cells_finished": len(every), "cells_planned": len(t.families) * t.seeds * len(t.lengths),
             "cpu_minutes": cpu_minutes,  # training (the sentence phase counted once) and scoring, per family
+            "baselines": trivial,  # trivial_baselines: the lines to beat
             "settings": {f: base.family_settings.get(f, "the quick preset's") for f in t.families},
             "command": f"reluformer-study --lengths {','.join(t.lengths)} --tune-families {','.join(t.families)} "
                        f"--seeds {t.seeds}" + (" --untuned" if t.untuned else "")}
