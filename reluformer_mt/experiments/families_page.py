@@ -180,6 +180,11 @@ def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[
         if lengths.get("cpu_minutes"):
             lines += ["Cost on 2 cores, CPU minutes per family (training, the sentence phase once per seed, and "
                       "scoring): " + ", ".join(f"{f} {m:.0f}" for f, m in lengths["cpu_minutes"].items()) + ".", ""]
+        lines += ["Every finished cell's measures are kept in `docs/families/lengths/FAMILY/seed-S/LENGTH/cell.json`; "
+                  f"`{lengths['command']} --out docs/families/lengths --report-only` summarises them into "
+                  "`lengths.json` there, and this page is made from it. To continue the study on a fresh machine, "
+                  "copy those folders into the study's `--out` and rerun its command: the saved cells are not "
+                  "trained again.", ""]
         if plot_name:
             lines += [f"![the gap against length]({plot_name})", ""]
         if finished is None or finished >= planned:

@@ -186,9 +186,7 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     base = base_options(t)
     jobs = [(family, seed) for seed in range(1, t.seeds + 1) for family in t.families]
     if t.report_only:
-        sentence_dir = t.out / "data" / f"sentence.v{base.vocab_size}"
-        summary = summarise(finished_cells(t), t, base, trivial_baselines(base, sentence_dir)
-                            if (sentence_dir / "test.words.grc").exists() else None)
+        summary = summarise(finished_cells(t), t, base, report_baselines(t, base))
         _write_atomic(t.out / "lengths.json", json.dumps(summary, indent=1) + "\n")
         report(f"lengths: {summary['cells_finished']} of {summary['cells_planned']} cells finished; "
                f"wrote {t.out / 'lengths.json'}")
@@ -210,6 +208,19 @@ def run_lengths(t: LengthOptions, report: Callable[[str], None] = None) -> dict:
     summary = summarise(results, t, base, trivial_baselines(base, dirs["sentence"]))
     _write_atomic(t.out / "lengths.json", json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def report_baselines(t: LengthOptions, base) -> dict:
+    """:func:`trivial_baselines` from the study's corpus, or, where OUT holds only the saved cells
+    (docs/families/lengths/), from the corpus prepared again in a temporary folder (seconds)."""
+    import tempfile
+
+    sentence_dir = t.out / "data" / f"sentence.v{base.vocab_size}"
+    if (sentence_dir / "test.words.grc").exists():
+        return trivial_baselines(base, sentence_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = prepare_lengths(replace(t, out=Path(tmp), lengths=("sentence",)), base)
+        return trivial_baselines(base, dirs["sentence"])
 
 
 def trivial_baselines(base, data_dir: Path) -> dict:
