@@ -87,6 +87,9 @@ def test_demo_runs_every_stage_and_writes_the_report(tiny_demo):
         # the values tuned on the validation chapters, and the mode chosen there
         tuned = r["tuned"]
         assert set(tuned["chosen"]) == {"pieces", "full", "per_input", "tm_first"} and tuned["datastore"]["entries"] > 0
+        for store in ("full", "per_input"):  # the search chosen on validation: exact, or faster within the tolerance
+            search = tuned["chosen"][store]["search"]
+            assert search["table"][0]["exact"] and search["chosen"] in [row["options"] for row in search["table"]]
         assert r["best_mode"] in r["modes"]
         assert json.loads(open(tuned["report"], encoding="utf-8").read())["split"] == "valid"
         # bands of every mode beside copying the match

@@ -126,6 +126,10 @@ DAMAGES = {
                           r"datastore\.json: tuned\.full\.k: expected 1 to 2048 neighbours per step, got '8'"),
     "a tuned temperature of 0": (lambda s: edit_meta(s, lambda m: set_in(m, "tuned.full", {"temperature": 0})),
                                  r"datastore\.json: tuned\.full\.temperature: expected a positive number, got 0"),
+    "a tuned probe of 0": (lambda s: edit_meta(s, lambda m: set_in(m, "tuned.full", {"probe": 0})),
+                           r"datastore\.json: tuned\.full\.probe 0: expected a positive integer or null"),
+    "a tuned search interval of text": (lambda s: edit_meta(s, lambda m: set_in(m, "tuned.full", {"search_every": "2"})),
+                                        r"datastore\.json: tuned\.full\.search_every \"2\": expected a positive integer"),
 }
 
 

@@ -227,6 +227,68 @@ def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, t
         tune(ckpt, datastore=leaky.directory, decode=False, progress=lambda *_: None)
 
 
+def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translator_uses_it(knn_setup, tmp_path):
+    """The tuner's search stage on real decodes of validation sentences (an IVF datastore): the
+    exact search, fewer probes, the index searched every few steps, both together, each with its
+    s-BLEU and sentences/s; the fastest within the tolerance is kept (a tolerance of 0: the exact
+    search unless an approximation scores as well); datastore.json records it, the translator
+    follows it unless told --knn-exact-search."""
+    from reluformer_mt.experiments.knn_search_tune import datastore_values, format_search, tune_search
+    from reluformer_mt.experiments.knn_tune import TuneError, split_documents, tune, validation_bleu
+    from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.knn.continued import ContinuedSearch
+    from reluformer_mt.knn.datastore import Datastore, build_datastore
+    from reluformer_mt.knn.search import FullDatastore, KnnOptions
+
+    ckpt = knn_setup["checkpoints"]["none"]
+    with pytest.raises(TuneError, match="--search-tolerance: expected s-BLEU points >= 0"):
+        tune(ckpt, datastore=knn_setup["store"].directory, search_tolerance=-1, progress=lambda *_: None)
+    store = build_datastore(ckpt, tmp_path / "ivf", index="ivf", progress=False)
+    own = store.own_probe()
+    assert own > 2  # there are fewer probes to try
+    sources, references, _ = split_documents(knn_setup["data"], "valid")
+    sources, references = [sources[0][:4]], [references[0][:4]]
+    kwargs = dict(beam=2, max_len_a=0, max_len_b=10, knn=store.directory,
+                  **KnnOptions(k=16, lam=0.9, temperature=1.0).translator_options())
+    measured = {}
+
+    def decode(name, search):  # each setting decoded once, both tolerances read the same measurement
+        if name not in measured:
+            measured[name] = validation_bleu(lambda: DocumentTranslator(ckpt, **kwargs, **search), sources, references)
+        return measured[name]
+
+    lines = []
+    loose = tune_search(decode, "full", store, 4, 1e9, "knn full softmax", lines.append)
+    table = loose["table"]
+    assert [r["options"] for r in table[:5]] == [
+        {"knn_probe": own, "knn_search_every": 1}, *({"knn_probe": p, "knn_search_every": 1} for p in (own // 2, own // 4)),
+        *({"knn_probe": own, "knn_search_every": n} for n in (2, 4))]
+    assert len(table) == 6 and table[0]["exact"] and all(r["within_tolerance"] for r in table)
+    assert all(r["sentences_per_s"] > 0 and r["s_bleu"] >= 0 for r in table)
+    assert loose["chosen"] == max(table, key=lambda r: r["sentences_per_s"])["options"]
+    assert any("search full: validation s-BLEU and speed" in line for line in lines)
+    assert f"chosen: {loose['search']}" in "\n".join(format_search("full", loose))
+    strict = tune_search(decode, "full", store, 4, 0.0, "knn full softmax", lambda *_: None)
+    assert strict["exact"] or strict["s_bleu"] >= strict["exact_s_bleu"]
+    assert strict["sentences_per_s"] == max(r["sentences_per_s"] for r in strict["table"]
+                                             if r["s_bleu"] >= strict["exact_s_bleu"])
+    values = datastore_values(loose, store)
+    assert values["probe"] in (None, own // 2, own // 4) and values["search_every"] in (1, 2, 4)
+
+    # an approximate choice in datastore.json is applied; --knn-exact-search searches as built
+    Datastore.load(store.directory).set_tuned("full", {"k": 16, "probe": 2, "search_every": 2})
+    plain = dict(beam=2, max_len_a=0, max_len_b=6)
+    approximate = DocumentTranslator(ckpt, knn=store.directory, **plain)
+    mixer = approximate.part(KnnMixture).mixer
+    assert isinstance(mixer.store, ContinuedSearch) and mixer.store.every == 2
+    assert mixer.store.datastore.index().index.nprobe == 2
+    approximate.translate([["a b c", "d e"]])
+    assert approximate.stats["knn: beam steps that followed their neighbours (no index search)"] > 0
+    exact = DocumentTranslator(ckpt, knn=store.directory, knn_exact_search=True, **plain).part(KnnMixture).mixer
+    assert isinstance(exact.store, FullDatastore) and exact.store.datastore.index().index.nprobe == own
+
+
 def test_fairseq_generate_with_a_datastore(knn_setup):
     """fairseq users: --knn-datastore on the task gives fairseq-generate kNN-MT; lambda 0 is plain."""
     from helpers import USER_DIR, run_fairseq

@@ -23,6 +23,8 @@ from reluformer_mt.data.textfiles import write_text_atomically
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from reluformer_mt.experiments.knn_search_tune import SEARCH_TOLERANCE  # a constant: no torch
+
     p = OneLineParser(prog="reluformer-memory", description="The translation memory of a prepared directory and kNN-MT datastores.",
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -66,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adaptive-k", type=positive_int, default=16,
                    help="with --knn: the largest k of the adaptive kNN-MT network (Zheng et al. 2021), trained on "
                         "the split and written beside the datastore (adaptive.npz); a power of two")
+    t.add_argument("--search-tolerance", type=float, default=SEARCH_TOLERANCE, metavar="POINTS",
+                   help="the approximate searches of the chosen kNN setting (fewer IVF probes, the index searched "
+                        "every few steps, per-input datastores in one batch) are decoded too, and the fastest whose "
+                        "validation s-BLEU is at most POINTS below the exact search's is chosen (0: only one that "
+                        f"scores as well; default {SEARCH_TOLERANCE:g})")
     add_device_option(t, help="torch device: " + DEVICE_HELP)
     add_match_score_option(t, "how the memory ranks its matches for the pieces, the per-input datastores and TM-first "
                               "(default: the score the data directory was prepared with)", default=False)
@@ -82,6 +89,8 @@ def check_options(args) -> None:
     check_input_folder(getattr(args, "directory", None), "datastore")
     if args.command == "tune":
         check_input_folder(args.knn, "--knn")
+        if not 0 <= args.search_tolerance < float("inf"):
+            raise ValueError(f"--search-tolerance: expected s-BLEU points >= 0, got {args.search_tolerance}")
         if args.adaptive_k & (args.adaptive_k - 1):
             raise ValueError(f"--adaptive-k: expected a power of two (the network chooses among k = 1, 2, 4, ...), "
                              f"got {args.adaptive_k}")
@@ -121,7 +130,7 @@ def run_tune(args) -> str:
         check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))
     report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=args.device,
                   beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
-                  adaptive_k=args.adaptive_k, match_score=args.match_score, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                  adaptive_k=args.adaptive_k, match_score=args.match_score, search_tolerance=args.search_tolerance, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return format_report(report)

@@ -191,11 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "to float rounding")
     knn.add_argument("--knn-probe", type=int, default=D["knn_probe"], metavar="N",
                      help="--knn: IVF lists searched per step (an HNSW index: efSearch); fewer is faster, recalls "
-                          "less (default: the datastore's, 16)")
+                          "less (default: as tuned, else the datastore's, 16)")
     knn.add_argument("--knn-search-every", type=int, default=D["knn_search_every"], metavar="N",
                      help="--knn: search the index every N steps; in between each beam row reads the successors "
                           "of its last neighbours that voted for the token it wrote (chunk-based kNN-MT, Martins "
-                          "et al. 2022): faster, approximate (default 1: every step)")
+                          "et al. 2022): faster, approximate (default: as tuned, else 1: every step)")
+    knn.add_argument("--knn-exact-search", action="store_true", default=D["knn_exact_search"],
+                     help="--knn: search the datastore as it was built (every step, the index's own probe) even "
+                          "where the tuner chose a faster approximate search")
     knn.add_argument("--knn-k", type=int, default=D["knn_k"], metavar="K", help="neighbours per step (default: tuned, else 16)")
     knn.add_argument("--knn-lambda", type=float, default=D["knn_lambda"], metavar="L",
                      help="largest share of the neighbours (default: tuned, else 0.5)")
@@ -438,7 +441,8 @@ def run(args) -> str:
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
         fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
         knn=args.knn, knn_memory=args.knn_memory,
-        knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
+        knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every,
+        knn_exact_search=args.knn_exact_search, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
         tmx_placeholders=args.tmx_placeholders, match_score=args.match_score, tm_first=args.tm_first)
     if args.memory_matches and translator.memory is None:

@@ -761,11 +761,21 @@ def knn_table(results: Dict[str, dict]) -> str:
                          o["readout"] + (" (adaptive)" if o.get("adaptive") else ""),
                          "Meta-k" if o.get("adaptive") else o["k"], "Meta-k" if o.get("adaptive") else o["lam"], spread,
                          c["by_readout"]["softmax"], c["by_readout"]["relu"], "" if adaptive is None else adaptive,
-                         c["s_bleu_with_pieces"]])
+                         c["s_bleu_with_pieces"], search_choice(c.get("search"))])
     if not rows:
         return ""
     return format_table(["model (datastore)", "read-out", "k", "lambda", "T / radius", "valid: softmax read-out",
-                         "valid: relu read-out", "valid: adaptive", "valid: + pieces"], rows)
+                         "valid: relu read-out", "valid: adaptive", "valid: + pieces", "search (against exact)"], rows)
+
+
+def search_choice(search: Optional[dict]) -> str:
+    """The search the tuner chose, with its validation s-BLEU and speed against the exact search."""
+    if not search:
+        return ""
+    if search["exact"]:
+        return f"{search['search']} (exact)"
+    return (f"{search['search']} ({search['s_bleu'] - search['exact_s_bleu']:+.2f} s-BLEU, "
+            f"{search['sentences_per_s'] / search['exact_sentences_per_s']:.2f}x sentences/s)")
 
 
 # Published points of comparison (other corpora and model sizes: for orientation, not for a match).

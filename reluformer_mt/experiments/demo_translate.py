@@ -110,10 +110,13 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
     if mode.startswith("knn"):
         if tuned is None or not o.knn:  # --no-knn
             return None
+        # with the search the tuner chose: the exact one or the fastest approximation within its tolerance
         if mode == "knn-memory":
+            per_input = tuned["chosen"]["per_input"]
             return {"knn_memory": True, "knn_memory_k": o.knn_memory_k,
-                    **KnnOptions(**tuned["chosen"]["per_input"]["options"]).translator_options()}
-        kw = {"knn": str(store_dir), **KnnOptions(**tuned["chosen"]["full"]["options"]).translator_options()}
+                    **KnnOptions(**per_input["options"]).translator_options(), **per_input["search"]["chosen"]}
+        full = tuned["chosen"]["full"]
+        kw = {"knn": str(store_dir), **KnnOptions(**full["options"]).translator_options(), **full["search"]["chosen"]}
         if mode == "knn+pieces":
             return None if pieces is None else {**kw, **pieces, "pieces_k": o.pieces_k}
         return kw

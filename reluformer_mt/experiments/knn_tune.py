@@ -15,6 +15,10 @@ Two stages, so that a grid of hundreds of settings costs seconds:
    s-BLEU wins; for the better read-out, larger lambdas (0.6, 0.9) are decoded too, since beam
    search can gain from trusting the neighbours more than the NLL's mixture does. This is what the
    demo uses for the test chapters.
+   Then the approximate searches of the chosen setting (fewer probes, the index searched every
+   few steps, per-input datastores searched in one batch) decode the same documents, and the
+   fastest within ``search_tolerance`` s-BLEU of the exact search is chosen
+   (:mod:`reluformer_mt.experiments.knn_search_tune`).
 3. **TM-first.** Every decode's outputs with each sentence whose best memory match scores >= T
    replaced by the match's target (what ``--tm-first T`` translates: the model's outputs stay where
    the match is below T), for T on a grid; the best (decode, T) by validation s-BLEU is chosen
@@ -31,6 +35,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from reluformer_mt.experiments.knn_search_tune import (SEARCH_TOLERANCE, datastore_values, exact_search, format_search,
+                                                      tune_search)
 from reluformer_mt.knn.datastore import (Datastore, DatastoreError, model_fingerprint, overlap, pair_hashes,
                                          split_pairs)
 from reluformer_mt.knn.readout import MODEL_SHARE, neighbour_weights
@@ -38,9 +44,9 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 
 logger = logging.getLogger(__name__)
 
-# 2: adaptive kNN-MT; 3: pieces stop at the source's expected length; 4: the TM-first threshold.
-# A report of another version is stale (the demo tunes again).
-TUNER_VERSION = 4
+# 2: adaptive kNN-MT; 3: pieces stop at the source's expected length; 4: the TM-first threshold;
+# 5: the approximate search. A report of another version is stale (the demo tunes again).
+TUNER_VERSION = 5
 GRID_K = (4, 16, 64, 256)
 GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
@@ -300,13 +306,15 @@ def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.T
 def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
          memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
          adaptive_k: int = 16, knn: bool = True, match_score: Optional[str] = None, progress=print,
-         pieces_floors: Sequence[float] = GRID_PIECES_FLOOR) -> dict:
+         pieces_floors: Sequence[float] = GRID_PIECES_FLOOR, search_tolerance: float = SEARCH_TOLERANCE) -> dict:
     """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory;
     neither with ``knn=False``), translation pieces and the TM-first threshold on ``split``; returns
     the report (grid, decodes, chosen values). ``match_score``: the memory's (None: the one the data
     directory was prepared with).
     ``documents``: decode only the split's first N documents in stage 2 (0: all); ``pieces_floors``:
-    the fuzzy floors of the pieces' grid (each decoded with every weight of ``GRID_PIECES_WEIGHT``)."""
+    the fuzzy floors of the pieces' grid (each decoded with every weight of ``GRID_PIECES_WEIGHT``);
+    ``search_tolerance``: the s-BLEU points an approximate search may lose against the exact one
+    and still be chosen (0: only one that scores as well)."""
     from reluformer_mt.checkpoints import load_model, pick_device
     from reluformer_mt.inference.translator import DocumentTranslator
 
@@ -317,6 +325,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
     if not pieces_floors or not all(0 <= f <= 1 for f in pieces_floors):
         raise TuneError(f"pieces floors: expected fuzzy scores from 0 to 1, got {list(pieces_floors)}")
+    if not 0 <= search_tolerance < float("inf"):
+        raise TuneError(f"--search-tolerance: expected s-BLEU points >= 0, got {search_tolerance}")
     for option, value in (("--pieces-k", pieces_k), ("--knn-memory-k", memory_k), ("--beam", beam)):
         if value < 1:  # checked by the translators only after the grid and the adaptive network's training
             raise TuneError(f"{option}: expected a positive integer, got {value}")
@@ -370,23 +380,29 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
     if documents:
         sources, references = sources[:documents], references[:documents]
     report["decoded_documents"] = len(sources)
+    report["decoded_sentences"] = sum(len(doc) for doc in sources)
     common = dict(data=data, device=device, beam=beam, match_score=match_score)
-    decodes, outputs = [], {}
+    decodes, outputs, seconds_of = [], {}, {}
+    n_sentences = report["decoded_sentences"]
 
-    def run(name, knn: Optional[KnnOptions] = None, **kwargs):
+    def run(name, knn: Optional[KnnOptions] = None, search: Optional[dict] = None, **kwargs):
         """Decode the validation documents with translator keywords ``kwargs`` (``knn``: the kNN
-        options, with the full datastore when ``kwargs`` has no ``knn_memory``)."""
+        options, with the full datastore when ``kwargs`` has no ``knn_memory``; ``search``: its
+        search keywords, by default the exact search, not one a former tuning left in the datastore)."""
         options = dict(kwargs)
         if knn is not None:
             options.update(knn.translator_options())
             if not options.get("knn_memory"):
                 options["knn"] = datastore
+            options.update(search or exact_search("per_input" if options.get("knn_memory") else "full", store))
         outputs[name] = []
-        s, seconds = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **options), sources, references,
-                                     outputs[name])
-        decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds, 1), **kwargs,
-                        **({"knn_options": knn.as_dict()} if knn is not None else {})})
-        progress(f"tune: {name}: {split} s-BLEU {s:.2f} ({seconds:.0f} s)")
+        s, seconds_of[name] = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **options), sources,
+                                              references, outputs[name])
+        decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds_of[name], 1),
+                        "sentences_per_s": round(n_sentences / max(seconds_of[name], 1e-9), 2), **kwargs,
+                        **({"knn_options": knn.as_dict()} if knn is not None else {}),
+                        **({"search": search} if search else {})})
+        progress(f"tune: {name}: {split} s-BLEU {s:.2f} ({seconds_of[name]:.0f} s)")
         return s
 
     run("plain")
@@ -425,17 +441,26 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
             s = adaptive_s_bleu = run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
             if s > s_best:
                 s_best, options, decode = s, candidate, decodes[-1]["name"]
-        with_pieces = run(f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''} + pieces", knn=options, pieces_k=pieces_k, **chosen_pieces, **kw)
-        best[mode] = {"options": options.as_dict(), "s_bleu": s_best, "decode": decode,
+        name = f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''}"
+        search = tune_search(lambda label, keywords: (run(label, knn=options, search=keywords, **kw), seconds_of[label]),
+                             mode, store, n_sentences, search_tolerance, name, progress)
+        s_best, decode = search["s_bleu"], search["decode"]  # what the chosen search decodes (the exact one's on a tie)
+        with_pieces = run(f"{name} + pieces", knn=options, search=search["chosen"], pieces_k=pieces_k, **chosen_pieces, **kw)
+        best[mode] = {"options": options.as_dict(), "s_bleu": s_best, "decode": decode, "search": search,
                       "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
                       "decode_with_pieces": decodes[-1]["name"], "by_readout": {r: s for r, (s, _, _) in scores.items()},
                       **({"adaptive_s_bleu": adaptive_s_bleu} if mode == "full" and adaptive is not None else {})}
+    for mode in grids:  # TM-first over what a mode translates with: of its search settings only the chosen one
+        for row in best[mode]["search"]["table"]:
+            if row["decode"] != best[mode]["search"]["decode"]:
+                outputs.pop(row["decode"])
     best["tm_first"] = tune_tm_first(checkpoint, common, sources, references, outputs)
     progress(f"tune: TM-first over {best['tm_first']['over']}: threshold {best['tm_first']['threshold']} "
              f"({best['tm_first']['match_score']}), {split} s-BLEU {best['tm_first']['s_bleu']:.2f}")
     report["decodes"], report["chosen"] = decodes, best
     if store is not None:
-        store.set_tuned("full", {**best["full"]["options"], "tuned_on": f"{data_dir} ({split})"})
+        store.set_tuned("full", {**best["full"]["options"], **datastore_values(best["full"]["search"], store),
+                                 "tuned_on": f"{data_dir} ({split})"})
     report["seconds"] = round(time.time() - started, 1)
     return report
 
@@ -467,6 +492,9 @@ def format_report(report: dict) -> str:
                      + ", ".join(f"{k}: {w:.2f}" for k, w in zip(a["choices"], a["mean_weight_by_choice"])))
     for d in report.get("decodes", []):
         lines.append(f"  decode {d['name']:32s} s-BLEU {d['s_bleu']:6.2f}  ({d['seconds']} s)")
+    for mode in ("full", "per_input"):
+        if "search" in report.get("chosen", {}).get(mode, {}):
+            lines += format_search(mode, report["chosen"][mode]["search"])
     tm_first = report.get("chosen", {}).get("tm_first")
     if tm_first:
         row = tm_first["by_decode"][tm_first["over"]]

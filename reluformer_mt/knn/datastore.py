@@ -182,6 +182,19 @@ class Datastore:
             index.hnsw.efSearch = int(probe)
         return self
 
+    def own_probe(self) -> Optional[int]:
+        """The probe the datastore searches with unless told otherwise (``--knn-probe``): an IVF
+        index's lists per query (at most all of them), an HNSW index's efSearch; None for an
+        exact index, which has nothing to probe."""
+        index = self.meta["index"]
+        if index["kind"] == "ivf":
+            nlist = index.get("nlist")
+            probe = index.get("nprobe", IVF_NPROBE)
+            return min(probe, nlist) if nlist else probe
+        if index["kind"] == "hnsw":
+            return index.get("ef_search", 128)
+        return None
+
     def index(self):
         """The faiss index (read from ``index.faiss``; built from the keys if it is missing)."""
         if self._index is None:
@@ -242,7 +255,8 @@ class Datastore:
             q = np.ascontiguousarray(np.hstack([queries, np.ones((len(queries), 1), np.float32)]))
             scores, ids = index.search(q, k)
             norms = (queries.astype(np.float64) ** 2).sum(1, keepdims=True)
-            distances = np.maximum(norms - 2.0 * scores, 0.0).astype(np.float32)
+            # float64: a missing neighbour's score (-FLT_MAX) doubled would overflow float32
+            distances = np.maximum(norms - 2.0 * scores.astype(np.float64), 0.0).astype(np.float32)
         found = ids >= 0
         return np.where(found, distances, np.inf), np.where(found, ids, -1)
 
@@ -302,6 +316,11 @@ def check_meta(path: Path, meta: dict) -> None:
             check_search_values(tuned["full"], lambda field: f"{path}: tuned.full.{field}")
         except ReadoutError as e:
             raise DatastoreError(f"{e}; retune it (reluformer-memory tune)") from None
+        search = tuned["full"]  # and the approximate search the tuner chose
+        if search.get("probe") is not None and not (_whole(search["probe"]) and search["probe"] >= 1):
+            bad("tuned.full.probe", "a positive integer or null (the index's own)")
+        if "search_every" in search and not (_whole(search["search_every"]) and search["search_every"] >= 1):
+            bad("tuned.full.search_every", "a positive integer")
 
 
 def write_meta(directory: Path, meta: dict) -> None:

@@ -33,11 +33,13 @@ class KnnMtOptions:
     # per-input datastores: each step's distances as one batched product per unit read (a sentence's
     # beams together), not a copy of its keys per beam row; the same neighbours up to float rounding
     batched_search: bool = field(default=False, metadata={"flat": "knn_batched_search"})
-    # a corpus datastore's IVF lists searched per step (HNSW: efSearch); None: the datastore's (16)
+    # a corpus datastore's IVF lists searched per step (HNSW: efSearch); None: as tuned, else the index's (16)
     probe: Optional[int] = field(default=None, metadata={"flat": "knn_probe"})
     # a corpus datastore's index searched every N steps, the neighbours' successors followed in
-    # between (reluformer_mt.knn.continued); 1: every step (exact)
-    search_every: int = field(default=1, metadata={"flat": "knn_search_every"})
+    # between (reluformer_mt.knn.continued); None: as tuned, else 1 (every step)
+    search_every: Optional[int] = field(default=None, metadata={"flat": "knn_search_every"})
+    # a corpus datastore searched as built, whatever the tuner chose: every step, the index's own probe
+    exact_search: bool = field(default=False, metadata={"flat": "knn_exact_search"})
 
     def __post_init__(self):
         self.memory, self.memory_k = bool(self.memory), int(self.memory_k)
@@ -57,10 +59,15 @@ class KnnMtOptions:
             self.probe = int(self.probe)
             if self.probe < 1 or self.datastore is None:
                 raise TranslationError(f"--knn-probe {self.probe}: expected >= 1 lists of a --knn DATASTORE's index")
-        self.search_every = int(self.search_every)
-        if self.search_every < 1 or (self.search_every > 1 and self.datastore is None):
-            raise TranslationError(f"--knn-search-every {self.search_every}: expected >= 1 steps, > 1 only with --knn "
-                                   "DATASTORE")
+        if self.search_every is not None:
+            self.search_every = int(self.search_every)
+            if self.search_every < 1 or (self.search_every > 1 and self.datastore is None):
+                raise TranslationError(f"--knn-search-every {self.search_every}: expected >= 1 steps, > 1 only with "
+                                       "--knn DATASTORE")
+        self.exact_search = bool(self.exact_search)
+        if self.exact_search and (self.datastore is None or self.probe is not None or self.search_every is not None):
+            raise TranslationError("--knn-exact-search: searches a --knn DATASTORE as it was built; give it without "
+                                   "--knn-probe / --knn-search-every")
         if self.datastore is not None and self.memory:
             raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
 
@@ -179,22 +186,38 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
                                        checkpoint=context.checkpoint)
             # ids within the model's dictionary, keys of its state width: checked before decoding
             datastore.check_model(len(context.task.target_dictionary), model.decoder.output_projection.weight.shape[1])
-            if options.probe is not None:
-                datastore.set_probe(options.probe)
         tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
         known = {f.name for f in fields(KnnOptions)}
-        tuned = {k: v for k, v in tuned.items() if k in known}
         KnnOptions(**options.given()).check()  # the options' own ranges (--knn-k at most 2048, ...)
-        mixer = KnnMixer(StateRecorder(model.decoder), KnnOptions(**{**tuned, **options.given()}))
+        mixer = KnnMixer(StateRecorder(model.decoder),
+                         KnnOptions(**{**{k: v for k, v in tuned.items() if k in known}, **options.given()}))
         if datastore is not None:
             mixer.use_datastore(datastore)
-            if options.search_every > 1:
-                from reluformer_mt.knn.continued import ContinuedSearch
-
-                mixer.store = ContinuedSearch(datastore, options.search_every, mixer.stats)
+            use_search(mixer, datastore, *search_settings(options, tuned))
     except (DatastoreError, ReadoutError, AdaptiveError) as e:
         raise TranslationError(str(e)) from None
     return KnnMixture(mixer, options, context, datastore)
+
+
+def search_settings(options: KnnMtOptions, tuned: dict):
+    """(probe, search every N steps) of a corpus datastore: the options given, else the tuner's
+    choice (``tuned.full`` of ``datastore.json``), else the index as built and every step;
+    ``--knn-exact-search``: as built whatever was tuned."""
+    if options.exact_search:
+        return None, 1
+    probe = options.probe if options.probe is not None else tuned.get("probe")
+    every = options.search_every if options.search_every is not None else tuned.get("search_every", 1)
+    return probe, every
+
+
+def use_search(mixer, datastore, probe, every: int) -> None:
+    """Search ``datastore`` with ``probe`` lists (None: its own), every ``every`` steps."""
+    if probe is not None:
+        datastore.set_probe(probe)
+    if every > 1:
+        from reluformer_mt.knn.continued import ContinuedSearch
+
+        mixer.store = ContinuedSearch(datastore, every, mixer.stats)
 
 
 register_guidance("knn", KnnMtOptions, build_knn)
