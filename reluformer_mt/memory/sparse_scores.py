@@ -149,8 +149,13 @@ class SparseSpace:
         indices, data = np.empty(nnz, dtype=index), np.empty(nnz, dtype=np.float32)
         cursor = indptr[:-1].astype(np.int64)  # where each unit's next entry goes
         for start in range(0, len(sentences), FIT_CHUNK):
-            ids, lengths = self._first_seen_ids(sentences[start:start + FIT_CHUNK], words)
-            weights = self.weigh(count_matrix(renumber[ids], lengths, len(df)))
+            chunk = sentences[start:start + FIT_CHUNK]
+            if words is None:  # the vocabulary holds the final ids now
+                ids, lengths = self._known_ids(chunk)
+            else:  # the words' cached ids are first-seen ones
+                ids, lengths = self._first_seen_ids(chunk, words)
+                ids = renumber[ids]
+            weights = self.weigh(count_matrix(ids, lengths, len(df)))
             rows = np.repeat(np.arange(start, start + len(lengths), dtype=index), np.diff(weights.indptr))
             order = np.argsort(weights.indices, kind="stable")  # by unit, then entry
             units = weights.indices[order]
