@@ -4,11 +4,14 @@ Writes a TMX 1.4b file of ``--units`` translation units built from the real en-d
 of ``docmt_ende`` (../shared/data: TED, News Commentary, Europarl dev and test sets, 25,127
 pairs): the pairs themselves first, then pairs of two consecutive real sentences joined (so every
 unit is distinct and its n-grams are real text's, as in a translation memory of that size).
-Then runs ``reluformer-translate`` twice in fresh processes under ``/usr/bin/time -v``, once with
-``--memory none`` and once with ``--memory FILE.tmx``, and prints one line: units, file size and
-each run's maximum resident set size (what the operating system reports), with their difference.
+Then runs ``reluformer-translate`` (once unmeasured with a 50-entry memory, to build the fused kernels) in fresh processes under ``/usr/bin/time -v``, once with
+``--memory none`` (the baseline: torch, fairseq and the model) and once with ``--memory FILE.tmx``
+per ``--match-score``, and prints a line per score: units, file size, the baseline's and the run's
+maximum resident set size (what the operating system reports) and the memory's extra peak (their
+difference) with the run's wall time.
 
-    .venv/bin/python benchmarks/tmx_translation.py --checkpoint CKPT --units 103654 --input in.en
+    .venv/bin/python benchmarks/tmx_translation.py --checkpoint CKPT --units 61000 --input in.en \
+        --match-score bm25-chars words
 
 ``CKPT`` is a checkpoint trained with ``--tm-fusion`` (on en-de SentencePiece data): it reads the
 memory's matches; the input is a few source sentences (one a line).
@@ -18,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -66,19 +70,23 @@ def write_corpus_tmx(path: Path, units: int, root: Path = DOCMT) -> int:
     return path.stat().st_size
 
 
-def peak_rss_mib(argv: list) -> float:
-    """Maximum resident set size of ``argv`` run to the end under /usr/bin/time -v (MiB)."""
+def peak_rss_mib(argv: list) -> tuple:
+    """(maximum resident set size in MiB, wall seconds) of ``argv`` run to the end under /usr/bin/time -v."""
+    start = time.monotonic()
     run = subprocess.run(["/usr/bin/time", "-v", *argv], capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"tmx_translation: {' '.join(argv)} failed:\n{run.stderr[-2000:]}")
-    return int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", run.stderr).group(1)) / 1024
+    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", run.stderr).group(1)) / 1024
+    return peak, time.monotonic() - start
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--input", required=True, help="source sentences, one a line")
-    parser.add_argument("--units", type=int, default=103_654)
+    parser.add_argument("--units", type=int, default=61_000, help="translation units (61,000: a 30 MB file)")
+    parser.add_argument("--match-score", nargs="+", default=["bm25-chars"], metavar="SCORE",
+                        help="the memory's match scores to measure, one run each (reluformer-translate --match-score)")
     args = parser.parse_args(argv)
     if args.units < 1:
         parser.error(f"--units: got {args.units}, expected >= 1")
@@ -87,10 +95,18 @@ def main(argv=None):
         size = write_corpus_tmx(tmx, args.units)
         translate = [sys.executable, "-m", "reluformer_mt.cli.translate", "--checkpoint", args.checkpoint,
                      "--input", args.input, "--output", str(Path(tmp) / "out.txt"), "--device", "cpu"]
-        without = peak_rss_mib(translate + ["--memory", "none"])
-        with_memory = peak_rss_mib(translate + ["--memory", str(tmx)])
-    print(f"tmx_translation: {args.units} units, {size / 2**20:.1f} MB TMX; peak RSS {without:.0f} MiB with --memory "
-          f"none, {with_memory:.0f} MiB with the TMX (+{with_memory - without:.0f} MiB)")
+        # a first run unmeasured, with a small memory: it may compile the fused kernels (attention, the
+        # memory's sparse maps), and /usr/bin/time reports the largest resident size in the process
+        # tree (the compiler's, ~1.1 GB)
+        small = Path(tmp) / "small.tsv"
+        small.write_text("".join(f"{s}\t{t}\n" for s, t in corpus_pairs()[:50]), encoding="utf-8")
+        peak_rss_mib(translate + ["--memory", str(small)])
+        without, _ = peak_rss_mib(translate + ["--memory", "none"])
+        for score in args.match_score:
+            peak, seconds = peak_rss_mib(translate + ["--memory", str(tmx), "--match-score", score])
+            print(f"tmx_translation: {args.units} units, {size / 2**20:.1f} MB TMX, --match-score {score}: peak RSS "
+                  f"{without:.0f} MiB with --memory none, {peak:.0f} MiB with the TMX: the memory's extra peak "
+                  f"+{peak - without:.0f} MiB ({seconds:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
