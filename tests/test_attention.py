@@ -308,6 +308,21 @@ def test_recording_is_cleared_after_an_exception():
     assert softmax(x, x, x)[1].dim() == 3
 
 
+def test_a_model_s_attention_modules_are_found_once_each_in_model_order():
+    """A model is walked once (the criterion does it every update): every attention module, nested
+    at any depth and shared ones once, in the order of ``model.modules()``, as for the same modules
+    given as a list."""
+    from reluformer_mt.attention.recording import attention_modules_in
+
+    a, b, c, shared = make("relu"), make("softmax"), make("rela"), make("relu", seed=1)
+    inner = torch.nn.Sequential(torch.nn.Linear(E, E), torch.nn.Sequential(b, shared))
+    model = torch.nn.ModuleDict({"first": a, "block": inner, "again": shared, "deep": torch.nn.Sequential(inner, c)})
+    found = attention_modules_in(model)
+    assert found == [a, b, shared, c]
+    assert found == attention_modules_in(list(model.children()))
+    assert attention_modules_in(a) == [a]
+
+
 def test_repeated_and_nested_recordings():
     module = make("relu")
     x, y = torch.randn(5, 2, E), torch.randn(7, 2, E)

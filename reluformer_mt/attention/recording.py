@@ -32,7 +32,10 @@ def attention_modules_in(modules) -> List[ReluformerAttention]:
     if isinstance(modules, Mapping):
         modules = [m for group in modules.values() for m in group]
     elif isinstance(modules, torch.nn.Module):
-        modules = modules.modules()
+        # one pre-order walk of the model (the criterion records every training update): walking
+        # each module's own subtree again, as for a list below, visits every module once per
+        # ancestor for the same list in the same order
+        return [m for m in modules.modules() if isinstance(m, ReluformerAttention)]
     found = {}  # dict: ordered and without repeats
     for m in modules:
         for sub in (m.modules() if isinstance(m, torch.nn.Module) else [m]):
