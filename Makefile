@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup test-setup test test-fast demo clean
+.PHONY: setup test-setup test test-fast demo demo-full clean
 
 $(VENV)/.installed: requirements.txt setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: test-setup
 # the main job; options: make demo DEMO_ARGS="--max-update 4000 --size iwslt_de_en --device cuda"
 demo: setup
 	$(VENV)/bin/reluformer-demo --out runs/demo $(DEMO_ARGS)
+
+# the demo with ReLA and softmax + translation memory too, in the same folder (a finished make demo's
+# families are reused, not retrained)
+demo-full: setup
+	$(VENV)/bin/reluformer-demo --out runs/demo --families reluformer,rela,softmax,softmax+tm $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) runs
