@@ -47,7 +47,8 @@ def length_table(lengths: dict) -> List[str]:
         rows = [f for f in lengths["families"] if any(key in lengths["families"][f].get(n, {}) for n in lengths["lengths"])]
         if not rows:
             continue
-        lines += [f"**{label}** (mean ± std over {lengths['seeds']} seeds; minus softmax: difference, verdict)", "",
+        lines += [f"**{label}** (mean ± std over {lengths['seeds']} seeds; minus softmax: difference, verdict: better "
+                  "or worse when every seed of one lies beyond every seed of the other)", "",
                   "| family | " + " | ".join(LENGTH_LABELS.get(n, n) for n in lengths["lengths"]) + " |",
                   "|---|" + "---|" * len(lengths["lengths"])]
         for family in rows:
@@ -78,38 +79,85 @@ def baseline_line(key: str, trivial: Optional[dict]) -> str:
     return f"Baseline, copying the nearest training verse: {trivial[which]:.2f} (the same at every length)."
 
 
+# A length where every family's mean s-BLEU is under this share of the nearest-verse copy is a floor:
+# none translates there at the study's budget, so "within the seed spread" there settles nothing
+FLOOR_SHARE = 0.1
+
+# Each claim the papers make, as (paper, family, claim, measure, lengths, expected verdict):
+# ReLUFormer (Shen et al. 2023): on par at sentences and 128-256-token segments, better from 512
+# tokens on; ReLA (Zhang et al. 2021): cross-attention aligns words better (a sentence-level claim)
+PAPER_CLAIMS = [
+    ("ReLUFormer paper", "reluformer", "on par with softmax on sentences", "verse_s_bleu", ["sentence"], "on par"),
+    ("ReLUFormer paper", "reluformer", "on par with softmax at 128-token segments", "s_bleu", ["128"], "on par"),
+    ("ReLUFormer paper", "reluformer", "better than softmax on long documents", "s_bleu", ["512", "chapter"], "better"),
+    ("ReLA paper", "rela", "on par with softmax on sentences", "verse_s_bleu", ["sentence"], "on par"),
+    ("ReLA paper", "rela", "aligns words better than softmax", "aer_head_average",
+     ["sentence", "128"], "better"),
+]
+
+
+def floor_lengths(lengths: dict) -> List[str]:
+    """Lengths at which no family translates: every mean s-BLEU under FLOOR_SHARE of the copy baseline."""
+    copy = (lengths.get("baselines") or {}).get("s_bleu")
+    if not copy:
+        return []
+    floors = []
+    for n in lengths["lengths"]:
+        means = [cells.get(n, {}).get("s_bleu", {}).get("mean") for cells in lengths["families"].values()]
+        if means and all(m is not None and m < FLOOR_SHARE * copy for m in means):
+            floors.append(n)
+    return floors
+
+
+def claim_outcome(verdict: Optional[str], expected: str) -> str:
+    if verdict is None:
+        return "not measured"
+    if expected == "on par":
+        return {"within the seed spread": "confirmed (within the seed spread)", "better": "confirmed (better)",
+                "worse": "contradicted (worse over every seed)"}[verdict]
+    return {"better": "confirmed (better over every seed)", "within the seed spread": "not confirmed (within the seed spread)",
+            "worse": "contradicted (worse over every seed)"}[verdict]
+
+
+def context_outcome(cxmi: dict) -> str:
+    """CXMI (Fernandes et al. 2021) over the seeds: above 0 for every seed, below 0 for every seed, or either."""
+    if cxmi["min"] > 0:
+        return "confirmed"
+    if cxmi["max"] < 0:
+        return "contradicted (below 0 over every seed)"
+    return "not confirmed (either sign over the seeds)"
+
+
 def claims(lengths: dict) -> List[str]:
-    """Each paper claim against the length table: confirmed / not confirmed / contradicted."""
-    gaps, n = lengths.get("minus_softmax", {}), lengths["lengths"]
-    longest, shortest = n[-1], n[0]
-
-    def verdict(family, length, key):
-        g = gaps.get(family, {}).get(length, {}).get(key)
-        return None if g is None else g["verdict"]
-
-    def say(question, outcomes):
-        return f"- {question}: " + "; ".join(outcomes)
-
+    """Each paper claim at the lengths it is made for: confirmed / not confirmed / contradicted, and
+    whether that length is a floor where no family translates."""
+    gaps, floors = lengths.get("minus_softmax", {}), floor_lengths(lengths)
     lines = []
-    for family in gaps:
-        v = verdict(family, shortest, "verse_s_bleu")
-        lines.append(say(f"{family} on par with softmax on sentences (verse-by-verse s-BLEU, {LENGTH_LABELS.get(shortest, shortest)})",
-                         [{"within the seed spread": "confirmed (within the seed spread)", "better": "confirmed (better)",
-                           "worse": "contradicted (worse over every seed)", None: "not measured"}[v]]))
-        v = verdict(family, longest, "s_bleu")
-        lines.append(say(f"{family} better than softmax on long documents (s-BLEU, {LENGTH_LABELS.get(longest, longest)})",
-                         [{"better": "confirmed", "within the seed spread": "not confirmed (within the seed spread)",
-                           "worse": "contradicted", None: "not measured"}[v]]))
-        v = verdict(family, longest, "aer_head_average")
-        lines.append(say(f"{family} aligns better than softmax (AER head average, {LENGTH_LABELS.get(longest, longest)})",
-                         [{"better": "confirmed", "within the seed spread": "not confirmed (within the seed spread)",
-                           "worse": "contradicted", None: "not measured"}[v]]))
+    for paper, family, claim, key, at, expected in PAPER_CLAIMS:
+        if family not in gaps:
+            continue
+        outcomes = []
+        for n in [n for n in at if n in lengths["lengths"]]:  # the lengths of this study
+            g = gaps[family].get(n, {}).get(key)
+            text = claim_outcome(None if g is None else g["verdict"], expected)
+            if g is not None:
+                text += f", {g['difference']:+.2f}"
+            if n in floors and key.endswith("bleu"):
+                text += "; a floor: no family translates here"
+            outcomes.append(f"{LENGTH_LABELS.get(n, n)}: {text}")
+        label = next(label for k, label, _ in MEASURES if k == key)
+        if outcomes:
+            lines.append(f"- {paper}, {family} {claim} ({label}): " + "; ".join(outcomes))
+    documents = [n for n in lengths["lengths"] if n != "sentence"]
     for family, cells in lengths["families"].items():
-        c = cells.get(longest, {}).get("cxmi")
-        if c is not None:
-            used = c["min"] > 0
-            lines.append(f"- {family} uses its context (CXMI > 0 over every seed, {LENGTH_LABELS.get(longest, longest)}): "
-                         + ("confirmed" if used else "not confirmed") + f" ({cell(c, 4)} nats/token)")
+        outcomes = [f"{LENGTH_LABELS.get(n, n)}: {context_outcome(c)} ({cell(c, 2)})"
+                    for n in documents for c in [cells.get(n, {}).get("cxmi")] if c is not None]
+        if outcomes:
+            lines.append(f"- {family} uses its context (CXMI > 0 nats/token over every seed): " + "; ".join(outcomes))
+    if floors:
+        lines.append(f"- Floor: at {', '.join(LENGTH_LABELS.get(n, n) for n in floors)} every family's mean s-BLEU is "
+                     f"under {FLOOR_SHARE:.0%} of copying the nearest training verse, so the long-document claims "
+                     "cannot be tested at the study's training budget.")
     return lines
 
 
@@ -180,6 +228,9 @@ def render(tuning: Optional[dict], lengths: Optional[dict], plot_name: Optional[
         if lengths.get("cpu_minutes"):
             lines += ["Cost on 2 cores, CPU minutes per family (training, the sentence phase once per seed, and "
                       "scoring): " + ", ".join(f"{f} {m:.0f}" for f, m in lengths["cpu_minutes"].items()) + ".", ""]
+        if lengths.get("train_wall_minutes"):
+            lines += ["Wall minutes of training per family (two runs side by side, one thread each): "
+                      + ", ".join(f"{f} {m:.0f}" for f, m in lengths["train_wall_minutes"].items()) + ".", ""]
         lines += ["Every finished cell's measures are kept in `docs/families/lengths/FAMILY/seed-S/LENGTH/cell.json`; "
                   f"`{lengths['command']} --out docs/families/lengths --report-only` summarises them into "
                   "`lengths.json` there, and this page is made from it. To continue the study on a fresh machine, "

@@ -275,6 +275,9 @@ def summarise(results: Dict[str, Dict[int, dict]], t: LengthOptions, base, trivi
     return {"lengths": list(t.lengths), "seeds": t.seeds, "families": table, "minus_softmax": gaps,
             "cells_finished": len(every), "cells_planned": len(t.families) * t.seeds * len(t.lengths),
             "cpu_minutes": cpu_minutes,  # training (the sentence phase counted once) and scoring, per family
+            "train_wall_minutes": {family: round(sum(c.get("train_seconds", 0) for cells in seeds.values()
+                                                     for c in cells.values()) / 60, 1)
+                                   for family, seeds in results.items()},
             "baselines": trivial,  # trivial_baselines: the lines to beat
             "settings": {f: base.family_settings.get(f, "the quick preset's") for f in t.families},
             "command": f"reluformer-study --lengths {','.join(t.lengths)} --tune-families {','.join(t.families)} "
