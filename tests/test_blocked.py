@@ -182,3 +182,15 @@ def test_model_option_reaches_attention(tmp_path):
     for sub in ("encoder", "decoder", "cross"):
         config = attention_config(args, sub)
         assert (config.impl, config.blocked_min_len, config.block_size) == ("blocked", 100, 64)
+
+
+def test_mixed_tiles_are_built_on_the_queries_device():
+    """A causal pattern without padding has no range tensor to take a device from: the blocked and
+    dense routes failed on CUDA with 'cuda:0 and cpu' (the first GPU check). The tile masks must
+    follow the device they are asked for."""
+    from reluformer_mt.attention.blocked import _tile_plan
+    from reluformer_mt.attention.visibility import Visibility
+    causal = Visibility.from_padding(40, 40, None, causal=True)
+    plan = _tile_plan(40, 40, 16, 16, causal, torch.device("meta"))
+    mixed = [tile for *_, tile in plan if tile is not None]
+    assert mixed and all(tile.device.type == "meta" for tile in mixed)

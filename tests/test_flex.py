@@ -87,3 +87,18 @@ def test_recorded_statistics_fall_back_to_what_auto_runs_without_flex(monkeypatc
     assert route_of(module, 50, 50, want_rows=True) == "direct"
     assert route_of(module, 600, 600, want_rows=True, q=torch.zeros(1, 4, 600, 8, requires_grad=True)) == "blocked"
     assert route_of(module, 50, 50, want_weights=True) == "direct"  # weights: never a kernel
+
+
+def test_auto_on_cuda_takes_the_triton_kernel_before_flex(monkeypatch):
+    """Measured on an H200 (docs/PERFORMANCE.md#gpu), the Triton kernel beats FlexAttention at every
+    length, so ``auto`` gives it every CUDA call it serves; FlexAttention only where it cannot run."""
+    from reluformer_mt.attention import fused, triton_kernel
+
+    monkeypatch.setattr(flex_kernel, "supports", lambda q: True)  # as on CUDA
+    monkeypatch.setattr(fused, "supports", lambda q: False)
+    monkeypatch.setattr(triton_kernel, "auto_allowed", lambda q: True)
+    monkeypatch.setattr(triton_kernel, "supports", lambda q: True)
+    module = ReluformerAttention(32, 4, AttentionConfig(fn="relu"), self_attention=True)
+    assert route_of(module, 50, 50) == "triton" and route_of(module, 50, 50, want_rows=True) == "triton"
+    monkeypatch.setattr(triton_kernel, "auto_allowed", lambda q: False)  # RELUFORMER_NO_TRITON=1
+    assert route_of(module, 50, 50) == "flex"

@@ -51,11 +51,13 @@ def _activation(name: str) -> Callable[[Tensor], Tensor]:
     return POINTWISE_ACTIVATIONS[name]
 
 
-def _tile_plan(T: int, S: int, block_q: int, block_k: int, visible: Optional[Visibility]) -> List[tuple]:
+def _tile_plan(T: int, S: int, block_q: int, block_k: int, visible: Optional[Visibility],
+               device: torch.device) -> List[tuple]:
     """(i0, i1, j0, j1, keep_tile or None) for every tile that has a visible key.
 
     Tiles whose keys are all hidden (the upper triangle of a causal mask, padding) are skipped;
-    tiles with nothing hidden get no mask at all; only mixed tiles build their (small) mask.
+    tiles with nothing hidden get no mask at all; only mixed tiles build their (small) mask, on
+    ``device`` (a causal pattern without padding has no range tensor to take a device from).
     """
     plan = []
     for i0 in range(0, T, block_q):
@@ -65,7 +67,7 @@ def _tile_plan(T: int, S: int, block_q: int, block_k: int, visible: Optional[Vis
             kind = 1 if visible is None else visible.tile_kind(i0, i1, j0, j1)
             if kind == 0:
                 continue
-            plan.append((i0, i1, j0, j1, visible.tile(i0, i1, j0, j1) if kind == 2 else None))
+            plan.append((i0, i1, j0, j1, visible.tile(i0, i1, j0, j1, device) if kind == 2 else None))
     return plan
 
 
@@ -128,7 +130,7 @@ class _TiledAttention(torch.autograd.Function):
             block_q, block_k = max(16, DENSE_TILE_ELEMENTS // max(S, 1)), S
             if keep_weights:  # for backward or for the caller; else tiles are temporaries
                 full = q.new_zeros(N, T, S) if visible is not None else q.new_empty(N, T, S)
-        plan = _tile_plan(T, S, block_q, block_k, visible)
+        plan = _tile_plan(T, S, block_q, block_k, visible, q.device)
         out = q.new_zeros(N, T, v.size(2))
         acc = accumulation_dtype(q.dtype)
         mass = q.new_zeros((N, T) if want_rows else (0,), dtype=acc)

@@ -69,7 +69,7 @@ def supports(q: Tensor) -> bool:
 
 def auto_allowed(q: Tensor) -> bool:
     """``--attn-impl auto`` may take the kernel: CUDA tensors it supports, not turned off with
-    ``RELUFORMER_NO_TRITON=1`` (the kernel has not been measured on a GPU yet)."""
+    ``RELUFORMER_NO_TRITON=1``."""
     return q.is_cuda and supports(q) and os.environ.get("RELUFORMER_NO_TRITON") != "1"
 
 
@@ -356,7 +356,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, c, b, scale, visible, act, heads, want_rows, blocks):
         N, T, D = q.shape
         S, DV = k.size(1), v.size(2)
-        block_m, block_n = blocks
+        block_m, block_n, *launch = blocks
         starts, ends, causal, offset = _ranges(visible, S, q.device)
         out = q.new_empty(N, T, DV)
         f32 = torch.float32
@@ -364,7 +364,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
         xlogx = q.new_zeros((N, T) if want_rows else (1,), dtype=f32)
         nonzero = torch.zeros((N, T) if want_rows else (1,), dtype=torch.long, device=q.device)
         dummy = q.new_zeros(1, dtype=f32)
-        consts = _constants(q, c, b, causal, act, want_rows, block_m, block_n, D, DV)
+        consts = _constants(q, c, b, causal, act, want_rows, block_m, block_n, D, DV, *launch)
         grid = (triton.cdiv(T, block_m), N)
         _fwd_kernel[grid](q, k, v, c if c is not None else dummy, b if b is not None else dummy, starts, ends,
                           out, mass, xlogx, nonzero, *_common_args(q, k, v, out, heads, starts.numel(), offset, scale),
@@ -380,7 +380,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
         q, k, v, c, b, starts, ends = ctx.saved_tensors
-        scale, causal, offset, act, heads, want_rows, (block_m, block_n) = ctx.setup
+        scale, causal, offset, act, heads, want_rows, (block_m, block_n, *launch) = ctx.setup
         if torch.is_grad_enabled():  # create_graph: the kernels build no graph (issue 34)
             from reluformer_mt.attention.double_backward import grads_with_graph
             return (*grads_with_graph(q, k, v, c, b, ctx.visible, act, heads, (g_out, g_mass, g_xlogx),
@@ -396,7 +396,7 @@ class TritonReluFamilyAttention(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dc = torch.empty(N, T, dtype=torch.float32, device=q.device) if c is not None else dummy
         db = torch.empty(N, T, dtype=torch.float32, device=q.device) if b is not None else dummy
-        consts = _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV)
+        consts = _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV, *launch)
         common = _common_args(q, k, v, g_out, heads, starts.numel(), offset, scale)
         c_arg, b_arg = (c if c is not None else dummy), (b if b is not None else dummy)
         _bwd_kv_kernel[(triton.cdiv(S, block_n), N)](q, k, v, c_arg, b_arg, gm, ge, g_out, dk, dv, starts, ends,
@@ -413,14 +413,17 @@ def _row_grad(g: Optional[Tensor], N: int, T: int, device) -> Tensor:
     return g.to(torch.float32).contiguous()
 
 
-def _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV) -> dict:
+def _constants(q, c, b, causal, act, rows, block_m, block_n, D, DV, warps: int = 4,
+               stages: Optional[int] = None) -> dict:
     """The kernels' compile-time arguments and launch options. Rows of more than 256 bytes (fp32
-    with head size > 64) get 2 pipeline stages instead of 3: compiled for sm_90 with 3, the dq
-    kernel in fp32 at head size 128 needs 208 KB of shared memory, near the H100/H200 limit of
-    227 KB (144 KB with 2); bf16 at 128 needs 64 KB with 3 (triton.compile, tests/test_triton_kernel.py)."""
-    stages = 2 if q.element_size() * _pow2(max(D, DV)) > 256 else 3
+    with head size > 64) get 2 pipeline stages instead of 3 unless ``stages`` says otherwise:
+    compiled for sm_90 with 3, the dq kernel in fp32 at head size 128 needs 208 KB of shared
+    memory, near the H100/H200 limit of 227 KB (144 KB with 2); bf16 at 128 needs 64 KB with 3
+    (triton.compile, tests/test_triton_kernel.py)."""
+    if stages is None:
+        stages = 2 if q.element_size() * _pow2(max(D, DV)) > 256 else 3
     half = q.dtype != torch.float32
-    return dict(num_warps=4, num_stages=stages,
+    return dict(num_warps=warps, num_stages=stages,
                 HAS_C=c is not None, HAS_B=b is not None, CAUSAL=causal, ACT=ACTIVATIONS[act], ROWS=bool(rows),
                 PREC="tf32" if half else "ieee", UPCAST=interpreting() and half,
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(DV))
@@ -437,14 +440,15 @@ def triton_tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation:
                            scaling: Optional[float] = None, row_factor: Optional[Tensor] = None,
                            row_bias: Optional[Tensor] = None, n_visible: Optional[Tensor] = None,
                            want_rows: bool = False, want_weights: bool = False,
-                           tiles: Tuple[int, int] = (BLOCK_M, BLOCK_N), **blocked_options):
+                           tiles: Tuple[int, ...] = (BLOCK_M, BLOCK_N), **blocked_options):
     """``blocked.tiled_attention`` with the Triton kernel: same arguments, same returns
     (out (B, H, T, Dv), rows (mass, xlogx, nonzero, n_visible) each (B, H, T) or None, None).
 
     Calls the kernel does not cover (a dense mask, another activation, returned weights, other
     dtypes or devices) run ``tiled_attention`` with ``blocked_options`` instead, so every call
     stays correct (``block_q`` / ``block_k`` there are the blocked path's tiles); ``tiles`` are the
-    kernel's (queries, keys) per program, powers of two >= 16.
+    kernel's (queries, keys) per program, powers of two >= 16, optionally followed by the warps
+    per program and the pipeline stages (``benchmarks/triton_tiles.py`` measures choices).
     """
     from reluformer_mt.attention import blocked
 
@@ -486,9 +490,11 @@ def _cannot_serve(call) -> Optional[str]:
 
 
 def _auto(call) -> bool:
-    """ReLUFormer training on CUDA (calls that record row statistics: FlexAttention cannot return
-    them, the blocked route is a Python loop over tiles), unless ``RELUFORMER_NO_TRITON=1``."""
-    return call.want_rows and auto_allowed(call.q)
+    """Every CUDA call it serves, unless ``RELUFORMER_NO_TRITON=1``: measured on an H200
+    (docs/PERFORMANCE.md#gpu) it beats FlexAttention (forward + backward at L = 4096: 2.1x SDPA's
+    time against 4.0x, causal 2.2x against 15.6x) and the blocked route (a Python loop over tiles),
+    and it is the only CUDA route that returns the regularisers' row sums."""
+    return auto_allowed(call.q)
 
 
 # every h of the tiled functions (row factors and biases included); asked for without CUDA: one
