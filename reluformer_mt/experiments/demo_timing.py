@@ -154,6 +154,32 @@ def timing_from_report(report: dict) -> dict:
     return timing
 
 
+def keep_unmeasured(timing: dict, previous: dict) -> dict:
+    """``timing`` with the families (and the memory families' neighbour stage) that its run did not
+    train taken from ``previous``, scaled by how much faster or slower the measured families ran
+    this time (the median ratio of their training seconds per update), so that ``make demo-full``
+    keeps an estimate for ReLA and softmax + tm after a ``make demo`` of two families is stored."""
+    new, old = timing["train_seconds_per_update"], previous.get("train_seconds_per_update", {})
+    ratios = sorted(new[f] / old[f] for f in new if old.get(f))
+    if not ratios:
+        return timing
+    speed = ratios[len(ratios) // 2]
+    merged = json.loads(json.dumps(timing))
+    for family, value in old.items():
+        merged["train_seconds_per_update"].setdefault(family, round(value * speed, 4))
+    for kind, table in previous.get("job_seconds", {}).items():
+        for family, value in table.items():
+            merged["job_seconds"].setdefault(kind, {}).setdefault(family, round(value * speed, 1))
+    if not merged["stage_seconds"].get("memory_neighbours"):
+        merged["stage_seconds"]["memory_neighbours"] = round(
+            previous.get("stage_seconds", {}).get("memory_neighbours", 0.0) * speed, 1)
+    kept = sorted(set(old) - set(new))
+    if kept:
+        merged["measured"] += (f"; {', '.join(kept)} not in this run: the previous file's values x {speed:.2f} "
+                               "(the measured families' speed against it)")
+    return merged
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.demo_timing",
                                 description="the demo's time model (demo_timing.json) from a finished run's report.json")
@@ -161,7 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--write", action="store_true", help=f"store it as {TIMING_FILE.name} (the demo's estimates)")
     args = p.parse_args(argv)
     try:
-        timing = timing_from_report(json.loads(Path(args.report).read_text(encoding="utf-8")))
+        timing = keep_unmeasured(timing_from_report(json.loads(Path(args.report).read_text(encoding="utf-8"))),
+                                 load_timing())
     except (OSError, ValueError, KeyError, StopIteration) as e:
         p.error(f"{args.report}: expected a finished demo run's report.json: {e!r}")
     text = json.dumps(timing, indent=1) + "\n"
