@@ -104,3 +104,21 @@ def test_the_stored_model_says_which_run_it_comes_from():
     timing = load_timing()
     assert "min" in timing["measured"] and set(timing["job_seconds"]) == {"tune", "guided", "plain"}
     assert all(0 < v < 5 for v in timing["train_seconds_per_update"].values())
+
+
+def test_a_stored_run_of_two_families_keeps_the_others_scaled_to_its_speed():
+    """make demo trains two families; storing its run must not drop ReLA and softmax + tm from the
+    model make demo-full estimates with: their previous values, scaled by how much faster the
+    measured families ran this time."""
+    from reluformer_mt.experiments.demo_timing import keep_unmeasured
+
+    previous = {"train_seconds_per_update": {"reluformer": 0.4, "softmax": 0.4, "rela": 0.5, "softmax+tm": 0.6},
+                "job_seconds": {"tune": {"reluformer": 100.0, "rela": 200.0}},
+                "stage_seconds": {"memory_neighbours": 20.0}}
+    measured = {"measured": "a run", "train_seconds_per_update": {"reluformer": 0.2, "softmax": 0.2},
+                "job_seconds": {"tune": {"reluformer": 60.0}}, "stage_seconds": {"memory_neighbours": 0.0}}
+    merged = keep_unmeasured(measured, previous)
+    assert merged["train_seconds_per_update"] == {"reluformer": 0.2, "softmax": 0.2, "rela": 0.25, "softmax+tm": 0.3}
+    assert merged["job_seconds"]["tune"] == {"reluformer": 60.0, "rela": 100.0}  # measured values stay as measured
+    assert merged["stage_seconds"]["memory_neighbours"] == 10.0 and "rela, softmax+tm" in merged["measured"]
+    assert measured["train_seconds_per_update"] == {"reluformer": 0.2, "softmax": 0.2}  # the input is not changed

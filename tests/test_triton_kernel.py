@@ -293,8 +293,8 @@ def test_attn_impl_triton_without_cuda_is_one_clear_error(monkeypatch):
 
 
 def test_auto_routes_cuda_calls_with_statistics_to_triton(monkeypatch):
-    """auto: the kernel on CUDA when the call records row statistics (ReLUFormer training);
-    FlexAttention or the blocked path otherwise, and never on the CPU."""
+    """auto: the kernel for every CUDA call it serves (measured faster than FlexAttention on an
+    H200), with or without row statistics, and never on the CPU."""
     # no FlexAttention import, no C++ build: only the route is under test
     monkeypatch.setenv("RELUFORMER_NO_FLEX", "1")
     monkeypatch.setenv("RELUFORMER_NO_FUSED", "1")
@@ -303,7 +303,7 @@ def test_auto_routes_cuda_calls_with_statistics_to_triton(monkeypatch):
     cpu_q = torch.zeros(1, H, 512, D, requires_grad=True)  # auto never takes the kernel on the CPU, interpreter or not
     for fn in ("relu", "rela", "sigmoid"):
         module = sublayer(fn, "auto", {})
-        assert route_of(module, 512, 512, q=cuda_q) != "triton"
+        assert route_of(module, 512, 512, q=cuda_q) == "triton"
         with record_attention(module, regularise=True):
             assert route_of(module, 512, 512, want_rows=True, q=cuda_q) == "triton"
             assert route_of(module, 512, 512, want_weights=True, want_rows=True, q=cuda_q) != "triton"

@@ -58,16 +58,10 @@ def _cannot_serve(call) -> Optional[str]:
     return None
 
 
-def _auto(call) -> bool:
-    """CUDA calls the Triton kernel does not take (triton missing or ``RELUFORMER_NO_TRITON=1``):
-    on an H200 the kernel measured faster at every length (docs/PERFORMANCE.md#gpu)."""
-    from reluformer_mt.attention import triton_kernel
-    return supports(call.q) and not triton_kernel.auto_allowed(call.q)
-
-
-# auto: the CUDA calls the Triton kernel leaves, saying once why one runs elsewhere; asked for
-# where it cannot: what auto would run without it
-register_route("flex", _cannot_serve, auto=_auto, fallback="auto", announce=True)
+# auto: every CUDA call it can serve that the Triton kernel (tried first, measured faster on an H200:
+# docs/PERFORMANCE.md#gpu) leaves, saying once why one runs elsewhere; asked for where it cannot:
+# what auto would run without it
+register_route("flex", _cannot_serve, auto=lambda call: supports(call.q), fallback="auto", announce=True)
 
 
 def log_relu_score(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

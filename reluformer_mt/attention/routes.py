@@ -77,7 +77,9 @@ class AcceleratedRoute:
     ``serves(function, config)``: the tiled functions it computes (default: h = relu without row
     bias, ``WeightFunction.fused_relu``); ``require(call)``: run when ``--attn-impl <name>`` asks
     for it explicitly, raises a one-line error where asking for it makes no sense (no fallback);
-    ``announce``: ``auto`` logs once per reason when a call it would take (``auto(call)``) cannot be served.
+    ``announce``: ``auto`` logs once per reason when a call it would take (``auto(call)``) cannot be served;
+    ``priority``: ``auto`` tries the routes from the highest priority down (registration order
+    among equals), so a measured-faster kernel goes first whatever module registers first.
     """
 
     name: str
@@ -88,6 +90,7 @@ class AcceleratedRoute:
     serves: Optional[Callable] = None
     require: Optional[Callable[[Call], None]] = None
     announce: bool = False
+    priority: int = 0
 
     def computes(self, function, config) -> bool:
         """Whether this kernel computes ``function`` under ``config`` (its domain)."""
@@ -99,12 +102,13 @@ ACCELERATED: Dict[str, AcceleratedRoute] = {}
 
 def register_route(name: str, cannot_serve: Callable[[Call], Optional[str]], auto: Callable[[Call], bool],
                    fallback: str = "auto", weights_of: Optional[Callable] = None, serves: Optional[Callable] = None,
-                   require: Optional[Callable[[Call], None]] = None, announce: bool = False) -> AcceleratedRoute:
-    """Add an accelerated route (``auto`` tries them in registration order)."""
+                   require: Optional[Callable[[Call], None]] = None, announce: bool = False,
+                   priority: int = 0) -> AcceleratedRoute:
+    """Add an accelerated route (``auto`` tries them by ``priority``, then in registration order)."""
     if name in BASE_ROUTES:
         raise ValueError(f"route {name!r} is built in")
     ACCELERATED[name] = route = AcceleratedRoute(name, cannot_serve, auto, fallback, weights_of, serves, require,
-                                                 announce)
+                                                 announce, priority)
     return route
 
 
@@ -169,7 +173,7 @@ def choose_route(function, config, call: Call) -> Optional[str]:
             _log_once(f"--attn-impl {impl}: {reason}; running the {accelerated.fallback} route instead")
         impl = accelerated.fallback
     elif impl == "auto" and not call.want_weights:
-        for route in ACCELERATED.values():
+        for route in sorted(ACCELERATED.values(), key=lambda r: -r.priority):
             if route.weights_of is not None or not route.computes(function, config) or not route.auto(call):
                 continue
             reason = route.cannot_serve(call)

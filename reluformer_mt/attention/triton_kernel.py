@@ -501,7 +501,7 @@ def _auto(call) -> bool:
 # error (require_device); where it cannot serve (dense masks, float64): the blocked route
 register_route("triton", _cannot_serve, auto=_auto, fallback="blocked",
                serves=lambda function, config: function.activation(config) in ACTIVATIONS,
-               require=lambda call: require_device(call.q))
+               require=lambda call: require_device(call.q), priority=1)
 
 
 __all__ = ["ACTIVATIONS", "TritonReluFamilyAttention", "applies", "auto_allowed", "available", "interpreting",
