@@ -18,8 +18,12 @@ The numbers are written to ``--json`` (``docs/benchmarks/guided-decoding.json`` 
         --memory-checkpoint runs/demo/checkpoints/softmax+tm/document/checkpoint_best.pt \\
         --data runs/demo/data/doc128.v2000 --datastore runs/demo/knn/softmax --profile
 
-``--set MODE:NAME=VALUE`` gives a mode a translator keyword (``--set knn:knn_probe=1``, to compare
-options); ``--modes`` picks some of the modes.
+``--tuned FILE`` (a ``reluformer-memory tune --json`` report, e.g. the demo's
+``runs/demo/report/tune_softmax.json``) measures the values and the search the tuner chose on
+validation (k, lambda, read-out, adaptive, probe, search every N steps, batched per-input search,
+the pieces' weight and floor), as ``reluformer-translate`` and the demo decode; without it the
+fixed values below. ``--set MODE:NAME=VALUE`` gives a mode a translator keyword (``--set
+knn:knn_probe=1``, to compare options); ``--modes`` picks some of the modes.
 """
 import argparse
 import contextlib
@@ -54,19 +58,33 @@ def test_documents(data: Path, sentences: int):
     return [test[i:i + 20] for i in range(0, len(test), 20)], len(test)
 
 
+def tuned_values(path: str) -> dict:
+    """mode -> translator keywords from a tuner report's ``chosen`` values (the datastore's own tuned
+    values and search are read by the translator itself: ``knn`` then needs only the datastore)."""
+    from reluformer_mt.knn.search import KnnOptions
+
+    chosen = json.loads(Path(path).read_text(encoding="utf-8"))["chosen"]
+    out = {"knn": {}, "pieces": {k: v for k, v in chosen["pieces"].items() if k in ("pieces_weight", "pieces_floor")}}
+    if "per_input" in chosen:
+        per_input = chosen["per_input"]
+        out["knn-per-input"] = {**KnnOptions(**per_input["options"]).translator_options(), **per_input["search"]["chosen"]}
+    return out
+
+
 def systems_of(args, store) -> dict:
     """name -> (checkpoint, translator keywords); each mode's baseline among them."""
     wanted = args.modes.split(",")
+    tuned = tuned_values(args.tuned) if args.tuned else {"knn": KNN, "knn-per-input": KNN, "pieces": PIECES}
     out = {"plain": (args.checkpoint, {})}
     if "knn" in wanted:
-        out["knn"] = (args.checkpoint, {"knn": store, **KNN})
+        out["knn"] = (args.checkpoint, {"knn": store, **tuned["knn"]})
     if "knn-per-input" in wanted:
-        out["knn-per-input"] = (args.checkpoint, {"knn_memory": True, **KNN})
+        out["knn-per-input"] = (args.checkpoint, {"knn_memory": True, **tuned["knn-per-input"]})
     if "memory-attention" in wanted and args.memory_checkpoint:
         out["memory-attention, no matches"] = (args.memory_checkpoint, {"memory": "none"})
         out["memory-attention"] = (args.memory_checkpoint, {})
     if "pieces" in wanted:
-        out["pieces"] = (args.checkpoint, dict(PIECES))
+        out["pieces"] = (args.checkpoint, {**tuned["pieces"], "pieces_k": PIECES["pieces_k"]})
     for item in args.set:
         mode, _, assignment = item.partition(":")
         name, _, value = assignment.partition("=")
@@ -213,6 +231,8 @@ def parse(argv):
     p.add_argument("--sentences", type=int, default=0, help="test sentences translated (0: all)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--tuned", metavar="FILE", help="a tuner report (reluformer-memory tune --json; the demo's "
+                   "report/tune_FAMILY.json): measure the values and search it chose")
     p.add_argument("--set", action="append", default=[], metavar="MODE:NAME=VALUE", help="a translator keyword of a mode")
     p.add_argument("--profile", action="store_true", help="one more pass per mode, timed part by part")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",

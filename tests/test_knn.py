@@ -408,6 +408,46 @@ def test_adaptive_mixture_is_a_distribution_that_keeps_ruled_out_tokens_out():
     assert torch.allclose(mixed[1], lprobs[1], atol=1e-6)
 
 
+def test_adaptive_mixture_equals_its_formula_choice_by_choice():
+    """The mixture is computed regrouped (one scatter of the neighbours' combined weights): it must
+    equal the module docstring's sum over the choices, each a dense distribution, in float64."""
+    from reluformer_mt.knn.adaptive import MetaK, MetaKConfig, adaptive_mix, choice_distributions
+    from reluformer_mt.knn.readout import knn_probabilities
+
+    torch.manual_seed(3)
+    for readout in ("softmax", "relu"):
+        net = MetaK(MetaKConfig(k_max=32, readout=readout, temperature=2.0, radius=4.0)).eval()
+        distances = torch.sort(torch.rand(20, 32) * 8, dim=1).values
+        distances[4, 20:] = float("inf")
+        values = torch.randint(0, 40, (20, 32))
+        values[4, 20:] = -1
+        lprobs = torch.log_softmax(torch.randn(20, 60), dim=1)
+        lprobs[:, 5] = float("-inf")
+        with torch.no_grad():
+            choice = net(distances, values).double()
+        p_model = lprobs.double().exp()
+        expected = choice[:, :1] * p_model
+        for j, (w, mass) in enumerate(choice_distributions(distances, values, net.config), start=1):
+            p_knn = knn_probabilities(w.double(), values[:, :w.size(1)], 60)
+            m = mass.double().unsqueeze(1)
+            expected = expected + choice[:, j:j + 1] * (m * p_knn + (1 - m) * p_model)
+        mixed, share = adaptive_mix(lprobs, distances, values, net)
+        finite = torch.isfinite(lprobs)
+        assert torch.allclose(mixed.double().exp()[finite], expected[finite], atol=1e-6, rtol=1e-5)
+        assert torch.isneginf(mixed[:, 5]).all()
+
+
+def test_distinct_counts_match_comparing_every_pair():
+    from reluformer_mt.knn.adaptive import distinct_counts
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.randint(0, 30, (50, 64), generator=g)
+    values[7, 40:] = -1
+    earlier = torch.triu(torch.ones(64, 64, dtype=torch.bool), diagonal=1)
+    repeated = ((values.unsqueeze(2) == values.unsqueeze(1)) & earlier).any(dim=1)
+    assert torch.equal(distinct_counts(values), torch.cumsum((~repeated & (values >= 0)).long(), 1).float())
+
+
 def test_knn_tables_render_every_mode_band_and_choice_of_a_report(tmp_path, capsys):
     """docs/KNN_MT.md's tables come from a demo report by experiments/knn_tables.py: every mode's
     s-BLEU, each band beside the copy of the match, fallbacks and seconds, the tuner's choices."""

@@ -60,12 +60,19 @@ class MetaKConfig:
 
 
 def distinct_counts(values: Tensor) -> Tensor:
-    """(rows, k): the number of distinct values among each row's first 1, 2, ..., k entries."""
-    k = values.size(1)
-    earlier = torch.triu(torch.ones(k, k, dtype=torch.bool, device=values.device), diagonal=1)  # [i, j]: i < j
-    same = values.unsqueeze(2) == values.unsqueeze(1)  # [row, i, j]
-    repeated = (same & earlier).any(dim=1)  # value j already seen at an earlier i
-    new = (~repeated) & (values >= 0)
+    """(rows, k): the number of distinct values among each row's first 1, 2, ..., k entries
+    (negative values, no neighbour, never count). Each value's first position comes from one
+    scatter over the row's token ids, O(k + vocab) a row instead of comparing every pair (O(k^2):
+    a (rows, 256, 256) tensor per step at the demo's k_max)."""
+    rows, k = values.shape
+    if k == 0:
+        return values.new_zeros(rows, 0, dtype=torch.float32)
+    valid = values >= 0
+    ids = values.clamp_min(0).long()
+    position = torch.arange(k, device=values.device).expand(rows, k)
+    first = torch.full((rows, int(ids.max()) + 1), k, dtype=torch.long, device=values.device)
+    first.scatter_reduce_(1, ids, torch.where(valid, position, torch.full_like(position, k)), reduce="amin")
+    new = valid & (first.gather(1, ids) == position)
     return torch.cumsum(new.long(), dim=1).float()
 
 
@@ -160,19 +167,26 @@ def choice_distributions(distances: Tensor, values: Tensor, config: MetaKConfig)
 
 def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) -> Tuple[Tensor, Tensor]:
     """(log p of the adaptive mixture for one beam step's rows, ruled-out tokens kept out; each
-    row's share taken by the neighbours)."""
+    row's share taken by the neighbours).
+
+    The module docstring's mixture regrouped: p = p_model (w_0 + sum_j w_j (1 - m_j)) + sum_i W_i
+    [y = v_i], where neighbour i's weight W_i = sum over the choices that read it (k_j > i) of
+    w_j m_j times its read-out weight in choice j. So one scatter of k weights into the vocabulary
+    replaces one dense (rows, vocab) distribution per choice (the same sum, in another order)."""
     with torch.no_grad():
         choice = net(distances, values)  # (rows, J)
-        p_model = lprobs.exp()
-        mixed = choice[:, :1].to(lprobs.dtype) * p_model
+        k = values.size(1)
+        combined = distances.new_zeros(distances.shape, dtype=torch.float32)
+        model_share = choice[:, 0].clone()
         knn_share = torch.zeros(len(choice))
         for j, (w, mass) in enumerate(choice_distributions(distances, values, net.config), start=1):
-            k = w.size(1)
-            p_knn = knn_probabilities(w, values[:, :k], lprobs.size(1)).to(lprobs.device, lprobs.dtype)
-            m = mass.to(lprobs.device, lprobs.dtype).unsqueeze(1)
-            mixed = mixed + choice[:, j:j + 1].to(lprobs.dtype) * (m * p_knn + (1 - m) * p_model)
-            knn_share += choice[:, j].cpu() * mass.cpu()
-        return torch.log(mixed).masked_fill(torch.isneginf(lprobs), float("-inf")), knn_share
+            taken = choice[:, j] * mass
+            combined[:, :w.size(1)] += taken.unsqueeze(1) * w
+            model_share += choice[:, j] - taken
+            knn_share += taken.cpu()
+        p_knn = knn_probabilities(combined[:, :k], values, lprobs.size(1)).to(lprobs.device, lprobs.dtype)
+        mixed = lprobs.exp().mul_(model_share.to(lprobs.device, lprobs.dtype).unsqueeze(1)).add_(p_knn)
+        return mixed.log_().masked_fill_(torch.isneginf(lprobs), float("-inf")), knn_share
 
 
 def reference_terms(distances: Tensor, values: Tensor, refs: Tensor, config: MetaKConfig) -> Tuple[Tensor, Tensor]:
