@@ -495,3 +495,28 @@ def load_ok(key_data):  # noqa: F811
 
     ids, scores = load_neighbours(key_data, "train", 2)
     return ids.shape == scores.shape and ids.shape[1] == 2
+
+
+def test_a_damaged_shard_of_a_killed_build_is_computed_again(doc_checkpoint, datastore, tmp_path, monkeypatch):
+    """A killed datastore build leaves shards a rerun resumes from; one that was truncated or
+    edited (another dtype) used to be read as it was. It is computed again: the rerun's arrays
+    equal a clean build's."""
+    import json
+
+    import numpy as np
+
+    from reluformer_mt.knn import datastore as ds
+
+    monkeypatch.setattr(ds, "SHARD_BATCHES", 1)  # several shards from the tiny split
+    out = tmp_path / "store"
+    clean = ds.build_datastore(doc_checkpoint, tmp_path / "clean", progress=False)
+    shards = out / "shards"
+    shards.mkdir(parents=True)
+    source = json.loads((clean.directory / "datastore.json").read_text())
+    # what a killed first run left: two shards, one of the wrong dtype, one truncated
+    np.savez(shards / "00000.npz", keys=np.zeros((3, source["dim"]), dtype=np.float32), values=np.zeros(3, np.int32))
+    (shards / "00001.npz").write_bytes(b"PK\x03\x04 truncated")
+    rebuilt = ds.build_datastore(doc_checkpoint, out, progress=False)
+    assert np.array_equal(np.load(out / "keys.npy"), np.load(clean.directory / "keys.npy"))
+    assert np.array_equal(np.load(out / "values.npy"), np.load(clean.directory / "values.npy"))
+    assert rebuilt.meta["resumed_shards"] == 0 and not shards.exists()

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import time
+import zipfile
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -383,6 +384,23 @@ def forced_states(model, sample) -> Tuple[torch.Tensor, torch.Tensor]:
     return features[real], target[real]
 
 
+def _resumable_shard(path: Path):
+    """(keys, values) of a shard a killed build left, or None when there is none or it cannot be
+    trusted (truncated, edited, another dtype or shape): that shard is then computed again, so a
+    damaged intermediate file costs its batches, never a wrong datastore."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            keys, values = saved["keys"], saved["values"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if (keys.dtype != np.float16 or keys.ndim != 2 or values.ndim != 1 or values.dtype.kind not in "iu"
+            or len(keys) != len(values) or not len(values)):
+        return None
+    return keys, values
+
+
 def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens: int = 8000, index: str = "auto",
                     device: str = "cpu", progress: bool = True, force: bool = False) -> Datastore:
     """Force-decode ``split`` of the checkpoint's data directory (or ``data``, prepared with the same
@@ -434,12 +452,14 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     write_text_atomically(plan_path, json.dumps(plan) + "\n")
     n_shards = (len(batches) + SHARD_BATCHES - 1) // SHARD_BATCHES
     bar = Progress(len(batches), "datastore", "batches", enabled=progress)  # a line every 30 s off a terminal
-    resumed = 0
+    resumed, parts = 0, []
     for s in range(n_shards):
         path = shard_dir / f"{s:05d}.npz"
         chunk = batches[s * SHARD_BATCHES:(s + 1) * SHARD_BATCHES]
-        if path.is_file():
+        shard = _resumable_shard(path)
+        if shard is not None:
             resumed += 1
+            parts.append(shard)
             bar.update(len(chunk))
             continue
         keys, values = [], []
@@ -453,13 +473,13 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
             keys.append(k.to(torch.float16).cpu().numpy())
             values.append(v.to(torch.int32).cpu().numpy())
             bar.update(1)
-        # whole or not at all: a rerun trusts every shard file it finds
+        # whole or not at all: written atomically, and read back checked by a rerun
         shard = {"keys": np.concatenate(keys), "values": np.concatenate(values)}
         replace_atomically(path, lambda f: np.savez(f, **shard))
+        parts.append((shard["keys"], shard["values"]))
     bar.close()
-    shards = [np.load(shard_dir / f"{s:05d}.npz") for s in range(n_shards)]
-    keys = np.concatenate([s["keys"] for s in shards])
-    values = np.concatenate([s["values"] for s in shards])
+    keys = np.concatenate([k for k, _ in parts])
+    values = np.concatenate([v for _, v in parts])
     save_array(out / "keys.npy", keys)
     save_array(out / "values.npy", values)
     save_array(out / "pairs.npy", pair_hashes(sources, targets))
