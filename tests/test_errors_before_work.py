@@ -14,7 +14,10 @@ PROBE = """
 import json, sys, time
 from importlib import import_module
 start = time.time()
-rc = import_module(sys.argv[1]).main(sys.argv[2:])
+try:
+    rc = import_module(sys.argv[1]).main(sys.argv[2:])
+except SystemExit as e:  # argparse's parser.error
+    rc = e.code
 print(json.dumps({"rc": rc, "seconds": time.time() - start,
                   "loaded": sorted(m for m in ("torch", "fairseq") if m in sys.modules)}), file=sys.stderr)
 """
@@ -58,6 +61,9 @@ CASES = [
     ("reluformer_mt.cli.average", ["--inputs", "empty.pt", "missing.pt", "-o", "avg.pt"], "missing.pt: checkpoint not found"),
     ("reluformer_mt.cli.prepare", ["--format", "docmt", "--train", "in.txt", "missing.de", "--out", "bin"],
      "--train missing.de: file not found"),
+    ("reluformer_mt.cli.demo", ["--families", "softmax,nope"], "--families: unknown nope"),
+    ("reluformer_mt.cli.demo", ["--families", "softmax+memory"], "expected FAMILY or FAMILY+tm|concat|attention"),
+    ("reluformer_mt.cli.demo", ["--out", "in.txt"], "--out in.txt: is a file, expected a folder"),
 ]
 
 

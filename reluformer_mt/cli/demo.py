@@ -15,10 +15,10 @@ from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
                                      check_input_folder, check_output_folder, import_quietly, non_negative_float,
                                      non_negative_int, positive_int, segment_tokens, resolve_device, unit_interval)
 from reluformer_mt.cli.run_options import add_run_options
+# the options alone (no torch, no fairseq): a bad option is answered before the stages are imported
+from reluformer_mt.experiments.demo_options import DEFAULT_FAMILIES, PRESETS, DemoOptions, split_family
+from reluformer_mt.families import FAMILIES
 
-# the stages import fairseq, whose imports would print log lines before --help's usage
-_demo = import_quietly("reluformer_mt.experiments.demo")
-DEFAULT_FAMILIES, PRESETS, DemoOptions, run_demo = _demo.DEFAULT_FAMILIES, _demo.PRESETS, _demo.DemoOptions, _demo.run_demo
 PRESET_DEFAULT = " (default: the preset's)"
 
 
@@ -120,8 +120,19 @@ def options_from_args(args, families) -> DemoOptions:
                        family_settings=tuned_settings(args), **values)
 
 
+def family_list(text: str) -> list:
+    """``--families``: known families, each optionally FAMILY+tm|concat|attention (ValueError)."""
+    families = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in families if split_family(f)[0] not in FAMILIES]  # a bad suffix raises its own line
+    if unknown or not families:
+        raise ValueError(f"--families: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"expected some of {', '.join(FAMILIES)}")
+    return families
+
+
 def check_args(args) -> None:
     """Checks that need more than one option or the machine, before any work (ValueError)."""
+    args.families = family_list(args.families)
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
     args.device = resolve_device(args.device)  # the runs below see cpu or cuda
@@ -142,22 +153,10 @@ def main(argv=None) -> int:
     from reluformer_mt.plugin import register
 
     register()  # the models, criteria and task, and the fairseq fixes
-    from reluformer_mt.models import FAMILIES
-
-    from reluformer_mt.experiments.demo import split_family
-
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    # the stages import fairseq, whose imports would print log lines on the console
+    run_demo = import_quietly("reluformer_mt.experiments.demo").run_demo
     try:
-        unknown = [f for f in families if split_family(f)[0] not in FAMILIES]
-    except ValueError as e:
-        print(f"reluformer-demo: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    if unknown or not families:
-        print(f"reluformer-demo: error: --families: unknown {', '.join(unknown) or '(none given)'}; "
-              f"expected some of {', '.join(FAMILIES)}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        options = options_from_args(args, families)
+        options = options_from_args(args, args.families)
     except ValueError as e:  # a tuned_presets.json that is not what the tuner writes
         print(f"reluformer-demo: error: {e}", file=sys.stderr)
         return EXIT_USAGE
