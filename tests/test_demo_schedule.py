@@ -122,3 +122,24 @@ def test_a_stored_run_of_two_families_keeps_the_others_scaled_to_its_speed():
     assert merged["job_seconds"]["tune"] == {"reluformer": 60.0, "rela": 100.0}  # measured values stay as measured
     assert merged["stage_seconds"]["memory_neighbours"] == 10.0 and "rela, softmax+tm" in merged["measured"]
     assert measured["train_seconds_per_update"] == {"reluformer": 0.2, "softmax": 0.2}  # the input is not changed
+
+
+def test_families_a_run_folder_already_holds_are_not_expected_to_train_again(tmp_path):
+    """make demo-full after make demo reuses the trained and tuned families: its estimate counts
+    only the new ones' training and tuning (and every family's decoding, which runs again)."""
+    from reluformer_mt.experiments.demo_options import DemoOptions
+    from reluformer_mt.experiments.demo_timing import REUSED_SECONDS, family_jobs, load_timing, reused_jobs, stage_plan
+
+    o = DemoOptions(out=tmp_path, families=["reluformer", "rela", "softmax", "softmax+tm"])
+    fresh = dict(stage_plan(o))["train and decode"]
+    for family in ("reluformer", "softmax"):
+        (tmp_path / "checkpoints" / family / "document").mkdir(parents=True)
+        (tmp_path / "checkpoints" / family / "document" / "train_seconds.txt").write_text("600\n")
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "tune_softmax.json").write_text("{}")
+    assert reused_jobs(o) == {"train reluformer", "train softmax", "tune softmax"}
+    jobs = {j.name: j.seconds for j in family_jobs(o, load_timing(), reused_jobs(o))}
+    assert jobs["train softmax"] == jobs["tune softmax"] == REUSED_SECONDS and jobs["train rela"] > 60
+    assert jobs["tune reluformer"] > 60 and jobs["plain modes softmax"] > REUSED_SECONDS
+    assert dict(stage_plan(o))["train and decode"] < fresh
+    assert reused_jobs(DemoOptions(out=tmp_path, families=o.families, force=True)) == frozenset()

@@ -319,10 +319,10 @@ def train_and_translate_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], sta
     while the last family trains (:mod:`.demo_schedule`). Returns (trained, translated, chapter):
     ``train_family``'s result and ``{"tuned", "modes"}`` per family, ``translate_one_chapter``'s."""
     from reluformer_mt.experiments.demo_schedule import run_jobs
-    from reluformer_mt.experiments.demo_timing import family_jobs, load_timing
+    from reluformer_mt.experiments.demo_timing import family_jobs, load_timing, reused_jobs
     from reluformer_mt.experiments.demo_translate import MODES
 
-    jobs = family_jobs(o, load_timing())
+    jobs = family_jobs(o, load_timing(), reused_jobs(o))
     for job in jobs:
         job.call = lambda done, job=job: family_job_call(o, job, dirs, done)
     seconds: Dict[str, float] = {}

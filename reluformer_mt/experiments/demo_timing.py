@@ -70,19 +70,43 @@ def decode_scales(o, timing: dict) -> Tuple[float, float]:
     return tune, test
 
 
-def family_jobs(o, timing: dict) -> List[Job]:
+REUSED_SECONDS = 5.0  # a job whose results the run folder already holds: loading them
+
+
+def reused_jobs(o) -> frozenset:
+    """The training and tuning jobs whose results ``o.out`` holds from an earlier run (reused, not
+    redone, unless ``--force``): a ``make demo-full`` after ``make demo`` trains two families, not four."""
+    if getattr(o, "force", False) or not getattr(o, "out", None):
+        return frozenset()
+    out, done = Path(o.out), set()
+    for family in o.families:
+        trained = out / "checkpoints" / family
+        if (trained / "document" / "train_seconds.txt").is_file() or (trained / "train_seconds.txt").is_file():
+            done.add(f"train {family}")
+        if (out / "report" / f"tune_{family.replace('+', '_')}.json").is_file():
+            done.add(f"tune {family}")
+    return frozenset(done)
+
+
+def family_jobs(o, timing: dict, reused: frozenset = frozenset()) -> List[Job]:
     """The jobs of the stage that trains every family and decodes each one as soon as it is trained,
     in the order given to the scheduler (memory families train first: the longest, so that none starts
-    last and alone), without their calls (``reluformer_mt.experiments.demo`` adds them)."""
+    last and alone), without their calls (``reluformer_mt.experiments.demo`` adds them); a job in
+    ``reused`` takes :data:`REUSED_SECONDS`."""
     tune_scale, test_scale = decode_scales(o, timing)
     guided_scale = test_scale * (1.0 if o.knn else 0.25)
     jobs = []
+
+    def seconds(name: str, expected: float) -> float:
+        return REUSED_SECONDS if name in reused else expected
     for family in sorted(o.families, key=lambda f: "+" not in f):
-        jobs.append(Job(f"train {family}", None, (), 0, train_seconds(o, family, timing), {"kind": "train", "family": family}))
+        jobs.append(Job(f"train {family}", None, (), 0, seconds(f"train {family}", train_seconds(o, family, timing)),
+                        {"kind": "train", "family": family}))
     for family in sorted(o.families, key=lambda f: "+" not in f):
         trained = (f"train {family}",)
         if tunes(o):
-            jobs.append(Job(f"tune {family}", None, trained, 1, tune_scale * _per_family(timing["job_seconds"]["tune"], family),
+            jobs.append(Job(f"tune {family}", None, trained, 1,
+                            seconds(f"tune {family}", tune_scale * _per_family(timing["job_seconds"]["tune"], family)),
                             {"kind": "tune", "family": family}))
         if tunes(o) or o.pieces_weight:
             after = (f"tune {family}",) if tunes(o) else trained
@@ -101,19 +125,21 @@ def workers(o) -> int:
     return max(1, min(o.jobs, len(o.families))) if o.device == "cpu" else 1
 
 
-def stage_plan(o, timing: Optional[dict] = None) -> List[Tuple[str, float]]:
-    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order."""
+def stage_plan(o, timing: Optional[dict] = None, reused: Optional[frozenset] = None) -> List[Tuple[str, float]]:
+    """(stage kind, expected seconds) of every stage of ``run_demo`` with options ``o``, in order;
+    ``reused``: the jobs whose results the run folder holds (default: :func:`reused_jobs`)."""
     timing = timing or load_timing()
+    reused = reused_jobs(o) if reused is None else reused
     stages = timing["stage_seconds"]
     families = len(o.families)
     prepare = stages["prepare"] + (stages["memory_neighbours"] if any("+" in f for f in o.families) else 0.0)
     tail = [("evaluate", stages["evaluate_per_family"] * families), ("report", stages["report_per_family"] * families)]
     if workers(o) > 1:
-        seconds, _ = simulate(family_jobs(o, timing), workers(o))
+        seconds, _ = simulate(family_jobs(o, timing, reused), workers(o))
         return [("prepare", prepare), ("train and decode", seconds + stages["train_and_decode_overhead"])] + tail
-    jobs = family_jobs(o, timing)
-    trains = [("train", train_seconds(o, j.info["family"], timing, side_by_side=False)) for j in jobs
-              if j.info["kind"] == "train"]
+    jobs = family_jobs(o, timing, reused)
+    trains = [("train", REUSED_SECONDS if j.name in reused else train_seconds(o, j.info["family"], timing, side_by_side=False))
+              for j in jobs if j.info["kind"] == "train"]
     decode = sum(j.seconds for j in jobs if j.info["kind"] in ("tune", "guided", "plain")) / ALONE_SPEEDUP
     return ([("prepare", prepare)] + trains + [("decode", decode), tail[0], ("translate", stages["chapter"]), tail[1]])
 
