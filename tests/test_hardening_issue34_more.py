@@ -96,6 +96,14 @@ def test_atomic_writes_name_the_file_they_were_asked_for(tmp_path):
         replace_atomically(tmp_path / "r.json", full)
     assert write_error(e.value) == f"cannot write {tmp_path / 'r.json'}: No space left on device"
     assert list(tmp_path.iterdir()) == []  # nor a temporary file left behind
+    # the commands that print the error itself (reluformer-study, readme_table) read it whole: on
+    # main a ' -> None' trailed it (the second file name set to None is printed)
+    assert str(e.value) == f"[Errno {errno.ENOSPC}] No space left on device: '{tmp_path / 'r.json'}'"
+
+    (tmp_path / "d.json").mkdir()  # a folder where the file should go: opened as it is, refused
+    with pytest.raises(IsADirectoryError) as e:
+        replace_atomically(tmp_path / "d.json", lambda f: f.write(b"x"))
+    assert str(e.value) == f"[Errno {errno.EISDIR}] Is a directory: '{tmp_path / 'd.json'}'"
 
 
 # ---------------------------------------------------------------- cases 3, 8, 17, 6: fairseq-train

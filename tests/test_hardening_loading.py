@@ -360,6 +360,47 @@ def test_seeds_report_dir_in_a_read_only_folder_is_one_line(tmp_path, capsys):
     one_line(code, err, r"--report-dir /sys/seeds-report: cannot write /sys/seeds-report \(Operation not permitted\)")
 
 
+README_WRITE = """\
+import sys
+from pathlib import Path
+from reluformer_mt.experiments import readme_table
+readme_table.README, readme_table.SUMMARY_COPY = Path(sys.argv[1]), Path(sys.argv[2])
+sys.exit(readme_table.main([sys.argv[3], "--write"]))
+"""
+
+
+def test_readme_table_write_that_fails_is_one_line(tmp_path):
+    """A README.md that cannot be written (a full disk here: files limited to 16 KiB; read-only
+    alike), a summary copy that cannot be written and a README without the table's markers: on
+    main an OSError / ValueError traceback. The README is left as it was."""
+    import subprocess
+    import sys
+
+    from test_hardening_commands import with_file_size_limit
+
+    summary = demo_run(tmp_path / "run", 1, good_summary()) / "report" / "summary.json"
+    readme = tmp_path / "README.md"
+    original = "# title\n" + "filler line\n" * 3000 + "<!-- demo-table:begin -->\n<!-- demo-table:end -->\n"
+    readme.write_text(original)
+
+    def write(readme_path, copy_path, limit=None):
+        return subprocess.run([sys.executable, "-c", README_WRITE, str(readme_path), str(copy_path), str(summary)],
+                              capture_output=True, text=True, timeout=120,
+                              preexec_fn=with_file_size_limit(limit) if limit else None)
+
+    done = write(readme, tmp_path / "copy.json", limit=16 * 1024)
+    one_line(done.returncode, done.stderr, rf"readme_table: error: cannot write {readme} \(File too large\)")
+    assert readme.read_text() == original and not list(tmp_path.glob(".README.md*"))
+    done = write(readme, "/sys/demo_summary.json")
+    one_line(done.returncode, done.stderr, r"readme_table: error: cannot write /sys/demo_summary\.json \(")
+    unmarked = tmp_path / "UNMARKED.md"
+    unmarked.write_text("# no table here\n")
+    done = write(unmarked, tmp_path / "copy2.json")
+    one_line(done.returncode, done.stderr, rf"readme_table: error: {unmarked}: no demo table to rewrite; expected a "
+                                           r"block from '<!-- demo-table:begin' to '<!-- demo-table:end -->'")
+    assert unmarked.read_text() == "# no table here\n" and not (tmp_path / "copy2.json").exists()
+
+
 # ---------------------------------------------------------------- reluformer-eval bleu, gpu_check.sh --wheels
 
 def bleu_files(tmp_path):

@@ -77,8 +77,12 @@ def replace_atomically(path, write) -> Path:
     except OSError as e:
         # a failed write or flush names no file (and a failed rename the temporary one): name
         # the file the caller asked for, so the error line is 'cannot write PATH', not 'None'
-        e.filename, e.filename2 = str(path), None
-        raise
+        if e.filename2 is None:
+            e.filename = str(path)
+            raise
+        # a rename names two files; an OSError prints a second name set even to None ('-> None'):
+        # the same error (errno's subclass) naming the file asked for alone
+        raise OSError(e.errno, e.strerror, str(path)) from e
     return path
 
 

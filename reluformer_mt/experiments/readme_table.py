@@ -77,8 +77,10 @@ def block(summary: dict) -> str:
 
 def rewrite(readme: Path, summary: dict) -> None:
     text = readme.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    write_text_atomically(readme, text[:start] + block(summary) + text[end:])
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{readme}: no demo table to rewrite; expected a block from '{BEGIN}' to '{END}'")
+    write_text_atomically(readme, text[:start] + block(summary) + text[end + len(END):])
 
 
 def readme_block(readme: Path = README) -> str:
@@ -109,10 +111,17 @@ def main(argv=None) -> int:
     if not args.write:
         print(render(summary))
         return 0
-    rewrite(README, summary)
-    SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
-    if source.resolve() != SUMMARY_COPY.resolve():
-        replace_atomically(SUMMARY_COPY, lambda f: f.write(source.read_bytes()))
+    try:
+        rewrite(README, summary)
+        SUMMARY_COPY.parent.mkdir(parents=True, exist_ok=True)
+        if source.resolve() != SUMMARY_COPY.resolve():
+            replace_atomically(SUMMARY_COPY, lambda f: f.write(source.read_bytes()))
+    except ValueError as e:  # a README without the table's markers
+        print(f"readme_table: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a README or a docs folder that cannot be written (read-only, a full disk)
+        print(f"readme_table: error: cannot write {e.filename or README} ({e.strerror or e})", file=sys.stderr)
+        return 2
     print(f"README.md's demo table rewritten from {source}; copy kept in {SUMMARY_COPY.relative_to(ROOT)}")
     return 0
 
