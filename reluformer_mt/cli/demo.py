@@ -120,6 +120,12 @@ def options_from_args(args, families) -> DemoOptions:
                        family_settings=tuned_settings(args), **values)
 
 
+def run_demo(options) -> None:
+    """The demo's stages, imported only now: they load torch and fairseq (whose imports would print
+    log lines on the console), so every option is checked before."""
+    import_quietly("reluformer_mt.experiments.demo").run_demo(options)
+
+
 def family_list(text: str) -> list:
     """``--families``: known families, each optionally FAMILY+tm|concat|attention (ValueError)."""
     families = [f.strip() for f in text.split(",") if f.strip()]
@@ -153,8 +159,6 @@ def main(argv=None) -> int:
     from reluformer_mt.plugin import register
 
     register()  # the models, criteria and task, and the fairseq fixes
-    # the stages import fairseq, whose imports would print log lines on the console
-    run_demo = import_quietly("reluformer_mt.experiments.demo").run_demo
     try:
         options = options_from_args(args, args.families)
     except ValueError as e:  # a tuned_presets.json that is not what the tuner writes
