@@ -13,7 +13,6 @@ largest value in bf16), so a fast but wrong choice is reported as wrong. Prints 
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,25 +22,12 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_check import cuda_time_ms as time_ms  # noqa: E402  (median of CUDA-event timings)
 
 CHOICES = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 3),
            (64, 64, 4, 2), (128, 32, 4, 3), (32, 64, 4, 3)]
 HEADS, HEAD_DIM, TOKENS = 8, 64, 16384
-
-
-def time_ms(fn, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def inputs(L: int, causal: bool):
