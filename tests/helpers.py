@@ -26,11 +26,11 @@ def route_of(module, tgt: int, src: int, want_weights: bool = False, want_rows: 
     return module.route(q, src, Visibility(tgt, src), None, want_weights, want_rows)
 
 
-def load_benchmark_script():
-    """benchmarks/run.py as a module (it is a script, not part of the package)."""
+def load_benchmark_script(name: str = "run"):
+    """benchmarks/NAME.py as a module (a script, not part of the package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("benchmarks_run", REPO / "benchmarks" / "run.py")
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -155,3 +155,24 @@ def test_decoding_speed_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         speed.main(["--data", str(tmp_path), "--checkpoint", str(tmp_path / "c.pt")])
     assert "not a prepared directory" in capsys.readouterr().err
+
+
+def test_guided_decoding_measures_the_values_the_tuner_chose(tmp_path):
+    """--tuned: each mode decodes with what reluformer-memory tune chose (the pieces' weight and
+    floor, the per-input read-out and search), not the benchmark's fixed values; the corpus
+    datastore brings its own tuned values, so kNN-MT gets the datastore alone."""
+    guided = load_benchmark_script("guided_decoding")
+    report = {"chosen": {"pieces": {"pieces_weight": 5.0, "pieces_floor": 0.0, "s_bleu": 19.2, "decode": "p"},
+                         "per_input": {"options": {"k": 256, "lam": 1.0, "temperature": 5.7, "radius": 5.7,
+                                                   "readout": "softmax", "adaptive": False},
+                                       "search": {"chosen": {"knn_batched_search": True}}}}}
+    (tmp_path / "tune.json").write_text(json.dumps(report))
+    args = guided.parse(["--checkpoint", "c.pt", "--data", "d", "--tuned", str(tmp_path / "tune.json")])
+    systems = guided.systems_of(args, "store")
+    assert systems["knn"][1] == {"knn": "store"}
+    assert systems["pieces"][1] == {"pieces_weight": 5.0, "pieces_floor": 0.0, "pieces_k": 8}
+    per_input = systems["knn-per-input"][1]
+    assert per_input["knn_memory"] and per_input["knn_k"] == 256 and per_input["knn_temperature"] == 5.7
+    assert per_input["knn_batched_search"] is True
+    fixed = guided.systems_of(guided.parse(["--checkpoint", "c.pt", "--data", "d"]), "store")
+    assert fixed["knn"][1]["knn_k"] == 16 and fixed["pieces"][1]["pieces_weight"] == 10.0

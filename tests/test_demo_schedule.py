@@ -143,3 +143,28 @@ def test_families_a_run_folder_already_holds_are_not_expected_to_train_again(tmp
     assert jobs["tune reluformer"] > 60 and jobs["plain modes softmax"] > REUSED_SECONDS
     assert dict(stage_plan(o))["train and decode"] < fresh
     assert reused_jobs(DemoOptions(out=tmp_path, families=o.families, force=True)) == frozenset()
+
+
+def test_a_run_that_reused_families_stores_only_what_it_timed():
+    """make demo-full after make demo: the reused families' training and tuning took seconds of
+    loading, not of work. Stored as measured they would make every later estimate of them near 0;
+    they are left out, and keep_unmeasured takes them from the previous file."""
+    from dataclasses import asdict
+
+    from reluformer_mt.experiments.demo_options import DemoOptions
+    from reluformer_mt.experiments.demo_timing import keep_unmeasured, timing_from_report
+
+    o = DemoOptions(out=Path("x"), families=["reluformer", "rela"])
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(o).items()}
+    seconds = {"reluformer": {"train": 4.0, "tune": 0.5, "guided": 50.0, "plain": 17.0},
+               "rela": {"train": 700.0, "tune": 200.0, "guided": 47.0, "plain": 20.0}}
+    stages = {"prepare the bible corpus": 15.0, "train ...": 1000.0, "evaluate: AER": 10.0,
+              "write the report: summary": 60.0}
+    report = measured_report(options, seconds, stages)
+    report["models"]["reluformer"]["reused_jobs"] = ["train", "tune"]
+    timing = timing_from_report(report)
+    assert set(timing["train_seconds_per_update"]) == {"rela"} and set(timing["job_seconds"]["tune"]) == {"rela"}
+    assert timing["job_seconds"]["guided"] == {"reluformer": 50.0, "rela": 47.0}  # decoding ran again: timed
+    previous = {"train_seconds_per_update": {"reluformer": 0.3, "rela": 0.3}, "job_seconds": {"tune": {"reluformer": 90.0}}}
+    merged = keep_unmeasured(timing, previous)
+    assert merged["train_seconds_per_update"]["reluformer"] > 0.1 and merged["job_seconds"]["tune"]["reluformer"] > 60

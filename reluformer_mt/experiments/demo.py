@@ -69,7 +69,7 @@ from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train
 from reluformer_mt.inference.translator import DocumentTranslator
 from reluformer_mt.plugin import register
 
-from reluformer_mt.experiments.demo_options import (DEFAULT_FAMILIES, FULL_FAMILIES, MEMORY_SUFFIXES,  # noqa: F401
+from reluformer_mt.experiments.demo_options import (DEFAULT_FAMILIES, MEMORY_SUFFIXES,  # noqa: F401
                                                    NEIGHBOURS_K, PRESETS, DemoOptions, split_family, uses_memory)
 
 
@@ -322,7 +322,8 @@ def train_and_translate_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], sta
     from reluformer_mt.experiments.demo_timing import family_jobs, load_timing, reused_jobs
     from reluformer_mt.experiments.demo_translate import MODES
 
-    jobs = family_jobs(o, load_timing(), reused_jobs(o))
+    reused = reused_jobs(o)
+    jobs = family_jobs(o, load_timing(), reused)
     for job in jobs:
         job.call = lambda done, job=job: family_job_call(o, job, dirs, done)
     seconds: Dict[str, float] = {}
@@ -339,7 +340,10 @@ def train_and_translate_in_parallel(o: "DemoOptions", dirs: Dict[str, Path], sta
                                fn, *args)
 
         results = run_jobs(training_jobs(o), jobs, submit, done)
-    trained = {f: {**results[f"train {f}"], "job_seconds": {"train": seconds[f"train {f}"]}} for f in o.families}
+    # the jobs whose results an earlier run left are recorded as such: their seconds time nothing
+    trained = {f: {**results[f"train {f}"], "job_seconds": {"train": seconds[f"train {f}"]},
+                   "reused_jobs": sorted(kind for kind in ("train", "tune") if f"{kind} {f}" in reused)}
+               for f in o.families}
     translated = {}
     for f in o.families:  # the modes in their order (the tables' columns)
         modes = {**results.get(f"plain modes {f}", {}), **results.get(f"guided modes {f}", {})}
@@ -777,7 +781,8 @@ def first_results(o: DemoOptions, trained: Dict[str, dict]) -> tuple:
         results[family] = {"train_seconds": t["train_seconds"], "train_cpu_seconds": t.get("train_cpu_seconds"),
                            "cpu_seconds_per_update": t.get("cpu_seconds_per_update"),
                            "valid_loss": document_valid[-1]["loss"] if document_valid else float("nan"),
-                           "learning_curve": t["learning_curve"], "job_seconds": t.get("job_seconds")}
+                           "learning_curve": t["learning_curve"], "job_seconds": t.get("job_seconds"),
+                           "reused_jobs": t.get("reused_jobs", [])}
     return {family: trained[family]["checkpoint"] for family in o.families}, results
 
 

@@ -11,9 +11,8 @@ from typing import Dict, List, Optional
 # demo keeps one memory-attention family and guides every family by translation pieces.
 # ``make demo`` trains two families so that it fits 30 minutes on 2 cores (each family trains 2,500
 # updates, the tuning budget of docs/FAMILIES.md, on one core); ``make demo-full`` adds the other two
-# to the same folder, reusing the finished ones
+# (reluformer, rela, softmax, softmax+tm) to the same folder, reusing the finished ones
 DEFAULT_FAMILIES = ("reluformer", "softmax")
-FULL_FAMILIES = ("reluformer", "rela", "softmax", "softmax+tm")
 # a family with a translation memory: "softmax+concat", "reluformer+attention"; "+tm" = ``tm_fusion``
 MEMORY_SUFFIXES = ("tm", "concat", "attention")
 NEIGHBOURS_K = 16  # neighbours computed per sentence at preparation (the study reads up to 16)

@@ -38,7 +38,7 @@ def _per_family(table: Dict[str, float], family: str) -> float:
     if family in table:
         return table[family]
     same = [v for f, v in table.items() if ("+" in f) == ("+" in family)] or list(table.values())
-    return mean(same)
+    return mean(same) if same else 0.0  # nothing measured (every job reused): no estimate of its own
 
 
 def family_updates(o, family: str) -> Tuple[int, int]:
@@ -158,24 +158,29 @@ def timing_from_report(report: dict) -> dict:
         return next(v for k, v in stages.items() if k.startswith(prefix))
 
     families, o = len(models), argparse.Namespace(**options)
+    # a job whose results an earlier run left (make demo-full after make demo) timed no work: left
+    # out of the tables (keep_unmeasured fills them) and scheduled at REUSED_SECONDS below
+    reused = frozenset(f"{kind} {f}" for f, m in models.items() for kind in m.get("reused_jobs", []))
     rates = {}
     for family, m in models.items():
-        phases, updates = family_updates(o, family)
-        rates[family] = round((m["job_seconds"]["train"] - phases * 10.0) / max(1, updates), 4)
+        if f"train {family}" not in reused:
+            phases, updates = family_updates(o, family)
+            rates[family] = round((m["job_seconds"]["train"] - phases * 10.0) / max(1, updates), 4)
     timing = {"measured": f"reluformer-demo {' '.join(report.get('command', '').split()[1:])}, commit "
                           f"{report.get('commit', '?')}, {report['versions']['cpus']} CPUs "
                           f"({report['versions']['cpu_model']}), total {report['total_seconds'] / 60:.1f} min",
               "train_phase_seconds": 10.0, "train_seconds_per_update": rates,
               "tune_chapters": min((c for c in (options["eval_chapters"], options["tune_chapters"]) if c),
                                    default=TEST_CHAPTERS),
-              "job_seconds": {kind: {f: m["job_seconds"].get(kind, 0.0) for f, m in models.items()}
+              "job_seconds": {kind: {f: m["job_seconds"].get(kind, 0.0) for f, m in models.items()
+                                     if f"{kind} {f}" not in reused}
                               for kind in ("tune", "guided", "plain")},
               "stage_seconds": {"prepare": stage("prepare"), "memory_neighbours": 0.0,
                                 "evaluate_per_family": round(stage("evaluate") / families, 1),
                                 "report_per_family": round(stage("write the report") / families, 1),
                                 "chapter": report.get("translated_chapter", {}).get("seconds", 15.0)}}
     # what the stage took beyond its jobs' schedule: the workers' start, the scores' collection
-    scheduled, _ = simulate(family_jobs(o, timing), workers(o))
+    scheduled, _ = simulate(family_jobs(o, timing, reused), workers(o))
     timing["stage_seconds"]["train_and_decode_overhead"] = round(max(0.0, stage("train ") - scheduled), 1)
     return timing
 
