@@ -91,7 +91,11 @@ def test_the_index_is_searched_every_n_steps_and_successors_followed_between(tmp
     (dict(datastore="x", batched_search=True), "--knn-batched-search"), (dict(memory=True, probe=4), "--knn-probe"),
     (dict(datastore="x", probe=0), "--knn-probe"), (dict(memory=True, exact_search=True), "--knn-exact-search"),
     (dict(datastore="x", probe=4, exact_search=True), "--knn-exact-search"),
-    (dict(datastore="x", search_every=1, exact_search=True), "--knn-exact-search")])
+    (dict(datastore="x", search_every=1, exact_search=True), "--knn-exact-search"),
+    (dict(memory=True, restrict=4), "--knn-restrict"), (dict(datastore="x", restrict=-1), "--knn-restrict"),
+    (dict(datastore="x", restrict=4, probe=2), "--knn-restrict"),
+    (dict(datastore="x", restrict=4, search_every=2), "--knn-restrict"),
+    (dict(datastore="x", restrict=4, exact_search=True), "--knn-restrict")])
 def test_speed_options_out_of_place_are_one_line_errors(options, named):
     with pytest.raises(TranslationError, match=named):
         KnnMtOptions(**options)

@@ -1,5 +1,6 @@
 """kNN-MT (issue 31): read-outs, datastores, decoding and the tuner, on real tiny models."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,6 +143,78 @@ def test_datastore_holds_every_training_target_token_with_its_state(knn_setup):
     assert "entries of dim 32" in again.describe() and again.meta["bytes"] > 0
 
 
+def test_each_entry_records_the_training_sentence_it_comes_from(knn_setup):
+    """sentences.npy: the entries of training sentence i are consecutive and hold exactly its target
+    tokens, then the separator (a segment's inner sentence) or </s> (its last one)."""
+    from fairseq.data import Dictionary
+
+    from reluformer_mt.knn.datastore import split_pairs
+
+    store = knn_setup["store"]
+    first, counts = store.sentence_entries()
+    data = Path(knn_setup["data"])
+    _, targets = split_pairs(data, "train", "en", "de", "<sep>")
+    assert len(first) == len(targets) and counts.sum() == store.size and (counts > 0).all()
+    tgt_dict = Dictionary.load(str(data / "dict.de.txt"))
+    ends = {tgt_dict.index("<sep>"), tgt_dict.eos()}
+    for i in range(len(targets)):
+        tokens = store.values[first[i]:first[i] + counts[i]].tolist()
+        assert tokens[:-1] == tgt_dict.encode_line(targets[i], add_if_not_exist=False, append_eos=False).tolist()
+        assert tokens[-1] in ends
+
+
+def test_a_search_restricted_to_the_matches_entries_is_exact_over_them(knn_setup):
+    """RestrictedSearch: each sentence's neighbours are the nearest of its matches' entries (brute
+    force over those entries), and a sentence without matches has none."""
+    from reluformer_mt.knn.search import RestrictedSearch
+
+    store = knn_setup["store"]
+    first, counts = store.sentence_entries()
+    matches = [[[3, 7, -1]], [[0], []]]  # source 0: one sentence; source 1: two, the second without matches
+    search = RestrictedSearch(store, matches)
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(6, store.dim, generator=g)
+    sources, sentences = torch.tensor([0, 0, 1, 1, 1, 1]), torch.tensor([0, 0, 0, 0, 1, 1])
+    d, v, trust = search.neighbours(states, sources, 4, sentences)
+    assert trust is None and (v[4:] == -1).all() and torch.isinf(d[4:]).all()
+    for row, ids in ((0, [3, 7]), (2, [0])):
+        at = np.concatenate([np.arange(first[i], first[i] + counts[i]) for i in ids])
+        keys = torch.from_numpy(np.asarray(store.keys[at], dtype=np.float32))
+        exact = ((keys - states[row]) ** 2).sum(1)
+        nearest = torch.topk(exact, 4, largest=False)
+        assert torch.allclose(d[row], nearest.values, rtol=1e-4, atol=1e-4)
+        assert v[row].tolist() == store.values[at][nearest.indices.numpy()].tolist()
+
+
+def test_translation_with_a_restricted_search_and_its_one_line_refusals(knn_setup, tmp_path):
+    """--knn-restrict M: the translator searches each sentence's M matches' entries (its memory is the
+    datastore's corpus); refused in one line with a memory of another corpus or a datastore that
+    predates sentences.npy."""
+    import shutil
+
+    from reluformer_mt.inference import DocumentTranslator, TranslationError
+    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.knn.search import RestrictedSearch
+
+    ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
+    plain = dict(beam=2, max_len_a=0, max_len_b=8)
+    translator = DocumentTranslator(ckpt, knn=store, knn_restrict=2, **plain)
+    out = translator.translate_text([["a b c", "d e"]])
+    assert len(out[0]) == 2 and isinstance(translator.part(KnnMixture).mixer.store, RestrictedSearch)
+    assert translator.stats["knn: restricted search entries"] > 0 and translator.stats["knn: beam steps"] > 0
+    assert "entries of its 2 best memory matches" in translator.describe()
+    tsv = tmp_path / "other.tsv"
+    tsv.write_text("a b c\tx y z\n", encoding="utf-8")
+    with pytest.raises(TranslationError, match=r"--knn-restrict 2: the memory .* is not the corpus"):
+        DocumentTranslator(ckpt, knn=store, knn_restrict=2, memory=str(tsv), **plain)
+    old = tmp_path / "old_store"
+    shutil.copytree(store, old)
+    (old / "sentences.npy").unlink()
+    with pytest.raises(TranslationError, match=r"sentences\.npy: missing .* rebuild it"):
+        DocumentTranslator(ckpt, knn=old, knn_restrict=2, **plain)
+    assert DocumentTranslator(ckpt, knn=old, **plain).translate_text([["a b c"]])  # the whole datastore still works
+
+
 def test_datastore_of_another_checkpoint_is_refused(knn_setup):
     from reluformer_mt.inference import DocumentTranslator, TranslationError
 
@@ -262,7 +335,8 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     loose = tune_search(decode, "full", store, 4, 1e9, "knn full softmax", lines.append)
     table = loose["table"]
     assert [r["options"] for r in table[:5]] == [
-        {"knn_probe": own, "knn_search_every": 1}, *({"knn_probe": p, "knn_search_every": 1} for p in (own // 2, own // 4)),
+        {"knn_probe": own, "knn_search_every": 1, "knn_restrict": 0},
+        *({"knn_probe": p, "knn_search_every": 1} for p in (own // 2, own // 4)),
         *({"knn_probe": own, "knn_search_every": n} for n in (2, 4))]
     assert len(table) == 6 and table[0]["exact"] and all(r["within_tolerance"] for r in table)
     assert all(r["sentences_per_s"] > 0 and r["s_bleu"] >= 0 for r in table)
@@ -275,6 +349,21 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
                                              if r["s_bleu"] >= strict["exact_s_bleu"])
     values = datastore_values(loose, store)
     assert values["probe"] in (None, own // 2, own // 4) and values["search_every"] in (1, 2, 4)
+    assert values["restrict"] == 0
+    # the datastore is the memory's corpus: each of GRID_RESTRICT is decoded too, and a chosen
+    # restriction is what datastore.json records and the translator then searches by
+    from reluformer_mt.experiments.knn_search_tune import GRID_RESTRICT, restrictable
+
+    assert restrictable(store, knn_setup["data"])
+    restricted = tune_search(decode, "full", store, 4, 1e9, "knn full softmax", lambda *_: None, restrict=True)
+    assert [r["options"] for r in restricted["table"][6:]] == [{"knn_restrict": m} for m in GRID_RESTRICT]
+    assert all(r["search"].startswith("the entries of") for r in restricted["table"][6:])
+    fastest = max(restricted["table"], key=lambda r: r["sentences_per_s"])["options"]
+    assert datastore_values(restricted, store)["restrict"] == fastest.get("knn_restrict", 0)
+    Datastore.load(store.directory).set_tuned("full", {"k": 16, "restrict": 4})
+    tuned = DocumentTranslator(ckpt, knn=store.directory, beam=2, max_len_a=0, max_len_b=6)
+    assert tuned.part(KnnMixture).restrict == 4 and tuned.memory is not None
+    assert DocumentTranslator(ckpt, knn=store.directory, knn_exact_search=True, beam=2).part(KnnMixture).restrict == 0
 
     # an approximate choice in datastore.json is applied; --knn-exact-search searches as built
     Datastore.load(store.directory).set_tuned("full", {"k": 16, "probe": 2, "search_every": 2})
@@ -445,7 +534,11 @@ def test_distinct_counts_match_comparing_every_pair():
     values[7, 40:] = -1
     earlier = torch.triu(torch.ones(64, 64, dtype=torch.bool), diagonal=1)
     repeated = ((values.unsqueeze(2) == values.unsqueeze(1)) & earlier).any(dim=1)
-    assert torch.equal(distinct_counts(values), torch.cumsum((~repeated & (values >= 0)).long(), 1).float())
+    expected = torch.cumsum((~repeated & (values >= 0)).long(), 1).float()
+    assert torch.equal(distinct_counts(values), expected)  # 64 neighbours: the scatter
+    values[3, 5:] = -1
+    expected = distinct_counts(values)
+    assert torch.equal(distinct_counts(values[:, :16]), expected[:, :16])  # 16: the pairwise comparison
 
 
 def test_knn_tables_render_every_mode_band_and_choice_of_a_report(tmp_path, capsys):

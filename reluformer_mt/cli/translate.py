@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     knn.add_argument("--knn-exact-search", action="store_true", default=D["knn_exact_search"],
                      help="--knn: search the datastore as it was built (every step, the index's own probe) even "
                           "where the tuner chose a faster approximate search")
+    knn.add_argument("--knn-restrict", type=int, default=D["knn_restrict"], metavar="M",
+                     help="--knn: each sentence searches only the datastore entries of its M best translation memory "
+                          "matches (the memory must be the corpus the datastore was built from), exactly, instead "
+                          "of the index over the whole corpus: faster (default: as tuned, else 0: the whole datastore)")
     knn.add_argument("--knn-k", type=int, default=D["knn_k"], metavar="K", help="neighbours per step (default: tuned, else 16)")
     knn.add_argument("--knn-lambda", type=float, default=D["knn_lambda"], metavar="L",
                      help="largest share of the neighbours (default: tuned, else 0.5)")
@@ -442,7 +446,7 @@ def run(args) -> str:
         fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
         knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every,
-        knn_exact_search=args.knn_exact_search, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
+        knn_exact_search=args.knn_exact_search, knn_restrict=args.knn_restrict, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
         tmx_placeholders=args.tmx_placeholders, match_score=args.match_score, tm_first=args.tm_first)
     if args.memory_matches and translator.memory is None:

@@ -6,7 +6,10 @@ approximations trade recall for speed: fewer IVF lists probed per step (``--knn-
 index searched only every few steps with the neighbours' successors followed in between
 (``--knn-search-every``; chunk-based kNN-MT and caching, Martins, Marinho & Martins, EMNLP 2022
 and "Efficient Machine Translation Domain Adaptation", 2022), and, for per-input datastores, one
-batched product per sentence (``--knn-batched-search``). Each setting decodes the same
+batched product per sentence (``--knn-batched-search``). A corpus datastore built from the
+memory's own corpus can also be searched, per sentence, among the entries of its M best memory
+matches only (``--knn-restrict M``; Fast kNN-MT's restriction to what can matter for this source,
+Meng et al. 2022): a product with a few hundred keys instead of an index over the whole corpus. Each setting decodes the same
 validation documents as the search it approximates (timed in the same run, one after another);
 the fastest setting whose validation s-BLEU is at most ``tolerance`` points below the exact
 search's is chosen (the exact search itself when none is, and on a tie in speed).
@@ -16,15 +19,17 @@ from typing import Callable, List, Optional, Tuple
 SEARCH_TOLERANCE = 0.5          # s-BLEU points an approximate search may lose against the exact one
 PROBE_DIVISORS = (2, 4)         # the index's own probe divided by these (IVF lists; HNSW efSearch)
 GRID_SEARCH_EVERY = (2, 4)      # the index searched every N steps
+GRID_RESTRICT = (4, 8, 16)      # memory matches per sentence whose datastore entries are searched
 
 Decode = Callable[[str, dict], Tuple[float, float]]  # (decode name, translator keywords) -> (s-BLEU, seconds)
 
 
 def exact_search(mode: str, store) -> dict:
-    """Translator keywords of the search as built: every step with the index's own probe (a corpus
-    datastore, ``mode`` "full"), one product per beam row (per-input datastores)."""
+    """Translator keywords of the search as built: every step with the index's own probe over the
+    whole corpus (a corpus datastore, ``mode`` "full": not a restriction a former tuning left in
+    it), one product per beam row (per-input datastores)."""
     if mode == "full":
-        return {"knn_probe": store.own_probe(), "knn_search_every": 1}
+        return {"knn_probe": store.own_probe(), "knn_search_every": 1, "knn_restrict": 0}
     return {"knn_batched_search": False}
 
 
@@ -36,8 +41,21 @@ def probes(store) -> List[int]:
     return sorted({max(1, own // d) for d in PROBE_DIVISORS} - {own}, reverse=True)
 
 
+def restrictable(store, data_dir) -> bool:
+    """Whether the tuner's translators (whose memory is ``data_dir``'s training split) can restrict a
+    search to ``store``'s entries of their matches: the datastore was built from that split and
+    records each entry's sentence (built before it did: not tried)."""
+    from pathlib import Path
+
+    source = store.meta["source"]
+    return (Path(source["data"]).resolve() == Path(data_dir).resolve() and source["split"] == "train"
+            and (store.directory / "sentences.npy").is_file())
+
+
 def describe(search: dict) -> str:
     """A search setting in words, as the table prints it."""
+    if search.get("knn_restrict"):
+        return f"the entries of {search['knn_restrict']} memory matches"
     if "knn_batched_search" in search:
         return "batched per sentence" if search["knn_batched_search"] else "per beam row"
     probe = search.get("knn_probe")
@@ -47,11 +65,12 @@ def describe(search: dict) -> str:
 
 
 def tune_search(decode: Decode, mode: str, store, sentences: int, tolerance: float = SEARCH_TOLERANCE,
-                prefix: str = "knn", progress=print) -> dict:
+                prefix: str = "knn", progress=print, restrict: bool = False) -> dict:
     """Decode the exact search and its approximations (``decode``), and choose the fastest within
     ``tolerance`` s-BLEU of the exact one. A corpus datastore tries each of :func:`probes`, each of
-    :data:`GRID_SEARCH_EVERY` at the index's own probe, then the fastest acceptable of each together;
-    per-input datastores the batched search. Returns the choice (``chosen``: translator keywords)
+    :data:`GRID_SEARCH_EVERY` at the index's own probe, then the fastest acceptable of each together,
+    and, with ``restrict`` (:func:`restrictable`), each of :data:`GRID_RESTRICT`; per-input
+    datastores the batched search. Returns the choice (``chosen``: translator keywords)
     and the table of every setting decoded."""
     rows: List[dict] = []
 
@@ -74,6 +93,8 @@ def tune_search(decode: Decode, mode: str, store, sentences: int, tolerance: flo
         sparser = fastest([row({"knn_probe": own, "knn_search_every": n}) for n in GRID_SEARCH_EVERY])
         if fewer is not None and sparser is not None:
             row({"knn_probe": fewer["options"]["knn_probe"], "knn_search_every": sparser["options"]["knn_search_every"]})
+        for matches in GRID_RESTRICT if restrict else ():
+            row({"knn_restrict": matches})
     else:
         row({"knn_batched_search": True})
     chosen = fastest(rows)  # the exact search first: it wins a tie in speed
@@ -93,7 +114,7 @@ def datastore_values(search: dict, store) -> dict:
     (probe null: the index's own)."""
     probe = search["chosen"].get("knn_probe")
     return {"probe": None if probe == store.own_probe() else probe,
-            "search_every": search["chosen"].get("knn_search_every", 1)}
+            "search_every": search["chosen"].get("knn_search_every", 1), "restrict": search["chosen"].get("knn_restrict", 0)}
 
 
 def format_search(mode: str, search: dict) -> List[str]:
@@ -109,4 +130,5 @@ def format_search(mode: str, search: dict) -> List[str]:
     return lines
 
 
-__all__ = ["SEARCH_TOLERANCE", "datastore_values", "exact_search", "format_search", "probes", "tune_search"]
+__all__ = ["GRID_RESTRICT", "SEARCH_TOLERANCE", "datastore_values", "exact_search", "format_search", "probes",
+           "restrictable", "tune_search"]

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from reluformer_mt.experiments.knn_search_tune import (SEARCH_TOLERANCE, datastore_values, exact_search, format_search,
-                                                      tune_search)
+                                                      restrictable, tune_search)
 from reluformer_mt.knn.datastore import (Datastore, DatastoreError, model_fingerprint, overlap, pair_hashes,
                                          split_pairs)
 from reluformer_mt.knn.readout import MODEL_SHARE, neighbour_weights
@@ -443,7 +443,8 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                 s_best, options, decode = s, candidate, decodes[-1]["name"]
         name = f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''}"
         search = tune_search(lambda label, keywords: (run(label, knn=options, search=keywords, **kw), seconds_of[label]),
-                             mode, store, n_sentences, search_tolerance, name, progress)
+                             mode, store, n_sentences, search_tolerance, name, progress,
+                             restrict=mode == "full" and restrictable(store, data_dir))
         s_best, decode = search["s_bleu"], search["decode"]  # what the chosen search decodes (the exact one's on a tie)
         with_pieces = run(f"{name} + pieces", knn=options, search=search["chosen"], pieces_k=pieces_k, **chosen_pieces, **kw)
         best[mode] = {"options": options.as_dict(), "s_bleu": s_best, "decode": decode, "search": search,

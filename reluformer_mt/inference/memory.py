@@ -93,6 +93,10 @@ class MemoryLookup:
             check_complete(data_dir if training_memory else spec)
         if not training_memory and Path(spec).is_dir():
             check_same_sentencepiece(spec, sp_src, sp_tgt, "--memory", data_dir)
+        # the prepared directory whose training split the memory is (None: a TMX or TSV file): a
+        # corpus datastore built from that split can restrict its search to the matches' entries
+        self.corpus = Path(data_dir if training_memory else spec).resolve() if (
+            training_memory or Path(spec).is_dir()) else None
         if training_memory:
             # the training memory: entry tokens exactly as the task built them in training
             self.entries = read_prepared(data_dir)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from reluformer_mt.data.textfiles import replace_atomically
-from reluformer_mt.knn.readout import MODEL_SHARE, knn_probabilities, neighbour_weights
+from reluformer_mt.knn.readout import MODEL_SHARE, mix_neighbours, neighbour_weights
 
 FILE_NAME = "adaptive.npz"  # plain arrays and a JSON header: nothing to unpickle
 HELD_OUT_EVERY = 5  # segments whose id % 5 == 0 are the early-stopping set
@@ -59,15 +59,21 @@ class MetaKConfig:
         return (0,) + tuple(2 ** i for i in range(int(math.log2(self.k_max)) + 1))
 
 
+PAIRWISE_UP_TO = 32  # distinct_counts compares every pair up to this many neighbours
+
+
 def distinct_counts(values: Tensor) -> Tensor:
     """(rows, k): the number of distinct values among each row's first 1, 2, ..., k entries
-    (negative values, no neighbour, never count). Each value's first position comes from one
-    scatter over the row's token ids, O(k + vocab) a row instead of comparing every pair (O(k^2):
-    a (rows, 256, 256) tensor per step at the demo's k_max)."""
+    (negative values, no neighbour, never count). Up to ``PAIRWISE_UP_TO`` neighbours every pair
+    is compared; beyond, each value's first position comes from one scatter over the row's token
+    ids, O(k + vocab) a row instead of O(k^2) (a (rows, 256, 256) tensor per step at k_max 256)."""
     rows, k = values.shape
     if k == 0:
         return values.new_zeros(rows, 0, dtype=torch.float32)
     valid = values >= 0
+    if k <= PAIRWISE_UP_TO:  # a (rows, k, k) comparison is cheaper than a (rows, vocab) table here
+        seen = (values.unsqueeze(2) == values.unsqueeze(1)).tril(diagonal=-1).any(dim=2)
+        return torch.cumsum((valid & ~seen).long(), dim=1).float()
     ids = values.clamp_min(0).long()
     position = torch.arange(k, device=values.device).expand(rows, k)
     first = torch.full((rows, int(ids.max()) + 1), k, dtype=torch.long, device=values.device)
@@ -165,9 +171,41 @@ def choice_distributions(distances: Tensor, values: Tensor, config: MetaKConfig)
     return out
 
 
-def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) -> Tuple[Tensor, Tensor]:
-    """(log p of the adaptive mixture for one beam step's rows, ruled-out tokens kept out; each
-    row's share taken by the neighbours).
+# read-outs whose weights for the first k neighbours are one base weight per neighbour divided by
+# the sum of the first k base weights (softmax: exp((d_0 - d_i) / T); relu: ReLU(1 - d_i / tau)),
+# with the mass a function of the nearest neighbour alone: every choice of k from one cumulative sum
+PREFIX_READOUTS = ("softmax", "relu")
+
+
+def prefix_mixture(distances: Tensor, choice: Tensor, config: MetaKConfig) -> Tuple[Tensor, Tensor, Tensor]:
+    """(combined neighbour weights (rows, k), the model's share, the neighbours' share) of every
+    choice at once, for ``distances`` sorted nearest first and a read-out in ``PREFIX_READOUTS``:
+    choice j's weight of neighbour i is base_i / S_j (S_j the sum of the first k_j base weights) and
+    its mass m_j, so neighbour i's combined weight is base_i * sum over the choices reading it
+    (k_j > i) of w_j m_j / S_j -- a reversed cumulative sum over the choices' last positions, where
+    :func:`choice_distributions` computes one read-out per choice (the same sums, other rounding)."""
+    d = distances.float()
+    rows, k = d.shape
+    if config.readout == "softmax":  # shifted by the nearest distance: exp never overflows
+        base = torch.exp((d[:, :1] - d) / config.temperature)
+        base = torch.where(torch.isfinite(d), base, torch.zeros_like(base))  # no neighbour, or none at all
+        mass = torch.isfinite(d[:, :1]).float()
+    else:
+        base = torch.relu(1.0 - d / config.radius)
+        mass = base[:, :1]
+    last = torch.tensor([min(size, k) - 1 for size in config.choices[1:]], dtype=torch.long)
+    totals = base.cumsum(dim=1)[:, last]  # (rows, J)
+    taken = choice[:, 1:] * mass
+    coefficient = torch.where(totals > 0, taken / totals.clamp_min(1e-30), torch.zeros_like(totals))
+    at_last = torch.zeros(rows, k).index_add_(1, last, coefficient)
+    combined = base * at_last.flip(1).cumsum(dim=1).flip(1)
+    model_share = choice[:, 0] + (choice[:, 1:] - taken).sum(dim=1)
+    return combined, model_share, taken.sum(dim=1).cpu()
+
+
+def adaptive_weights(distances: Tensor, values: Tensor, net: MetaK) -> Tuple[Tensor, Tensor, Tensor]:
+    """(each neighbour's share of the final distribution (rows, k), the model's share (rows,), the
+    neighbours' share (rows,)) of the adaptive mixture for one beam step's rows.
 
     The module docstring's mixture regrouped: p = p_model (w_0 + sum_j w_j (1 - m_j)) + sum_i W_i
     [y = v_i], where neighbour i's weight W_i = sum over the choices that read it (k_j > i) of
@@ -175,7 +213,8 @@ def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) 
     replaces one dense (rows, vocab) distribution per choice (the same sum, in another order)."""
     with torch.no_grad():
         choice = net(distances, values)  # (rows, J)
-        k = values.size(1)
+        if net.config.readout in PREFIX_READOUTS and bool((distances[:, 1:] >= distances[:, :-1]).all()):
+            return prefix_mixture(distances, choice, net.config)
         combined = distances.new_zeros(distances.shape, dtype=torch.float32)
         model_share = choice[:, 0].clone()
         knn_share = torch.zeros(len(choice))
@@ -184,9 +223,14 @@ def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) 
             combined[:, :w.size(1)] += taken.unsqueeze(1) * w
             model_share += choice[:, j] - taken
             knn_share += taken.cpu()
-        p_knn = knn_probabilities(combined[:, :k], values, lprobs.size(1)).to(lprobs.device, lprobs.dtype)
-        mixed = lprobs.exp().mul_(model_share.to(lprobs.device, lprobs.dtype).unsqueeze(1)).add_(p_knn)
-        return mixed.log_().masked_fill_(torch.isneginf(lprobs), float("-inf")), knn_share
+        return combined, model_share, knn_share
+
+
+def adaptive_mix(lprobs: Tensor, distances: Tensor, values: Tensor, net: MetaK) -> Tuple[Tensor, Tensor]:
+    """(log p of the adaptive mixture for one beam step's rows, ruled-out tokens kept out -- a new
+    tensor, ``lprobs`` is left as it is; each row's share taken by the neighbours)."""
+    combined, model_share, knn_share = adaptive_weights(distances, values, net)
+    return mix_neighbours(lprobs.clone(), combined, values, model_share), knn_share
 
 
 def reference_terms(distances: Tensor, values: Tensor, refs: Tensor, config: MetaKConfig) -> Tuple[Tensor, Tensor]:

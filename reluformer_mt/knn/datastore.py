@@ -8,8 +8,10 @@ its nearest keys (:mod:`reluformer_mt.knn.search`).
 On disk (``DIR/``): ``datastore.json`` (format version, the checkpoint's fingerprint, where the
 entries come from, the index, tuned search values), ``keys.npy`` (float16, entries x dim),
 ``values.npy`` (int32), ``pairs.npy`` (a 64-bit hash of every (source, target) sentence the
-entries come from, for the leakage checks) and, for an approximate index, ``index.faiss`` (an
-exact index is rebuilt from the keys when the datastore is opened). A build writes shards of
+entries come from, for the leakage checks), ``sentences.npy`` (int32: the sentence of the split each
+entry comes from, so that a search can be restricted to the entries of a source's memory matches,
+:class:`reluformer_mt.knn.search.RestrictedSearch`) and, for an approximate index, ``index.faiss``
+(an exact index is rebuilt from the keys when the datastore is opened). A build writes shards of
 ``SHARD_BATCHES`` batches to ``DIR/shards/`` first, so a killed build resumes where it stopped.
 
 A document model's datastore is built from the data directory's segments: its keys are states of
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 FORMAT = "reluformer-knn-datastore"
 VERSION = 1
 META_NAME = "datastore.json"
-OUTPUT_NAMES = (META_NAME, "keys.npy", "values.npy", "pairs.npy", "index.faiss")  # what a build writes into --out
+OUTPUT_NAMES = (META_NAME, "keys.npy", "values.npy", "pairs.npy", "sentences.npy", "index.faiss")  # what a build writes into --out
 SHARD_BATCHES = 50
 # ``--index auto``: exact search up to this many entries, IVF above. Measured on the bible's 312k
 # entries of dim 64 (docs/KNN_MT.md): exact search answers ~60-150 queries/s on one core, far too
@@ -86,6 +88,12 @@ def split_pairs(data_dir, split: str, src_lang: str, tgt_lang: str, separator: s
     return sides[0], sides[1]
 
 
+def segment_sentence_counts(data_dir, split: str, tgt_lang: str, separator: str) -> list:
+    """The sentences of each segment (a line of the prepared target text) of ``split``."""
+    with open(Path(data_dir) / "text" / f"{split}.{tgt_lang}", encoding="utf-8") as f:
+        return [line.count(separator) + 1 for line in f]
+
+
 def overlap(datastore_pairs: np.ndarray, pairs: np.ndarray) -> float:
     """Share of ``pairs`` that the datastore's sentences contain."""
     return float(np.isin(pairs, datastore_pairs).mean()) if len(pairs) else 0.0
@@ -106,6 +114,7 @@ class Datastore:
         self.directory, self.meta = Path(directory), meta
         self.keys, self.values = keys, values
         self._index = None
+        self._sentence_entries = None
 
     @property
     def size(self) -> int:
@@ -172,6 +181,30 @@ class Datastore:
             raise DatastoreError(f"{path}: {len(pairs)} sentence-pair hashes, {META_NAME} says the entries come from "
                                  f"{self.meta['source']['sentences']} sentences; rebuild the datastore")
         return pairs
+
+    def sentence_entries(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(first entry, entry count) of every sentence of the source split, from ``sentences.npy``
+        (a sentence's entries are consecutive: one segment's target positions); one line for a
+        datastore built before the file existed, or one whose file does not fit its entries."""
+        if self._sentence_entries is None:
+            path = self.directory / "sentences.npy"
+            if not path.is_file():
+                raise DatastoreError(f"{path}: missing (the datastore was built before entries recorded their "
+                                     "sentence); rebuild it with reluformer-memory datastore build --force")
+            owner = load_array(path, "iu", 1).astype(np.int64)
+            n = self.meta["source"]["sentences"]
+            if len(owner) != self.size or (len(owner) and (owner.min() < 0 or owner.max() >= n)):
+                raise DatastoreError(f"{path}: expected one sentence id below {n} per entry ({self.size}), got "
+                                     f"{len(owner)} ids; rebuild the datastore")
+            counts = np.bincount(owner, minlength=n)
+            first = np.full(n, len(owner), dtype=np.int64)
+            np.minimum.at(first, owner, np.arange(len(owner)))
+            spans = np.zeros(n, dtype=np.int64)
+            np.maximum.at(spans, owner, np.arange(len(owner)))
+            if np.any((counts > 0) & (spans - first + 1 != counts)):
+                raise DatastoreError(f"{path}: a sentence's entries are not consecutive; rebuild the datastore")
+            self._sentence_entries = (np.where(counts > 0, first, 0), counts)
+        return self._sentence_entries
 
     def set_probe(self, probe: int) -> "Datastore":
         """Search ``probe`` IVF lists per query (an HNSW index: efSearch ``probe``) instead of the
@@ -322,6 +355,8 @@ def check_meta(path: Path, meta: dict) -> None:
             bad("tuned.full.probe", "a positive integer or null (the index's own)")
         if "search_every" in search and not (_whole(search["search_every"]) and search["search_every"] >= 1):
             bad("tuned.full.search_every", "a positive integer")
+        if "restrict" in search and not (_whole(search["restrict"]) and search["restrict"] >= 0):
+            bad("tuned.full.restrict", "a number of memory matches >= 0 (0: the whole datastore)")
 
 
 def write_meta(directory: Path, meta: dict) -> None:
@@ -384,21 +419,41 @@ def forced_states(model, sample) -> Tuple[torch.Tensor, torch.Tensor]:
     return features[real], target[real]
 
 
+def entry_sentences(sample, first_sentence: np.ndarray, separator: Optional[int], pad: int) -> np.ndarray:
+    """The sentence of the split each entry of a collated batch comes from, in the order
+    :func:`forced_states` flattens them (rows, then positions): the segment's first sentence plus
+    the separators before the position (the state that predicts a separator ends its sentence)."""
+    target = sample["target"].cpu()
+    real = target != pad
+    within = torch.zeros_like(target)
+    if separator is not None:
+        before = (target == separator).long().cumsum(dim=1)
+        within = before - (target == separator).long()
+    first = torch.as_tensor(first_sentence[sample["id"].cpu().numpy()]).unsqueeze(1)
+    return (first + within)[real].numpy().astype(np.int32)
+
+
+def first_sentences(targets_per_segment: Sequence[int]) -> np.ndarray:
+    """Each segment's first sentence index, from its sentence count."""
+    counts = np.asarray(targets_per_segment, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else counts
+
+
 def _resumable_shard(path: Path):
-    """(keys, values) of a shard a killed build left, or None when there is none or it cannot be
+    """(keys, values, sentences) of a shard a killed build left, or None when there is none or it cannot be
     trusted (truncated, edited, another dtype or shape): that shard is then computed again, so a
     damaged intermediate file costs its batches, never a wrong datastore."""
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as saved:
-            keys, values = saved["keys"], saved["values"]
+            keys, values, sentences = saved["keys"], saved["values"], saved["sentences"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     if (keys.dtype != np.float16 or keys.ndim != 2 or values.ndim != 1 or values.dtype.kind not in "iu"
-            or len(keys) != len(values) or not len(values)):
+            or len(keys) != len(values) or not len(values) or sentences.shape != values.shape):
         return None
-    return keys, values
+    return keys, values, sentences
 
 
 def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens: int = 8000, index: str = "auto",
@@ -431,6 +486,9 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     started = time.time()
     sources, targets = split_pairs(loaded.data_dir, split, loaded.src_lang, loaded.tgt_lang, loaded.separator)
     source["sentences"] = len(sources)
+    first_sentence = first_sentences(segment_sentence_counts(loaded.data_dir, split, loaded.tgt_lang, loaded.separator))
+    sep = task.tgt_dict.index(loaded.separator)
+    sep = None if sep == task.tgt_dict.unk() else sep
     try:
         task.load_dataset(split)
     except FileNotFoundError as e:
@@ -462,7 +520,7 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
             parts.append(shard)
             bar.update(len(chunk))
             continue
-        keys, values = [], []
+        keys, values, owners = [], [], []
         for batch in chunk:
             sample = dataset.collater([dataset[int(i)] for i in batch])
             if device != "cpu":
@@ -472,17 +530,24 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
             k, v = forced_states(model, sample)
             keys.append(k.to(torch.float16).cpu().numpy())
             values.append(v.to(torch.int32).cpu().numpy())
+            owners.append(entry_sentences(sample, first_sentence, sep, task.tgt_dict.pad()))
             bar.update(1)
         # whole or not at all: written atomically, and read back checked by a rerun
-        shard = {"keys": np.concatenate(keys), "values": np.concatenate(values)}
+        shard = {"keys": np.concatenate(keys), "values": np.concatenate(values), "sentences": np.concatenate(owners)}
         replace_atomically(path, lambda f: np.savez(f, **shard))
-        parts.append((shard["keys"], shard["values"]))
+        parts.append((shard["keys"], shard["values"], shard["sentences"]))
     bar.close()
-    keys = np.concatenate([k for k, _ in parts])
-    values = np.concatenate([v for _, v in parts])
+    keys = np.concatenate([p[0] for p in parts])
+    values = np.concatenate([p[1] for p in parts])
+    owners = np.concatenate([p[2] for p in parts])
+    if len(owners) and (int(owners.max()) >= len(sources) or np.bincount(owners).min() == 0):
+        # the binarized segments and the text disagree: a sentence beyond the text, or one without entries
+        raise DatastoreError(f"{loaded.data_dir}: the {split} split's binarized segments do not split into the "
+                             f"{len(sources)} sentences of its text; re-prepare it with reluformer-prepare")
     save_array(out / "keys.npy", keys)
     save_array(out / "values.npy", values)
     save_array(out / "pairs.npy", pair_hashes(sources, targets))
+    save_array(out / "sentences.npy", owners)
     kind = choose_index(index, len(values))
     index_meta = build_index(kind, keys, out / "index.faiss")
     meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(checkpoint), "fingerprint": fingerprint,

@@ -127,7 +127,8 @@ def knn_probabilities(weights: Tensor, values: Tensor, vocab: int) -> Tensor:
 
 
 def mix_log_probs(lprobs: Tensor, knn_probs: Tensor, mass: Tensor, lam: float) -> Tensor:
-    """log(lambda * mass * p_knn + (1 - lambda * mass) * p_model) per row; a token the search has
+    """log(lambda * mass * p_knn + (1 - lambda * mass) * p_model) per row, from a dense ``knn_probs``
+    (decoding mixes sparsely, :func:`mix_neighbours`: the same values); a token the search has
     ruled out (log-probability -inf: padding, EOS before the minimum length, every token but EOS
     at the length limit) stays ruled out."""
     # the model keeps at least MODEL_SHARE of every row: with the neighbours' share at 1 every token
@@ -140,5 +141,20 @@ def mix_log_probs(lprobs: Tensor, knn_probs: Tensor, mass: Tensor, lam: float) -
     return mixed.masked_fill_(torch.isneginf(lprobs), float("-inf"))
 
 
-__all__ = ["MAX_K", "READOUTS", "ReadoutError", "check_search_values", "knn_probabilities", "mix_log_probs",
+def mix_neighbours(lprobs: Tensor, weights: Tensor, values: Tensor, model_share: Tensor) -> Tensor:
+    """In place, and returned: log(model_share * p_model + sum_i weights_i [y = values_i]) per row
+    (``weights`` (rows, k) already the neighbours' shares, ``values`` their tokens, -1 none), the
+    tokens the search ruled out kept out. The same sum as :func:`mix_log_probs`, touching the
+    vocabulary once: a token no neighbour voted for only moves by log(model_share), so the exp and
+    log run on the k voted tokens of a row, not on all of its (rows, vocab) scores."""
+    at = values.long().clamp_min(0)  # a missing neighbour points at token 0 and writes its own mixed value
+    p_knn = knn_probabilities(weights, values, lprobs.size(1)).gather(1, at).to(lprobs.device, lprobs.dtype)
+    at = at.to(lprobs.device)
+    before = lprobs.gather(1, at)
+    share = model_share.to(lprobs.device, lprobs.dtype).unsqueeze(1)
+    voted = (share * before.exp() + p_knn).log_().masked_fill_(torch.isneginf(before), float("-inf"))
+    return lprobs.add_(share.log()).scatter_(1, at, voted)
+
+
+__all__ = ["MAX_K", "READOUTS", "ReadoutError", "check_search_values", "knn_probabilities", "mix_log_probs", "mix_neighbours",
            "neighbour_weights"]

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_mix
-from reluformer_mt.knn.readout import (OPTION_NAMES, ReadoutError, check_search_values, knn_probabilities,
-                                       mix_log_probs, neighbour_weights)
+from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_weights
+from reluformer_mt.knn.readout import (MODEL_SHARE, OPTION_NAMES, ReadoutError, check_search_values, mix_neighbours,
+                                       neighbour_weights)
 
 
 @dataclass
@@ -132,6 +132,7 @@ class PerInputDatastores:
         self.entries = sum(len(v) for _, v, _ in flat)
         self.batched = batched
         self.keys_t = self.keys.transpose(1, 2).contiguous() if batched else None  # (units, dim, n)
+        self._read, self._read_keys = None, None  # the units the last step read, and their keys
 
     def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
         """(distances, values, trust) of each row's nearest entries in the unit of its source and
@@ -156,10 +157,43 @@ class PerInputDatastores:
         slot = torch.arange(len(units)) - (torch.cumsum(counts, 0) - counts)[group[order]]
         queries = states.new_zeros(len(read), int(counts.max()), states.size(1))
         queries[group[order], slot] = states[order]
-        products = torch.bmm(queries, self.keys_t[read])
+        # the units read change only when a sentence finishes: their keys are gathered once for the
+        # steps in between (a copy of every read unit's keys each step cost more than the product)
+        if self._read is None or not torch.equal(self._read, read):
+            self._read, self._read_keys = read, self.keys_t[read]
+        products = torch.bmm(queries, self._read_keys)
         out = torch.empty(len(units), products.size(2))
         out[order] = products[group[order], slot]
         return out
+
+
+class RestrictedSearch(PerInputDatastores):
+    """A corpus datastore searched, for each sentence, among the entries of its memory matches only
+    (``--knn-restrict M``): the entries of the M training sentences the memory retrieves for it, read
+    from the datastore (nothing is force-decoded) and searched exactly in one batched product per
+    sentence. Fast kNN-MT (Meng et al., ACL 2022 Findings, arXiv:2105.14528) restricts the search to
+    the entries of the source's own tokens; the memory's retrieval is the same idea at the sentence
+    level, and it replaces an index probe over the whole corpus by a product with a few hundred keys.
+    The neighbours are corpus entries like any other: no trust scaling (that is per-input kNN-MT's)."""
+
+    def __init__(self, datastore, matches_of_sources: Sequence[Sequence[Sequence[int]]]):
+        """``matches_of_sources[source][sentence]``: the memory entries (= the datastore's sentences)
+        whose datastore entries that sentence searches."""
+        first, counts = datastore.sentence_entries()
+        units = []
+        for sentences in matches_of_sources:
+            units.append([])
+            for ids in sentences:
+                ids = [int(i) for i in ids if i >= 0]
+                at = (np.concatenate([np.arange(first[i], first[i] + counts[i]) for i in ids]) if ids
+                      else np.zeros(0, dtype=np.int64))
+                keys = torch.from_numpy(np.asarray(datastore.keys[at], dtype=np.float32)).reshape(len(at), datastore.dim)
+                units[-1].append((keys, torch.from_numpy(datastore.values[at].astype(np.int64)), 0.0))
+        super().__init__(units, batched=True)
+
+    def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
+        distances, values, _ = super().neighbours(states, sources, k, sentences)
+        return distances, values, None
 
 
 class KnnMixer:
@@ -181,11 +215,11 @@ class KnnMixer:
 
     def mix(self, lprobs: Tensor, sources: Tensor, eos: Optional[int] = None, eos_as: Optional[Tensor] = None,
             sentences: Optional[Tensor] = None) -> Tensor:
-        """``lprobs`` (rows, vocab) mixed with the kNN distribution of each row's state; ``sources``
-        (rows,) index the per-input datastores. ``eos_as`` (rows,): the token a neighbour's ``eos``
-        votes for in each row -- in a document segment, a row with sentences still to write takes an
-        entry that ended its sentence (a single-sentence match, a training segment's last sentence)
-        as a vote for the separator, else the vote would go to an EOS the constraint forbids."""
+        """``lprobs`` (rows, vocab) mixed, in place, with the kNN distribution of each row's state;
+        ``sources`` (rows,) index the per-input datastores. ``eos_as`` (rows,): the token a neighbour's
+        ``eos`` votes for in each row -- in a document segment, a row with sentences still to write
+        takes an entry that ended its sentence (a single-sentence match, a training segment's last
+        sentence) as a vote for the separator, else the vote would go to an EOS the constraint forbids."""
         if self.store is None or (self.options.lam == 0 and self.adaptive is None):
             return lprobs
         o = self.options
@@ -195,19 +229,28 @@ class KnnMixer:
         if eos_as is not None:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
         if self.adaptive is not None:
-            mixed, mass = adaptive_mix(lprobs, distances, values, self.adaptive)  # mass: the neighbours' share
+            weights, model_share, mass = adaptive_weights(distances, values, self.adaptive)
         else:
             weights, mass = neighbour_weights(distances, o.readout, o.temperature, o.radius)
             if trust is not None:  # per-input entries: the mass the voting matches' fuzzy scores allow
                 mass = mass * (weights * trust).sum(dim=1)
-            probs = knn_probabilities(weights, values, lprobs.size(1)).to(lprobs.device)
-            mixed = mix_log_probs(lprobs, probs, mass.to(lprobs.device), o.lam)
+            # the model keeps at least MODEL_SHARE (readout.mix_log_probs says why)
+            share = (o.lam * mass).clamp(0.0, 1.0 - MODEL_SHARE)
+            weights, model_share = weights * share.unsqueeze(1), 1 - share
+        at = values.long().clamp_min(0).to(lprobs.device)
+        top = lprobs.amax(dim=1, keepdim=True)  # (an amax is ~10x faster than an argmax on CPU)
+        was_best = lprobs.gather(1, at) == top  # the voted tokens that were the best
+        mix_neighbours(lprobs, weights, values, model_share)
         self.stats["knn: beam steps"] += lprobs.size(0)
         self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
-        # the steps where the neighbours decided the token: the best next token changed
+        # the steps where the neighbours decided the token: another voted token now scores above the
+        # one that was best (every token no neighbour voted for moved by the same log share)
+        after = lprobs.gather(1, at)
+        old_best = torch.where(was_best.any(dim=1), after.masked_fill(~was_best, float("-inf")).amax(dim=1),
+                               top.squeeze(1) + model_share.to(lprobs.device, lprobs.dtype).log())
         self.stats["knn: beam steps whose best token the neighbours changed"] += int(
-            (mixed.argmax(dim=1) != lprobs.argmax(dim=1)).sum())
-        return mixed
+            (after.masked_fill(was_best, float("-inf")).amax(dim=1) > old_best).sum())
+        return lprobs
 
 
 @torch.no_grad()
@@ -242,4 +285,4 @@ def per_input_states(model, task, pairs: Sequence[Tuple[Tensor, Tensor]], memori
     return out
 
 
-__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "StateRecorder", "per_input_states"]
+__all__ = ["FullDatastore", "KnnMixer", "KnnOptions", "PerInputDatastores", "RestrictedSearch", "StateRecorder", "per_input_states"]

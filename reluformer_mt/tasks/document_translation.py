@@ -293,7 +293,8 @@ class DocumentTranslationTask(TranslationTask):
         if getattr(self.cfg, "knn_datastore", None):
             options.append(KnnMtOptions(datastore=self.cfg.knn_datastore, k=self.cfg.knn_k, lam=self.cfg.knn_lambda,
                                         temperature=self.cfg.knn_temperature, radius=self.cfg.knn_radius,
-                                        readout=self.cfg.knn_readout, adaptive=self.cfg.knn_adaptive))
+                                        readout=self.cfg.knn_readout, adaptive=self.cfg.knn_adaptive,
+                                        restrict=0))  # fairseq-generate has no memory matches: the whole datastore
         return options + parse_guidance(getattr(self.cfg, "guidance", None))
 
     def _check_separators(self, split, dataset, infos):

@@ -40,6 +40,9 @@ class KnnMtOptions:
     search_every: Optional[int] = field(default=None, metadata={"flat": "knn_search_every"})
     # a corpus datastore searched as built, whatever the tuner chose: every step, the index's own probe
     exact_search: bool = field(default=False, metadata={"flat": "knn_exact_search"})
+    # a corpus datastore searched, per sentence, among the entries of its M best memory matches only
+    # (reluformer_mt.knn.search.RestrictedSearch); 0: the whole datastore; None: as tuned, else 0
+    restrict: Optional[int] = field(default=None, metadata={"flat": "knn_restrict"})
 
     def __post_init__(self):
         self.memory, self.memory_k = bool(self.memory), int(self.memory_k)
@@ -70,13 +73,45 @@ class KnnMtOptions:
                                    "--knn-probe / --knn-search-every")
         if self.datastore is not None and self.memory:
             raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
+        if self.restrict is not None:
+            self.restrict = int(self.restrict)
+            if self.restrict < 0 or self.datastore is None:
+                raise TranslationError(f"--knn-restrict {self.restrict}: expected >= 0 memory matches per sentence "
+                                       "whose entries of a --knn DATASTORE are searched (0: the whole datastore)")
+            if self.restrict and (self.exact_search or (self.search_every or 1) > 1 or self.probe is not None):
+                raise TranslationError(f"--knn-restrict {self.restrict}: searches the matches' entries exactly; give it "
+                                       "without --knn-exact-search / --knn-search-every / --knn-probe")
 
     def given(self) -> dict:
         return {name: getattr(self, name) for name in SEARCH_VALUES if getattr(self, name) is not None}
 
     @property
     def needs_memory(self) -> bool:
-        return self.memory
+        return self.memory or bool(self.restriction())
+
+    def restriction(self) -> int:
+        """The memory matches per sentence a corpus datastore's search is restricted to: the option
+        given, else the tuner's choice (``tuned.full.restrict`` of ``datastore.json``, read here
+        because the memory is opened before the datastore), else 0 (the whole datastore)."""
+        if self.datastore is None or self.exact_search or (self.search_every or 1) > 1 or self.probe is not None:
+            return self.restrict or 0
+        if self.restrict is not None:
+            return self.restrict
+        return tuned_restriction(self.datastore)
+
+
+def tuned_restriction(datastore: str) -> int:
+    """``tuned.full.restrict`` of a datastore directory's description; 0 when there is none (a
+    missing or unreadable description is reported when the datastore is opened)."""
+    import json
+    from pathlib import Path
+
+    try:
+        meta = json.loads((Path(datastore) / "datastore.json").read_text(encoding="utf-8"))
+        value = meta.get("tuned", {}).get("full", {}).get("restrict", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class KnnMixture(Guidance):
@@ -89,7 +124,8 @@ class KnnMixture(Guidance):
         super().__init__()
         self.mixer, self.options, self.datastore = mixer, options, datastore
         self.stats = mixer.stats  # the mixer's counts are the part's
-        self.memory_k = options.memory_k if options.memory else 0
+        self.restrict = options.restriction() if datastore is not None else 0
+        self.memory_k = options.memory_k if options.memory else self.restrict
         self.context = context
         self._entry_states = {}   # (entry, memory ids) -> (keys, values), decoded once
         self._entry_sources = {}  # entry -> source token ids
@@ -102,10 +138,19 @@ class KnnMixture(Guidance):
                                  torch.full_like(step.required, step.eos))
         if hasattr(self.mixer.store, "follow"):  # which row continues which: the prefixes
             self.mixer.store.follow(step.prefix)
-        step.lprobs.copy_(self.mixer.mix(step.lprobs, step.sources, step.eos, eos_as, sentences))
+        self.mixer.mix(step.lprobs, step.sources, step.eos, eos_as, sentences)  # in place
 
     def start(self, batch: SourceBatch) -> None:
-        if self.options.memory:
+        if self.restrict:
+            from reluformer_mt.knn.search import RestrictedSearch
+
+            if batch.units is None:
+                raise TranslationError(f"--knn-restrict {self.restrict}: needs each sentence's memory matches, which "
+                                       "reluformer-translate looks up; give --knn-restrict 0 here")
+            matches = [[batch.matches[key][0][:self.restrict] for key in units] for units in batch.units]
+            self.mixer.store = RestrictedSearch(self.datastore, matches)
+            self.stats["knn: restricted search entries"] += self.mixer.store.entries
+        elif self.options.memory:
             entries = ([[self.unit_entries(batch, key) for key in units] for units in batch.units]
                        if batch.units is not None else [[] for _ in batch.sources])
             self.mixer.store = self.per_input_datastores(entries)
@@ -165,6 +210,8 @@ class KnnMixture(Guidance):
     def describe(self) -> str:
         where = (f"the {self.options.memory_k} best memory matches of each sentence (per-input datastores)"
                  if self.options.memory else self.datastore.describe())
+        if self.restrict:
+            where += f", each sentence searching the entries of its {self.restrict} best memory matches"
         return f"kNN-MT: {self.mixer.options.describe()} over {where}"
 
 
@@ -193,10 +240,33 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
                          KnnOptions(**{**{k: v for k, v in tuned.items() if k in known}, **options.given()}))
         if datastore is not None:
             mixer.use_datastore(datastore)
-            use_search(mixer, datastore, *search_settings(options, tuned))
+            if options.restriction():
+                check_restriction(datastore, context.memory, options.restriction())
+            else:
+                use_search(mixer, datastore, *search_settings(options, tuned))
     except (DatastoreError, ReadoutError, AdaptiveError) as e:
         raise TranslationError(str(e)) from None
     return KnnMixture(mixer, options, context, datastore)
+
+
+def check_restriction(datastore, memory, restrict: int) -> None:
+    """A search restricted to the memory matches' entries needs the memory to be the datastore's own
+    corpus (memory entry i = the datastore's sentence i) and the datastore to know each entry's
+    sentence: one line otherwise, before decoding."""
+    from pathlib import Path
+
+    from reluformer_mt.knn.datastore import DatastoreError
+
+    source = datastore.meta["source"]
+    if memory is None:
+        raise DatastoreError(f"--knn-restrict {restrict}: needs the translation memory (not --memory none); give "
+                             "--knn-restrict 0 to search the whole datastore")
+    if (memory.corpus != Path(source["data"]).resolve() or source["split"] != "train"
+            or len(memory.entries) != source["sentences"]):
+        raise DatastoreError(f"--knn-restrict {restrict}: the memory ({memory.entries.origin}, {len(memory.entries)} "
+                             f"entries) is not the corpus {datastore.directory} was built from ({source['data']}, "
+                             f"{source['split']}, {source['sentences']} sentences); give --knn-restrict 0")
+    datastore.sentence_entries()
 
 
 def search_settings(options: KnnMtOptions, tuned: dict):
