@@ -186,6 +186,39 @@ def test_a_search_restricted_to_the_matches_entries_is_exact_over_them(knn_setup
         assert v[row].tolist() == store.values[at][nearest.indices.numpy()].tolist()
 
 
+def test_per_input_datastores_can_read_their_keys_from_the_corpus_datastore(knn_setup, tmp_path):
+    """--knn-memory-keys DATASTORE: RestrictedSearch with the matches' fuzzy scores trusts each entry as
+    its match; the translator builds its per-input datastores from the datastore's entries (nothing
+    force-decoded) and refuses, in one line, the option without --knn-memory and a memory of
+    another corpus."""
+    from reluformer_mt.inference import DocumentTranslator, TranslationError
+    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.knn.search import RestrictedSearch
+
+    store = knn_setup["store"]
+    first, counts = store.sentence_entries()
+    search = RestrictedSearch(store, [[[3, 7]]], [[[0.9, 0.25]]])
+    d, v, trust = search.neighbours(torch.randn(2, store.dim, generator=torch.Generator().manual_seed(1)),
+                                    torch.tensor([0, 0]), int(counts[3] + counts[7]))
+    assert sorted(set(trust.flatten().tolist())) == [0.25, pytest.approx(0.9)] and torch.isfinite(d).all()
+    assert (trust == 0.9).sum() == 2 * counts[3]
+    assert (trust == 0.25).sum() == 2 * counts[7]
+
+    ckpt, directory = knn_setup["checkpoints"]["none"], store.directory
+    plain = dict(beam=2, max_len_a=0, max_len_b=8)
+    translator = DocumentTranslator(ckpt, knn_memory=True, knn_memory_keys=directory, knn_memory_k=2, **plain)
+    assert len(translator.translate_text([["a b c", "d e"]])[0]) == 2
+    part = translator.part(KnnMixture)
+    assert isinstance(part.mixer.store, RestrictedSearch) and part.mixer.store.trusted and not part._entry_states
+    assert translator.stats["knn: per-input datastore entries"] > 0 and "keys read from" in translator.describe()
+    with pytest.raises(TranslationError, match=r"--knn-memory-keys .*: the keys of per-input datastores; give --knn-memory"):
+        DocumentTranslator(ckpt, knn_memory_keys=directory, **plain)
+    tsv = tmp_path / "other.tsv"
+    tsv.write_text("a b c\tx y z\n", encoding="utf-8")
+    with pytest.raises(TranslationError, match=r"--knn-memory-keys .*: the memory .* is not the corpus .* leave it out"):
+        DocumentTranslator(ckpt, knn_memory=True, knn_memory_keys=directory, memory=str(tsv), **plain)
+
+
 def test_translation_with_a_restricted_search_and_its_one_line_refusals(knn_setup, tmp_path):
     """--knn-restrict M: the translator searches each sentence's M matches' entries (its memory is the
     datastore's corpus); refused in one line with a memory of another corpus or a datastore that
@@ -360,6 +393,22 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     assert all(r["search"].startswith("the entries of") for r in restricted["table"][6:])
     fastest = max(restricted["table"], key=lambda r: r["sentences_per_s"])["options"]
     assert datastore_values(restricted, store)["restrict"] == fastest.get("knn_restrict", 0)
+    # per-input datastores: the batched search and, the datastore being the memory's corpus, their keys
+    # read from it, each decoded and timed beside the force-decoded exact search
+    per_input = dict(kwargs, knn=None, knn_memory=True, knn_memory_k=2)
+    per_input_decodes = {}
+
+    def decode_per_input(name, search):
+        if name not in per_input_decodes:
+            per_input_decodes[name] = validation_bleu(lambda: DocumentTranslator(ckpt, **per_input, **search),
+                                                      sources, references)
+        return per_input_decodes[name]
+
+    rows = tune_search(decode_per_input, "per_input", store, 4, 1e9, "knn per_input softmax", lambda *_: None,
+                       restrict=True)["table"]
+    assert [r["options"] for r in rows] == [{"knn_batched_search": False}, {"knn_batched_search": True},
+                                            {"knn_memory_keys": str(store.directory)}]
+    assert rows[2]["search"] == "keys read from the datastore" and rows[2]["s_bleu"] >= 0
     Datastore.load(store.directory).set_tuned("full", {"k": 16, "restrict": 4})
     tuned = DocumentTranslator(ckpt, knn=store.directory, beam=2, max_len_a=0, max_len_b=6)
     assert tuned.part(KnnMixture).restrict == 4 and tuned.memory is not None

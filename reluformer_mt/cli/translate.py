@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "of the translation memory (--memory), force-decoded at translation time")
     knn.add_argument("--knn-memory-k", type=int, default=D["knn_memory_k"], metavar="M",
                      help="matches per sentence of --knn-memory")
+    knn.add_argument("--knn-memory-keys", metavar="DATASTORE", default=D["knn_memory_keys"],
+                     help="--knn-memory: read the matches' keys from this datastore (built by the same checkpoint "
+                          "from the memory's corpus) instead of force-decoding them: faster (default: force-decoded)")
     knn.add_argument("--knn-batched-search", action="store_true", default=D["knn_batched_search"],
                      help="--knn-memory: search each step's per-input datastores with one batched product per "
                           "sentence (its beams together) instead of per beam row: faster, the same neighbours up "
@@ -446,7 +449,7 @@ def run(args) -> str:
         fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
         knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every,
-        knn_exact_search=args.knn_exact_search, knn_restrict=args.knn_restrict, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
+        knn_exact_search=args.knn_exact_search, knn_restrict=args.knn_restrict, knn_memory_keys=args.knn_memory_keys, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
         tmx_placeholders=args.tmx_placeholders, match_score=args.match_score, tm_first=args.tm_first)
     if args.memory_matches and translator.memory is None:

@@ -9,7 +9,9 @@ and "Efficient Machine Translation Domain Adaptation", 2022), and, for per-input
 batched product per sentence (``--knn-batched-search``). A corpus datastore built from the
 memory's own corpus can also be searched, per sentence, among the entries of its M best memory
 matches only (``--knn-restrict M``; Fast kNN-MT's restriction to what can matter for this source,
-Meng et al. 2022): a product with a few hundred keys instead of an index over the whole corpus. Each setting decodes the same
+Meng et al. 2022): a product with a few hundred keys instead of an index over the whole corpus;
+the same entries can serve as the keys of per-input datastores instead of force-decoding the
+matches at translation time (``--knn-memory-keys``). Each setting decodes the same
 validation documents as the search it approximates (timed in the same run, one after another);
 the fastest setting whose validation s-BLEU is at most ``tolerance`` points below the exact
 search's is chosen (the exact search itself when none is, and on a tie in speed).
@@ -54,6 +56,8 @@ def restrictable(store, data_dir) -> bool:
 
 def describe(search: dict) -> str:
     """A search setting in words, as the table prints it."""
+    if search.get("knn_memory_keys"):
+        return "keys read from the datastore"
     if search.get("knn_restrict"):
         return f"the entries of {search['knn_restrict']} memory matches"
     if "knn_batched_search" in search:
@@ -70,7 +74,8 @@ def tune_search(decode: Decode, mode: str, store, sentences: int, tolerance: flo
     ``tolerance`` s-BLEU of the exact one. A corpus datastore tries each of :func:`probes`, each of
     :data:`GRID_SEARCH_EVERY` at the index's own probe, then the fastest acceptable of each together,
     and, with ``restrict`` (:func:`restrictable`), each of :data:`GRID_RESTRICT`; per-input
-    datastores the batched search. Returns the choice (``chosen``: translator keywords)
+    datastores the batched search and, with ``restrict``, their keys read from the corpus datastore
+    ``store`` (``--knn-memory-keys``). Returns the choice (``chosen``: translator keywords)
     and the table of every setting decoded."""
     rows: List[dict] = []
 
@@ -97,6 +102,8 @@ def tune_search(decode: Decode, mode: str, store, sentences: int, tolerance: flo
             row({"knn_restrict": matches})
     else:
         row({"knn_batched_search": True})
+        if restrict:  # the matches' keys read from the corpus datastore instead of force-decoded
+            row({"knn_memory_keys": str(store.directory)})
     chosen = fastest(rows)  # the exact search first: it wins a tie in speed
     for r in rows:
         r["exact"], r["within_tolerance"] = r is exact, r["s_bleu"] >= exact["s_bleu"] - tolerance

@@ -444,7 +444,7 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
         name = f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''}"
         search = tune_search(lambda label, keywords: (run(label, knn=options, search=keywords, **kw), seconds_of[label]),
                              mode, store, n_sentences, search_tolerance, name, progress,
-                             restrict=mode == "full" and restrictable(store, data_dir))
+                             restrict=store is not None and restrictable(store, data_dir))
         s_best, decode = search["s_bleu"], search["decode"]  # what the chosen search decodes (the exact one's on a tie)
         with_pieces = run(f"{name} + pieces", knn=options, search=search["chosen"], pieces_k=pieces_k, **chosen_pieces, **kw)
         best[mode] = {"options": options.as_dict(), "s_bleu": s_best, "decode": decode, "search": search,

@@ -133,6 +133,7 @@ class PerInputDatastores:
         self.batched = batched
         self.keys_t = self.keys.transpose(1, 2).contiguous() if batched else None  # (units, dim, n)
         self._read, self._read_keys = None, None  # the units the last step read, and their keys
+        self._layout = None  # the last step's rows' units, their places in the grid of queries, their norms
 
     def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
         """(distances, values, trust) of each row's nearest entries in the unit of its source and
@@ -141,30 +142,40 @@ class PerInputDatastores:
         sources = sources.cpu()
         sentence = torch.zeros_like(sources) if sentences is None else sentences.cpu()
         units = self.first_unit[sources] + torch.minimum(sentence, self.n_units[sources] - 1)
-        products = self._products(states, units) if self.batched else torch.einsum("rd,rnd->rn", states, self.keys[units])
-        distances = ((states ** 2).sum(-1, keepdim=True) - 2 * products + self.norms[units]).clamp_min(0)
-        k = min(k, distances.size(1))
-        nearest, at = torch.topk(distances, k, dim=1, largest=False)
-        rows = units.unsqueeze(1)  # only the k chosen slots of each row's unit are read
-        return nearest, self.values[rows, at].masked_fill(torch.isinf(nearest), -1), self.trust[rows, at]
+        if self.batched:
+            products, norms = self._products(states, units)
+        else:
+            products, norms = torch.einsum("rd,rnd->rn", states, self.keys[units]), self.norms.index_select(0, units)
+        # the negated distances' largest: topk's smallest is slower on the CPU
+        closeness = (2 * products - norms - (states ** 2).sum(-1, keepdim=True)).clamp_max(0)
+        closest, at = torch.topk(closeness, min(k, closeness.size(1)), dim=1)
+        nearest = closest.neg_()
+        # only the k chosen slots of each row's unit are read: one gather from the flat tables
+        flat = (units.unsqueeze(1) * self.values.size(1) + at).view(-1)
+        values = self.values.view(-1).index_select(0, flat).view_as(at)
+        return nearest, values.masked_fill(torch.isinf(nearest), -1), self.trust.view(-1).index_select(0, flat).view_as(at)
 
-    def _products(self, states: Tensor, units: Tensor) -> Tensor:
-        """(rows, n) inner products of each row's state with its unit's keys: the rows grouped by
-        unit (a sentence's beams read one unit), one bmm of (units read, rows per unit, dim) by
-        (units read, dim, n)."""
-        read, group, counts = torch.unique(units, return_inverse=True, return_counts=True)
-        order = torch.argsort(group, stable=True)
-        slot = torch.arange(len(units)) - (torch.cumsum(counts, 0) - counts)[group[order]]
-        queries = states.new_zeros(len(read), int(counts.max()), states.size(1))
-        queries[group[order], slot] = states[order]
-        # the units read change only when a sentence finishes: their keys are gathered once for the
-        # steps in between (a copy of every read unit's keys each step cost more than the product)
-        if self._read is None or not torch.equal(self._read, read):
-            self._read, self._read_keys = read, self.keys_t[read]
-        products = torch.bmm(queries, self._read_keys)
-        out = torch.empty(len(units), products.size(2))
-        out[order] = products[group[order], slot]
-        return out
+    def _products(self, states: Tensor, units: Tensor) -> Tuple[Tensor, Tensor]:
+        """((rows, n) inner products of each row's state with its unit's keys, (rows, n) the keys'
+        norms): the rows grouped by unit (a sentence's beams read one unit), one bmm of (units read,
+        rows per unit, dim) by (units read, dim, n). The grouping, the read units' keys and the rows'
+        norms change only when a row moves to another unit (a sentence finishes, a beam crosses a
+        separator): they are kept from the last step until then (recomputing them every step, and a
+        copy of every read unit's keys, cost more than the product)."""
+        if self._layout is None or not torch.equal(self._layout[0], units):
+            read, group, counts = torch.unique(units, return_inverse=True, return_counts=True)
+            width = int(counts.max())
+            order = torch.argsort(group, stable=True)
+            # each row's place in the (units read x width) grid of queries
+            place = torch.empty_like(order)
+            place[order] = group[order] * width + torch.arange(len(units)) - (torch.cumsum(counts, 0) - counts)[group[order]]
+            if self._read is None or not torch.equal(self._read, read):
+                self._read, self._read_keys = read, self.keys_t.index_select(0, read)  # (faster than keys_t[read])
+            self._layout = (units.clone(), place, width, self.norms.index_select(0, units))
+        _, place, width, norms = self._layout
+        queries = states.new_zeros(len(self._read) * width, states.size(1)).index_copy_(0, place, states)
+        products = torch.bmm(queries.view(len(self._read), width, -1), self._read_keys)
+        return products.view(len(self._read) * width, -1).index_select(0, place), norms
 
 
 class RestrictedSearch(PerInputDatastores):
@@ -174,26 +185,34 @@ class RestrictedSearch(PerInputDatastores):
     sentence. Fast kNN-MT (Meng et al., ACL 2022 Findings, arXiv:2105.14528) restricts the search to
     the entries of the source's own tokens; the memory's retrieval is the same idea at the sentence
     level, and it replaces an index probe over the whole corpus by a product with a few hundred keys.
-    The neighbours are corpus entries like any other: no trust scaling (that is per-input kNN-MT's)."""
+    Without ``scores`` the neighbours are corpus entries like any other: no trust scaling. With the
+    matches' fuzzy ``scores`` it is per-input kNN-MT whose keys are read from the datastore instead
+    of force-decoded (``--knn-memory-keys``): each entry trusted as its match."""
 
-    def __init__(self, datastore, matches_of_sources: Sequence[Sequence[Sequence[int]]]):
+    def __init__(self, datastore, matches_of_sources: Sequence[Sequence[Sequence[int]]],
+                 scores_of_sources: Optional[Sequence[Sequence[Sequence[float]]]] = None):
         """``matches_of_sources[source][sentence]``: the memory entries (= the datastore's sentences)
-        whose datastore entries that sentence searches."""
+        whose datastore entries that sentence searches; ``scores_of_sources``, the same shape: their
+        fuzzy scores (the entries' trust), or None."""
         first, counts = datastore.sentence_entries()
+        self.trusted = scores_of_sources is not None
         units = []
-        for sentences in matches_of_sources:
+        for s, sentences in enumerate(matches_of_sources):
             units.append([])
-            for ids in sentences:
-                ids = [int(i) for i in ids if i >= 0]
-                at = (np.concatenate([np.arange(first[i], first[i] + counts[i]) for i in ids]) if ids
+            for u, ids in enumerate(sentences):
+                scores = scores_of_sources[s][u] if self.trusted else [0.0] * len(ids)
+                kept = [(int(i), float(f)) for i, f in zip(ids, scores) if i >= 0]
+                at = (np.concatenate([np.arange(first[i], first[i] + counts[i]) for i, _ in kept]) if kept
                       else np.zeros(0, dtype=np.int64))
+                trust = torch.from_numpy(np.repeat(np.asarray([f for _, f in kept], dtype=np.float32),
+                                                   [int(counts[i]) for i, _ in kept]))
                 keys = torch.from_numpy(np.asarray(datastore.keys[at], dtype=np.float32)).reshape(len(at), datastore.dim)
-                units[-1].append((keys, torch.from_numpy(datastore.values[at].astype(np.int64)), 0.0))
+                units[-1].append((keys, torch.from_numpy(datastore.values[at].astype(np.int64)), trust))
         super().__init__(units, batched=True)
 
     def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
-        distances, values, _ = super().neighbours(states, sources, k, sentences)
-        return distances, values, None
+        distances, values, trust = super().neighbours(states, sources, k, sentences)
+        return distances, values, trust if self.trusted else None
 
 
 class KnnMixer:

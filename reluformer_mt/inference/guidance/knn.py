@@ -43,6 +43,9 @@ class KnnMtOptions:
     # a corpus datastore searched, per sentence, among the entries of its M best memory matches only
     # (reluformer_mt.knn.search.RestrictedSearch); 0: the whole datastore; None: as tuned, else 0
     restrict: Optional[int] = field(default=None, metadata={"flat": "knn_restrict"})
+    # per-input datastores whose keys are the matches' entries of this corpus datastore (built from the
+    # memory's corpus by the same model), read instead of force-decoded (RestrictedSearch with trust)
+    memory_keys: Optional[str] = field(default=None, metadata={"flat": "knn_memory_keys"})
 
     def __post_init__(self):
         self.memory, self.memory_k = bool(self.memory), int(self.memory_k)
@@ -73,6 +76,11 @@ class KnnMtOptions:
                                    "--knn-probe / --knn-search-every")
         if self.datastore is not None and self.memory:
             raise TranslationError("--knn DATASTORE and --knn-memory: give one of them")
+        if self.memory_keys is not None:
+            self.memory_keys = str(self.memory_keys)
+            if not self.memory:
+                raise TranslationError(f"--knn-memory-keys {self.memory_keys}: the keys of per-input datastores; give "
+                                       "--knn-memory too")
         if self.restrict is not None:
             self.restrict = int(self.restrict)
             if self.restrict < 0 or self.datastore is None:
@@ -120,9 +128,10 @@ class KnnMixture(Guidance):
     ended its sentence as a vote for the separator (:meth:`reluformer_mt.knn.search.KnnMixer.mix`)."""
     stage = "mixture"
 
-    def __init__(self, mixer, options: KnnMtOptions, context: GuidanceContext, datastore=None):
+    def __init__(self, mixer, options: KnnMtOptions, context: GuidanceContext, datastore=None, keys_store=None):
         super().__init__()
         self.mixer, self.options, self.datastore = mixer, options, datastore
+        self.keys_store = keys_store  # --knn-memory-keys: the corpus datastore the per-input keys are read from
         self.stats = mixer.stats  # the mixer's counts are the part's
         self.restrict = options.restriction() if datastore is not None else 0
         self.memory_k = options.memory_k if options.memory else self.restrict
@@ -150,6 +159,15 @@ class KnnMixture(Guidance):
             matches = [[batch.matches[key][0][:self.restrict] for key in units] for units in batch.units]
             self.mixer.store = RestrictedSearch(self.datastore, matches)
             self.stats["knn: restricted search entries"] += self.mixer.store.entries
+        elif self.options.memory and self.keys_store is not None:
+            from reluformer_mt.knn.search import RestrictedSearch
+
+            k = self.options.memory_k
+            units = [[batch.matches[key] for key in units] for units in batch.units] if batch.units is not None else \
+                [[] for _ in batch.sources]
+            self.mixer.store = RestrictedSearch(self.keys_store, [[ids[:k] for ids, _ in u] for u in units],
+                                                [[scores[:k] for _, scores in u] for u in units])
+            self.stats["knn: per-input datastore entries"] += self.mixer.store.entries
         elif self.options.memory:
             entries = ([[self.unit_entries(batch, key) for key in units] for units in batch.units]
                        if batch.units is not None else [[] for _ in batch.sources])
@@ -208,7 +226,8 @@ class KnnMixture(Guidance):
         return self._entry_sources[entry]
 
     def describe(self) -> str:
-        where = (f"the {self.options.memory_k} best memory matches of each sentence (per-input datastores)"
+        where = (f"the {self.options.memory_k} best memory matches of each sentence (per-input datastores"
+                 + (f", their keys read from {self.keys_store.directory})" if self.keys_store is not None else ")")
                  if self.options.memory else self.datastore.describe())
         if self.restrict:
             where += f", each sentence searching the entries of its {self.restrict} best memory matches"
@@ -219,7 +238,7 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
     """The mixture over a corpus datastore (refused when built with other weights) or per-input
     datastores; the search values given over the datastore's tuned ones."""
     from reluformer_mt.knn.adaptive import AdaptiveError
-    from reluformer_mt.knn.datastore import Datastore, DatastoreError, model_fingerprint
+    from reluformer_mt.knn.datastore import DatastoreError
     from reluformer_mt.knn.readout import ReadoutError
     from reluformer_mt.knn.search import KnnMixer, KnnOptions, StateRecorder
 
@@ -227,12 +246,12 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
         return None
     model = context.models[0]
     try:
-        datastore = None
+        datastore = keys_store = None
         if options.datastore is not None:
-            datastore = Datastore.load(options.datastore, fingerprint=model_fingerprint(model),
-                                       checkpoint=context.checkpoint)
-            # ids within the model's dictionary, keys of its state width: checked before decoding
-            datastore.check_model(len(context.task.target_dictionary), model.decoder.output_projection.weight.shape[1])
+            datastore = open_datastore(options.datastore, context)
+        if options.memory_keys is not None:
+            keys_store = open_datastore(options.memory_keys, context)
+            check_restriction(keys_store, context.memory, options.memory_k, "--knn-memory-keys")
         tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
         known = {f.name for f in fields(KnnOptions)}
         KnnOptions(**options.given()).check()  # the options' own ranges (--knn-k at most 2048, ...)
@@ -246,26 +265,39 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
                 use_search(mixer, datastore, *search_settings(options, tuned))
     except (DatastoreError, ReadoutError, AdaptiveError) as e:
         raise TranslationError(str(e)) from None
-    return KnnMixture(mixer, options, context, datastore)
+    return KnnMixture(mixer, options, context, datastore, keys_store)
 
 
-def check_restriction(datastore, memory, restrict: int) -> None:
-    """A search restricted to the memory matches' entries needs the memory to be the datastore's own
-    corpus (memory entry i = the datastore's sentence i) and the datastore to know each entry's
-    sentence: one line otherwise, before decoding."""
+def open_datastore(directory: str, context: GuidanceContext):
+    """A corpus datastore built with the model's weights (refused otherwise), its ids within the
+    model's dictionary and its keys of the model's state width: checked before decoding."""
+    from reluformer_mt.knn.datastore import Datastore, model_fingerprint
+
+    model = context.models[0]
+    datastore = Datastore.load(directory, fingerprint=model_fingerprint(model), checkpoint=context.checkpoint)
+    datastore.check_model(len(context.task.target_dictionary), model.decoder.output_projection.weight.shape[1])
+    return datastore
+
+
+def check_restriction(datastore, memory, restrict: int, option: str = "--knn-restrict") -> None:
+    """A search among the memory matches' entries (``--knn-restrict M``, ``--knn-memory-keys``) needs
+    the memory to be the datastore's own corpus (memory entry i = the datastore's sentence i) and the
+    datastore to know each entry's sentence: one line otherwise, before decoding."""
     from pathlib import Path
 
     from reluformer_mt.knn.datastore import DatastoreError
 
     source = datastore.meta["source"]
+    way_out = ("give --knn-restrict 0 to search the whole datastore" if option == "--knn-restrict"
+               else "leave it out to force-decode the matches")
+    what = f"{option} {restrict}" if option == "--knn-restrict" else f"{option} {datastore.directory}"
     if memory is None:
-        raise DatastoreError(f"--knn-restrict {restrict}: needs the translation memory (not --memory none); give "
-                             "--knn-restrict 0 to search the whole datastore")
+        raise DatastoreError(f"{what}: needs the translation memory (not --memory none); {way_out}")
     if (memory.corpus != Path(source["data"]).resolve() or source["split"] != "train"
             or len(memory.entries) != source["sentences"]):
-        raise DatastoreError(f"--knn-restrict {restrict}: the memory ({memory.entries.origin}, {len(memory.entries)} "
+        raise DatastoreError(f"{what}: the memory ({memory.entries.origin}, {len(memory.entries)} "
                              f"entries) is not the corpus {datastore.directory} was built from ({source['data']}, "
-                             f"{source['split']}, {source['sentences']} sentences); give --knn-restrict 0")
+                             f"{source['split']}, {source['sentences']} sentences); {way_out}")
     datastore.sentence_entries()
 
 
