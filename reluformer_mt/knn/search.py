@@ -133,7 +133,6 @@ class PerInputDatastores:
         self.batched = batched
         self.keys_t = self.keys.transpose(1, 2).contiguous() if batched else None  # (units, dim, n)
         self._read, self._read_keys = None, None  # the units the last step read, and their keys
-        self._layout = None  # the last step's rows' units, their places in the grid of queries, their norms
 
     def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
         """(distances, values, trust) of each row's nearest entries in the unit of its source and
@@ -158,24 +157,20 @@ class PerInputDatastores:
     def _products(self, states: Tensor, units: Tensor) -> Tuple[Tensor, Tensor]:
         """((rows, n) inner products of each row's state with its unit's keys, (rows, n) the keys'
         norms): the rows grouped by unit (a sentence's beams read one unit), one bmm of (units read,
-        rows per unit, dim) by (units read, dim, n). The grouping, the read units' keys and the rows'
-        norms change only when a row moves to another unit (a sentence finishes, a beam crosses a
-        separator): they are kept from the last step until then (recomputing them every step, and a
-        copy of every read unit's keys, cost more than the product)."""
-        if self._layout is None or not torch.equal(self._layout[0], units):
-            read, group, counts = torch.unique(units, return_inverse=True, return_counts=True)
-            width = int(counts.max())
-            order = torch.argsort(group, stable=True)
-            # each row's place in the (units read x width) grid of queries
-            place = torch.empty_like(order)
-            place[order] = group[order] * width + torch.arange(len(units)) - (torch.cumsum(counts, 0) - counts)[group[order]]
-            if self._read is None or not torch.equal(self._read, read):
-                self._read, self._read_keys = read, self.keys_t.index_select(0, read)  # (faster than keys_t[read])
-            self._layout = (units.clone(), place, width, self.norms.index_select(0, units))
-        _, place, width, norms = self._layout
-        queries = states.new_zeros(len(self._read) * width, states.size(1)).index_copy_(0, place, states)
-        products = torch.bmm(queries.view(len(self._read), width, -1), self._read_keys)
-        return products.view(len(self._read) * width, -1).index_select(0, place), norms
+        rows per unit, dim) by (units read, dim, n)."""
+        read, group, counts = torch.unique(units, return_inverse=True, return_counts=True)
+        width = int(counts.max())
+        order = torch.argsort(group, stable=True)
+        # each row's place in the (units read x width) grid of queries
+        place = torch.empty_like(order)
+        place[order] = group[order] * width + torch.arange(len(units)) - (torch.cumsum(counts, 0) - counts)[group[order]]
+        # the read units' keys are gathered again only when the set changes (a copy of every read
+        # unit's keys each step cost more than the product); index_select is faster than keys_t[read]
+        if self._read is None or not torch.equal(self._read, read):
+            self._read, self._read_keys = read, self.keys_t.index_select(0, read)
+        queries = states.new_zeros(len(read) * width, states.size(1)).index_copy_(0, place, states)
+        products = torch.bmm(queries.view(len(read), width, -1), self._read_keys)
+        return products.view(len(read) * width, -1).index_select(0, place), self.norms.index_select(0, units)
 
 
 class RestrictedSearch(PerInputDatastores):

@@ -163,10 +163,10 @@ class KnnMixture(Guidance):
             from reluformer_mt.knn.search import RestrictedSearch
 
             k = self.options.memory_k
-            units = [[batch.matches[key] for key in units] for units in batch.units] if batch.units is not None else \
-                [[] for _ in batch.sources]
-            self.mixer.store = RestrictedSearch(self.keys_store, [[ids[:k] for ids, _ in u] for u in units],
-                                                [[scores[:k] for _, scores in u] for u in units])
+            matches = ([[batch.matches[key] for key in keys] for keys in batch.units] if batch.units is not None
+                       else [[] for _ in batch.sources])
+            self.mixer.store = RestrictedSearch(self.keys_store, [[ids[:k] for ids, _ in m] for m in matches],
+                                                [[scores[:k] for _, scores in m] for m in matches])
             self.stats["knn: per-input datastore entries"] += self.mixer.store.entries
         elif self.options.memory:
             entries = ([[self.unit_entries(batch, key) for key in units] for units in batch.units]
@@ -251,7 +251,8 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
             datastore = open_datastore(options.datastore, context)
         if options.memory_keys is not None:
             keys_store = open_datastore(options.memory_keys, context)
-            check_restriction(keys_store, context.memory, options.memory_k, "--knn-memory-keys")
+            check_restriction(keys_store, context.memory, f"--knn-memory-keys {options.memory_keys}",
+                              "leave it out to force-decode the matches")
         tuned = (datastore.meta.get("tuned", {}).get("full") if datastore is not None else None) or {}
         known = {f.name for f in fields(KnnOptions)}
         KnnOptions(**options.given()).check()  # the options' own ranges (--knn-k at most 2048, ...)
@@ -260,7 +261,8 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
         if datastore is not None:
             mixer.use_datastore(datastore)
             if options.restriction():
-                check_restriction(datastore, context.memory, options.restriction())
+                check_restriction(datastore, context.memory, f"--knn-restrict {options.restriction()}",
+                                  "give --knn-restrict 0 to search the whole datastore")
             else:
                 use_search(mixer, datastore, *search_settings(options, tuned))
     except (DatastoreError, ReadoutError, AdaptiveError) as e:
@@ -279,23 +281,21 @@ def open_datastore(directory: str, context: GuidanceContext):
     return datastore
 
 
-def check_restriction(datastore, memory, restrict: int, option: str = "--knn-restrict") -> None:
+def check_restriction(datastore, memory, option: str, way_out: str) -> None:
     """A search among the memory matches' entries (``--knn-restrict M``, ``--knn-memory-keys``) needs
     the memory to be the datastore's own corpus (memory entry i = the datastore's sentence i) and the
-    datastore to know each entry's sentence: one line otherwise, before decoding."""
+    datastore to know each entry's sentence: one line otherwise (naming ``option`` and ending with
+    ``way_out``), before decoding."""
     from pathlib import Path
 
     from reluformer_mt.knn.datastore import DatastoreError
 
     source = datastore.meta["source"]
-    way_out = ("give --knn-restrict 0 to search the whole datastore" if option == "--knn-restrict"
-               else "leave it out to force-decode the matches")
-    what = f"{option} {restrict}" if option == "--knn-restrict" else f"{option} {datastore.directory}"
     if memory is None:
-        raise DatastoreError(f"{what}: needs the translation memory (not --memory none); {way_out}")
+        raise DatastoreError(f"{option}: needs the translation memory (not --memory none); {way_out}")
     if (memory.corpus != Path(source["data"]).resolve() or source["split"] != "train"
             or len(memory.entries) != source["sentences"]):
-        raise DatastoreError(f"{what}: the memory ({memory.entries.origin}, {len(memory.entries)} "
+        raise DatastoreError(f"{option}: the memory ({memory.entries.origin}, {len(memory.entries)} "
                              f"entries) is not the corpus {datastore.directory} was built from ({source['data']}, "
                              f"{source['split']}, {source['sentences']} sentences); {way_out}")
     datastore.sentence_entries()
