@@ -64,7 +64,7 @@ def tuned_values(path: str) -> dict:
     from reluformer_mt.knn.search import KnnOptions
 
     chosen = json.loads(Path(path).read_text(encoding="utf-8"))["chosen"]
-    out = {"knn": {}, "pieces": {k: v for k, v in chosen["pieces"].items() if k in ("pieces_weight", "pieces_floor")}}
+    out = {"knn": {}, "pieces": {k: v for k, v in chosen["pieces"].items() if k in ("pieces_weight", "pieces_floor", "pieces_length_cap")}}
     if "per_input" in chosen:
         per_input = chosen["per_input"]
         out["knn-per-input"] = {**KnnOptions(**per_input["options"]).translator_options(), **per_input["search"]["chosen"]}

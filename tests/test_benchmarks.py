@@ -162,7 +162,8 @@ def test_guided_decoding_measures_the_values_the_tuner_chose(tmp_path):
     floor, the per-input read-out and search), not the benchmark's fixed values; the corpus
     datastore brings its own tuned values, so kNN-MT gets the datastore alone."""
     guided = load_benchmark_script("guided_decoding")
-    report = {"chosen": {"pieces": {"pieces_weight": 5.0, "pieces_floor": 0.0, "s_bleu": 19.2, "decode": "p"},
+    report = {"chosen": {"pieces": {"pieces_weight": 5.0, "pieces_floor": 0.0, "pieces_length_cap": 1.5, "s_bleu": 19.2,
+                                    "decode": "p"},
                          "per_input": {"options": {"k": 256, "lam": 1.0, "temperature": 5.7, "radius": 5.7,
                                                    "readout": "softmax", "adaptive": False},
                                        "search": {"chosen": {"knn_batched_search": True}}}}}
@@ -170,7 +171,7 @@ def test_guided_decoding_measures_the_values_the_tuner_chose(tmp_path):
     args = guided.parse(["--checkpoint", "c.pt", "--data", "d", "--tuned", str(tmp_path / "tune.json")])
     systems = guided.systems_of(args, "store")
     assert systems["knn"][1] == {"knn": "store"}
-    assert systems["pieces"][1] == {"pieces_weight": 5.0, "pieces_floor": 0.0, "pieces_k": 8}
+    assert systems["pieces"][1] == {"pieces_weight": 5.0, "pieces_floor": 0.0, "pieces_length_cap": 1.5, "pieces_k": 8}
     per_input = systems["knn-per-input"][1]
     assert per_input["knn_memory"] and per_input["knn_k"] == 256 and per_input["knn_temperature"] == 5.7
     assert per_input["knn_batched_search"] is True

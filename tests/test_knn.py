@@ -367,11 +367,13 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     lines = []
     loose = tune_search(decode, "full", store, 4, 1e9, "knn full softmax", lines.append)
     table = loose["table"]
+    every_row = {"knn_skip_confident": 1.0}  # no row skips unless the row says so (not a former tuning's)
     assert [r["options"] for r in table[:5]] == [
-        {"knn_probe": own, "knn_search_every": 1, "knn_restrict": 0},
-        *({"knn_probe": p, "knn_search_every": 1} for p in (own // 2, own // 4)),
-        *({"knn_probe": own, "knn_search_every": n} for n in (2, 4))]
-    assert len(table) == 6 and table[0]["exact"] and all(r["within_tolerance"] for r in table)
+        {"knn_probe": own, "knn_search_every": 1, "knn_restrict": 0, **every_row},
+        *({"knn_probe": p, "knn_search_every": 1, **every_row} for p in (own // 2, own // 4)),
+        *({"knn_probe": own, "knn_search_every": n, **every_row} for n in (2, 4))]
+    assert_skip_rows(table, 6)
+    assert table[0]["exact"] and all(r["within_tolerance"] for r in table)
     assert all(r["sentences_per_s"] > 0 and r["s_bleu"] >= 0 for r in table)
     assert loose["chosen"] == max(table, key=lambda r: r["sentences_per_s"])["options"]
     assert any("search full: validation s-BLEU and speed" in line for line in lines)
@@ -389,8 +391,9 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
 
     assert restrictable(store, knn_setup["data"])
     restricted = tune_search(decode, "full", store, 4, 1e9, "knn full softmax", lambda *_: None, restrict=True)
-    assert [r["options"] for r in restricted["table"][6:]] == [{"knn_restrict": m} for m in GRID_RESTRICT]
-    assert all(r["search"].startswith("the entries of") for r in restricted["table"][6:])
+    assert [r["options"] for r in restricted["table"][6:9]] == [{"knn_restrict": m, **every_row} for m in GRID_RESTRICT]
+    assert all(r["search"].startswith("the entries of") for r in restricted["table"][6:9])
+    assert_skip_rows(restricted["table"], 9)
     fastest = max(restricted["table"], key=lambda r: r["sentences_per_s"])["options"]
     assert datastore_values(restricted, store)["restrict"] == fastest.get("knn_restrict", 0)
     # per-input datastores: the batched search and, the datastore being the memory's corpus, their keys
@@ -406,9 +409,11 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
 
     rows = tune_search(decode_per_input, "per_input", store, 4, 1e9, "knn per_input softmax", lambda *_: None,
                        restrict=True)["table"]
-    assert [r["options"] for r in rows] == [{"knn_batched_search": False}, {"knn_batched_search": True},
-                                            {"knn_memory_keys": str(store.directory)}]
+    assert [r["options"] for r in rows[:3]] == [{"knn_batched_search": False, **every_row},
+                                                {"knn_batched_search": True, **every_row},
+                                                {"knn_memory_keys": str(store.directory), **every_row}]
     assert rows[2]["search"] == "keys read from the datastore" and rows[2]["s_bleu"] >= 0
+    assert_skip_rows(rows, 3)
     Datastore.load(store.directory).set_tuned("full", {"k": 16, "restrict": 4})
     tuned = DocumentTranslator(ckpt, knn=store.directory, beam=2, max_len_a=0, max_len_b=6)
     assert tuned.part(KnnMixture).restrict == 4 and tuned.memory is not None
@@ -425,6 +430,105 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     assert approximate.stats["knn: beam steps that followed their neighbours (no index search)"] > 0
     exact = DocumentTranslator(ckpt, knn=store.directory, knn_exact_search=True, **plain).part(KnnMixture).mixer
     assert isinstance(exact.store, FullDatastore) and exact.store.datastore.index().index.nprobe == own
+
+
+def assert_skip_rows(table, before: int) -> None:
+    """After the ``before`` rows of the other settings, the fastest of them is decoded again with
+    each of GRID_SKIP (none when it searches every N > 1 steps)."""
+    from reluformer_mt.experiments.knn_search_tune import GRID_SKIP
+
+    base = max(table[:before], key=lambda r: r["sentences_per_s"])
+    expected = ([{**base["options"], "knn_skip_confident": p} for p in GRID_SKIP]
+                if base["options"].get("knn_search_every", 1) == 1 else [])
+    assert [r["options"] for r in table[before:]] == expected
+    assert all(r["search"].endswith(f"skip p > {p:g}") for r, p in zip(table[before:], GRID_SKIP))
+
+
+def test_confident_rows_skip_the_search_and_keep_the_model_distribution():
+    """--knn-skip-confident P: a row whose best token is more probable than P keeps its scores bit for
+    bit; the other rows are mixed exactly as they would be without skipping."""
+    from reluformer_mt.knn.search import KnnMixer, KnnOptions, PerInputDatastores
+
+    class Recorder:
+        def __init__(self, states):
+            self.states = states
+
+        def last_states(self, rows):
+            return self.states
+
+    logits = torch.zeros(3, 10)
+    logits[0, 2] = 8.0  # confident: p(2) ~ 0.997
+    logits[2, 5] = 1.0
+    lprobs = torch.log_softmax(logits, dim=1)
+    states = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
+    units = [[(torch.randn(5, 2, generator=torch.Generator().manual_seed(1)), torch.tensor([4, 4, 7, 1, 2]),
+               torch.full((5,), 0.8))]]
+
+    def mixer(skip):
+        m = KnnMixer(Recorder(states), KnnOptions(k=3, lam=0.7))
+        m.store, m.skip_confident = PerInputDatastores(units), skip
+        return m
+
+    every = mixer(1.0)
+    everywhere = every.mix(lprobs.clone(), torch.zeros(3, dtype=torch.long))
+    skipping = mixer(0.9)
+    mixed = skipping.mix(lprobs.clone(), torch.zeros(3, dtype=torch.long))
+    assert torch.equal(mixed[0], lprobs[0]) and not torch.equal(everywhere[0], lprobs[0])
+    assert torch.allclose(mixed[1:], everywhere[1:], atol=1e-6)
+    assert skipping.stats["knn: beam steps left to the model (confident)"] == 1
+    assert skipping.stats["knn: beam steps"] == 3 == every.stats["knn: beam steps"]
+    none = mixer(0.05)  # every row is more confident than 5 %: nothing searched
+    assert torch.equal(none.mix(lprobs.clone(), torch.zeros(3, dtype=torch.long)), lprobs)
+    assert none.stats["knn: beam steps left to the model (confident)"] == 3
+
+
+def test_translation_skipping_confident_rows_and_its_one_line_refusals(knn_setup):
+    """The translator's --knn-skip-confident: given, or as tuned in datastore.json (not under
+    --knn-exact-search); out of range, without a datastore or with --knn-search-every, one line."""
+    from reluformer_mt.inference import DocumentTranslator, TranslationError
+    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.knn.datastore import Datastore, DatastoreError
+
+    ckpt, directory = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
+    plain = dict(beam=2, max_len_a=0, max_len_b=8)
+    # every row's best token is more probable than 1e-6: no row searches, the plain translation
+    translator = DocumentTranslator(ckpt, knn=directory, knn_skip_confident=1e-6, knn_lambda=1.0, **plain)
+    assert translator.part(KnnMixture).mixer.skip_confident == 1e-6
+    texts = [["a b c", "d e"]]
+    assert translator.translate_text(texts) == DocumentTranslator(ckpt, **plain).translate_text(texts)
+    assert 0 < translator.stats["knn: beam steps left to the model (confident)"] == translator.stats["knn: beam steps"]
+    for bad in (0, 1.5):
+        with pytest.raises(TranslationError, match=rf"--knn-skip-confident {bad}: expected a probability in \(0, 1\]"):
+            DocumentTranslator(ckpt, knn=directory, knn_skip_confident=bad, **plain)
+    with pytest.raises(TranslationError, match="--knn-skip-confident 0.5: .* with --knn DATASTORE or --knn-memory"):
+        DocumentTranslator(ckpt, knn_skip_confident=0.5, **plain)
+    with pytest.raises(TranslationError, match="--knn-skip-confident 0.5: a search every N steps .* --knn-search-every"):
+        DocumentTranslator(ckpt, knn=directory, knn_skip_confident=0.5, knn_search_every=2, **plain)
+    store = Datastore.load(directory)
+    tuned = dict(store.meta.get("tuned", {}).get("full", {}))
+    try:
+        store.set_tuned("full", {"k": 16, "skip_confident": 0.7})
+        assert DocumentTranslator(ckpt, knn=directory, **plain).part(KnnMixture).mixer.skip_confident == 0.7
+        exact = DocumentTranslator(ckpt, knn=directory, knn_exact_search=True, **plain)
+        assert exact.part(KnnMixture).mixer.skip_confident == 1.0
+        store.set_tuned("full", {"k": 16, "skip_confident": 2})
+        with pytest.raises(DatastoreError, match=r"tuned\.full\.skip_confident 2: expected a probability in \(0, 1\]"):
+            Datastore.load(directory)
+    finally:
+        _restore(directory, tuned)
+
+
+def _restore(directory, tuned) -> None:
+    """Put the datastore's tuned values back as they were (other tests share it)."""
+    import json
+
+    path = Path(directory) / "datastore.json"
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if tuned:
+        meta.setdefault("tuned", {})["full"] = tuned
+    else:
+        meta.get("tuned", {}).pop("full", None)
+    path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
 
 
 def test_fairseq_generate_with_a_datastore(knn_setup):
@@ -600,7 +704,7 @@ def test_knn_tables_render_every_mode_band_and_choice_of_a_report(tmp_path, caps
     modes = {mode: {"s_bleu": 1.0 + i, "segments": 186, "fallbacks": i, "translate_seconds": 10.0 + i}
              for i, mode in enumerate(knn_tables.MODES)}
     modes["pieces"]["segments"] = 406  # decoded verse by verse
-    chosen = {"pieces": {"pieces_weight": 10.0, "pieces_floor": 0.3},
+    chosen = {"pieces": {"pieces_weight": 10.0, "pieces_floor": 0.3, "pieces_length_cap": 1.5},
               "full": {"options": {"k": 256, "lam": 0.5, "temperature": 3.7, "radius": 3.7, "readout": "softmax",
                                    "adaptive": True}, "by_readout": {"softmax": 7.45, "relu": 6.69}, "adaptive_s_bleu": 8.65},
               "per_input": {"options": {"k": 64, "lam": 1.0, "temperature": 9.0, "radius": 2.5, "readout": "relu",
@@ -617,7 +721,7 @@ def test_knn_tables_render_every_mode_band_and_choice_of_a_report(tmp_path, caps
     assert "| baseline: nearest training verse | 16.38 |" in out
     assert "| softmax: >=90 | 3 |  |  | 70.00 |  |  |  | 82.44 |" in out
     assert "| softmax | 0/186, 10.0 s | 1/186, 11.0 s | 2/406, 12.0 s |" in out
-    assert ("| softmax | 10 / 0.3 / verse by verse | adaptive (softmax, k <= 16, T 3.7) | 7.45 / 6.69 / 8.65 "
+    assert ("| softmax | 10 / 0.3 / verse by verse / 1.5x | adaptive (softmax, k <= 16, T 3.7) | 7.45 / 6.69 / 8.65 "
             "| relu, 64, 1, radius 2.5 | 11.25 / 9.04 |") in out
     path.write_text("[]")
     with pytest.raises(SystemExit):

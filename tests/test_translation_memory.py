@@ -308,6 +308,28 @@ def test_translation_pieces_follow_the_sentence_being_written():
     assert rows[3].abs().sum() == 0  # sentence 1 reached its expected length (2 tokens)
 
 
+def test_a_sentence_at_its_length_cap_can_only_end():
+    """--pieces-length-cap F: a row whose sentence is F x its expected length long keeps only the
+    separator and EOS possible (their scores as they were); shorter rows and rows without pieces
+    are untouched; the part counts the rows it ended."""
+    from reluformer_mt.inference.guidance.piece_table import PieceTable, sentence_pieces
+
+    sep, eos = 9, 2
+    first = sentence_pieces([(torch.tensor([4, 5]), 0.8)], exclude=(sep,), max_n=2)  # expected length 2
+    table = PieceTable([[first], None], 12, separator=sep)
+    prefix = torch.tensor([[2, 4, 5, 6], [2, 4, 5, 6], [2, 6, 6, 6]])  # BOS first; rows 0-1 wrote 3 tokens
+    lprobs = torch.log_softmax(torch.randn(3, 12, generator=torch.Generator().manual_seed(0)), dim=1)
+    before = lprobs.clone()
+    assert table.add_bonus(lprobs, prefix, torch.tensor([0, 0, 1]), 1.0, length_cap=1.5, ends=(eos, sep)) == 2
+    for row in (0, 1):  # 3 tokens >= 1.5 x 2: only EOS and the separator stay possible
+        assert torch.isinf(lprobs[row, [0, 1, 3, 4, 5, 6, 7, 8, 10, 11]]).all()
+        assert lprobs[row, eos] == before[row, eos] and lprobs[row, sep] == before[row, sep]
+    assert torch.equal(lprobs[2], before[2])  # no pieces: no cap
+    lprobs = before.clone()
+    assert table.add_bonus(lprobs, prefix, torch.tensor([0, 0, 1]), 1.0, length_cap=2.0, ends=(eos, sep)) == 0
+    assert torch.isfinite(lprobs).all()
+
+
 def test_translation_pieces_expected_length_follows_the_source():
     """Issue 32: no bonus past the source's expected length: given the sentence's source length
     and each match's, the expected length is the longest a match's length ratio predicts, never
@@ -434,6 +456,17 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
     assert sum(len(a.best) for a in only_aligned if a is not None) < sum(len(e.best) for e in every if e is not None)
     with pytest.raises(TranslationError, match="--pieces-aligned: only with translation pieces"):
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_aligned=True)
+    # --pieces-length-cap: at 1x the expected length every sentence is made to end where it is that long
+    capped = DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_weight=20.0, pieces_k=2,
+                                pieces_length_cap=1.0, beam=2, max_len_a=0, max_len_b=60)
+    assert len(capped.translate(documents)) == 2 and "sentences ended at 1x" in capped.describe()
+    assert capped.stats["pieces: beam steps made to end their sentence (--pieces-length-cap)"] > 0
+    for bad, message in ((0.5, "expected 0 \\(off\\) or a factor >= 1 of the expected length, got 0.5"),
+                         (float("inf"), "expected 0 \\(off\\) or a factor >= 1")):
+        with pytest.raises(TranslationError, match=f"--pieces-length-cap: {message}"):
+            DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_weight=1.0, pieces_length_cap=bad)
+    with pytest.raises(TranslationError, match="--pieces-length-cap: only with translation pieces"):
+        DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_length_cap=1.5)
     with pytest.raises(TranslationError, match="cannot read one; --pieces-weight"):
         DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", memory=str(memory_data))
     with pytest.raises(TranslationError, match="--pieces-weight: expected a finite number >= 0, got -1"):

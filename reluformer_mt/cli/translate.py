@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--pieces-max-n", type=int, default=D["pieces_max_n"], metavar="N", help="longest piece, in SentencePiece tokens")
     tm.add_argument("--pieces-floor", type=float, default=D["pieces_floor"], metavar="F",
                     help="only matches with a fuzzy score >= F give pieces (the demo's value is tuned with the weight)")
+    tm.add_argument("--pieces-length-cap", type=float, default=D["pieces_length_cap"], metavar="F",
+                    help="a hypothesis must end the sentence it writes (only the separator or EOS may follow) once it "
+                         "is F times the sentence's expected length from its matches: fewer hypotheses follow pieces "
+                         "to the length limit (0: off, the default; 'reluformer-memory tune' tunes it)")
     tm.add_argument("--pieces-aligned", action="store_true", default=D["pieces_aligned"],
                     help="pieces only from target words that the memory's word alignment (eflomal, run once per "
                          "memory) links to source words the sentence shares with the match, as Zhang et al. 2018 "
@@ -206,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--knn: each sentence searches only the datastore entries of its M best translation memory "
                           "matches (the memory must be the corpus the datastore was built from), exactly, instead "
                           "of the index over the whole corpus: faster (default: as tuned, else 0: the whole datastore)")
+    knn.add_argument("--knn-skip-confident", type=float, default=D["knn_skip_confident"], metavar="P",
+                     help="a beam row whose model gives its best token a probability above P skips the search and "
+                          "keeps the model's distribution (retrieval skipping): faster (default: as tuned, else 1: "
+                          "every row searches)")
     knn.add_argument("--knn-k", type=int, default=D["knn_k"], metavar="K", help="neighbours per step (default: tuned, else 16)")
     knn.add_argument("--knn-lambda", type=float, default=D["knn_lambda"], metavar="L",
                      help="largest share of the neighbours (default: tuned, else 0.5)")
@@ -447,9 +455,11 @@ def run(args) -> str:
         segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
         fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
+        pieces_length_cap=args.pieces_length_cap,
         knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every,
-        knn_exact_search=args.knn_exact_search, knn_restrict=args.knn_restrict, knn_memory_keys=args.knn_memory_keys, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
+        knn_exact_search=args.knn_exact_search, knn_restrict=args.knn_restrict, knn_memory_keys=args.knn_memory_keys,
+        knn_skip_confident=args.knn_skip_confident, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
         knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
         tmx_placeholders=args.tmx_placeholders, match_score=args.match_score, tm_first=args.tm_first)
     if args.memory_matches and translator.memory is None:

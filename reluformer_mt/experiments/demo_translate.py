@@ -98,7 +98,7 @@ def mode_options(o, mode: str, tuned: Optional[dict], store_dir: Path) -> Option
     if o.pieces_weight is not None:  # given on the command line: used as given
         pieces = {"pieces_weight": o.pieces_weight, "pieces_floor": o.pieces_floor} if o.pieces_weight else None
     elif tuned is not None:
-        pieces = {k: v for k, v in tuned["chosen"]["pieces"].items() if k in ("pieces_weight", "pieces_floor", "segment_tokens")}
+        pieces = {k: v for k, v in tuned["chosen"]["pieces"].items() if k in ("pieces_weight", "pieces_floor", "segment_tokens", "pieces_length_cap")}
     if mode == "tm-first":  # not decoded: tm_first_mode rewrites the best mode's outputs
         return None
     if mode == "free":

@@ -11,7 +11,11 @@ memory's own corpus can also be searched, per sentence, among the entries of its
 matches only (``--knn-restrict M``; Fast kNN-MT's restriction to what can matter for this source,
 Meng et al. 2022): a product with a few hundred keys instead of an index over the whole corpus;
 the same entries can serve as the keys of per-input datastores instead of force-decoding the
-matches at translation time (``--knn-memory-keys``). Each setting decodes the same
+matches at translation time (``--knn-memory-keys``). On top of the fastest of those, a beam row
+whose model is confident can skip the search (``--knn-skip-confident P``: the rows whose best token
+has a probability above P keep the model's distribution; retrieval skipping, Shi et al. 2023,
+arXiv:2312.07419, and Gao et al. 2024, arXiv:2406.06073, who train a classifier where we use the
+model's own confidence). Each setting decodes the same
 validation documents as the search it approximates (timed in the same run, one after another);
 the fastest setting whose validation s-BLEU is at most ``tolerance`` points below the exact
 search's is chosen (the exact search itself when none is, and on a tie in speed).
@@ -22,6 +26,7 @@ SEARCH_TOLERANCE = 0.5          # s-BLEU points an approximate search may lose a
 PROBE_DIVISORS = (2, 4)         # the index's own probe divided by these (IVF lists; HNSW efSearch)
 GRID_SEARCH_EVERY = (2, 4)      # the index searched every N steps
 GRID_RESTRICT = (4, 8, 16)      # memory matches per sentence whose datastore entries are searched
+GRID_SKIP = (0.9, 0.7, 0.5)     # a row whose best token is more probable than this skips the search
 
 Decode = Callable[[str, dict], Tuple[float, float]]  # (decode name, translator keywords) -> (s-BLEU, seconds)
 
@@ -29,10 +34,10 @@ Decode = Callable[[str, dict], Tuple[float, float]]  # (decode name, translator 
 def exact_search(mode: str, store) -> dict:
     """Translator keywords of the search as built: every step with the index's own probe over the
     whole corpus (a corpus datastore, ``mode`` "full": not a restriction a former tuning left in
-    it), one product per beam row (per-input datastores)."""
+    it), one product per beam row (per-input datastores); every row searches."""
     if mode == "full":
-        return {"knn_probe": store.own_probe(), "knn_search_every": 1, "knn_restrict": 0}
-    return {"knn_batched_search": False}
+        return {"knn_probe": store.own_probe(), "knn_search_every": 1, "knn_restrict": 0, "knn_skip_confident": 1.0}
+    return {"knn_batched_search": False, "knn_skip_confident": 1.0}
 
 
 def probes(store) -> List[int]:
@@ -56,6 +61,9 @@ def restrictable(store, data_dir) -> bool:
 
 def describe(search: dict) -> str:
     """A search setting in words, as the table prints it."""
+    skip = search.get("knn_skip_confident", 1.0)
+    if skip < 1:
+        return describe({k: v for k, v in search.items() if k != "knn_skip_confident"}) + f", skip p > {skip:g}"
     if search.get("knn_memory_keys"):
         return "keys read from the datastore"
     if search.get("knn_restrict"):
@@ -75,11 +83,13 @@ def tune_search(decode: Decode, mode: str, store, sentences: int, tolerance: flo
     :data:`GRID_SEARCH_EVERY` at the index's own probe, then the fastest acceptable of each together,
     and, with ``restrict`` (:func:`restrictable`), each of :data:`GRID_RESTRICT`; per-input
     datastores the batched search and, with ``restrict``, their keys read from the corpus datastore
-    ``store`` (``--knn-memory-keys``). Returns the choice (``chosen``: translator keywords)
+    ``store`` (``--knn-memory-keys``); then the fastest acceptable so far with each of
+    :data:`GRID_SKIP` (unless it searches every N > 1 steps). Returns the choice (``chosen``: translator keywords)
     and the table of every setting decoded."""
     rows: List[dict] = []
 
     def row(search: dict) -> dict:
+        search = {"knn_skip_confident": 1.0, **search}  # not a skipping a former tuning left in the datastore
         name = f"{prefix} search: {describe(search)}"
         s, seconds = decode(name, search)
         rows.append({"search": describe(search), "options": search, "decode": name, "s_bleu": s,
@@ -104,6 +114,10 @@ def tune_search(decode: Decode, mode: str, store, sentences: int, tolerance: flo
         row({"knn_batched_search": True})
         if restrict:  # the matches' keys read from the corpus datastore instead of force-decoded
             row({"knn_memory_keys": str(store.directory)})
+    base = fastest(rows)  # the confident rows skip the search of the fastest acceptable setting so far
+    if base["options"].get("knn_search_every", 1) == 1:  # (a search every N steps follows every row)
+        for p in GRID_SKIP:
+            row({**base["options"], "knn_skip_confident": p})
     chosen = fastest(rows)  # the exact search first: it wins a tie in speed
     for r in rows:
         r["exact"], r["within_tolerance"] = r is exact, r["s_bleu"] >= exact["s_bleu"] - tolerance
@@ -121,7 +135,8 @@ def datastore_values(search: dict, store) -> dict:
     (probe null: the index's own)."""
     probe = search["chosen"].get("knn_probe")
     return {"probe": None if probe == store.own_probe() else probe,
-            "search_every": search["chosen"].get("knn_search_every", 1), "restrict": search["chosen"].get("knn_restrict", 0)}
+            "search_every": search["chosen"].get("knn_search_every", 1), "restrict": search["chosen"].get("knn_restrict", 0),
+            "skip_confident": search["chosen"].get("knn_skip_confident", 1.0)}
 
 
 def format_search(mode: str, search: dict) -> List[str]:
@@ -131,11 +146,11 @@ def format_search(mode: str, search: dict) -> List[str]:
              "s-BLEU below the exact search)"]
     for r in search["table"]:
         mark = "exact" if r["exact"] else ("ok" if r["within_tolerance"] else "lost")
-        lines.append(f"    {r['search']:32s} s-BLEU {r['s_bleu']:6.2f} ({r['s_bleu'] - search['exact_s_bleu']:+.2f})  "
+        lines.append(f"    {r['search']:44s} s-BLEU {r['s_bleu']:6.2f} ({r['s_bleu'] - search['exact_s_bleu']:+.2f})  "
                      f"{r['sentences_per_s']:8.1f} sentences/s ({r['speed_vs_exact']:.2f}x)  {mark}")
     lines.append(f"    chosen: {search['search']}" + (" (the exact search)" if search["exact"] else ""))
     return lines
 
 
-__all__ = ["GRID_RESTRICT", "SEARCH_TOLERANCE", "datastore_values", "exact_search", "format_search", "probes",
+__all__ = ["GRID_RESTRICT", "GRID_SKIP", "SEARCH_TOLERANCE", "datastore_values", "exact_search", "format_search", "probes",
            "restrictable", "tune_search"]

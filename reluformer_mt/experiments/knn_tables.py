@@ -71,7 +71,9 @@ def tuner_table(report: dict) -> str:
         chosen = m.get("tuned", {}).get("chosen", {})
         pieces = chosen.get("pieces")
         context = "verse by verse" if m["modes"].get("pieces", {}).get("segments") == m.get("verses") else "segments"
-        row = [family, "" if not pieces else f"{pieces['pieces_weight']:g} / {pieces['pieces_floor']:g} / {context}"]
+        cap = (pieces or {}).get("pieces_length_cap")
+        row = [family, "" if not pieces else f"{pieces['pieces_weight']:g} / {pieces['pieces_floor']:g} / {context} / "
+                                             + (f"{cap:g}x" if cap else "none")]
         for store in ("full", "per_input"):
             c = chosen.get(store)
             if not c:
@@ -82,7 +84,7 @@ def tuner_table(report: dict) -> str:
                 scores.append(c.get("adaptive_s_bleu"))
             row += [_knn_setting(c), " / ".join(_bleu(s) for s in scores)]
         rows.append(row)
-    return _table(["model", "pieces (weight / floor / context)", "kNN full: read-out, k, lambda, T or radius",
+    return _table(["model", "pieces (weight / floor / context / length cap)", "kNN full: read-out, k, lambda, T or radius",
                    "valid s-BLEU softmax / relu read-out / adaptive", "kNN per-input: read-out, k, lambda, T or radius",
                    "valid s-BLEU softmax / relu read-out"], rows)
 

@@ -13,8 +13,10 @@ Two stages, so that a grid of hundreds of settings costs seconds:
 2. **Decoding.** The best setting of each read-out, translation pieces (weight x fuzzy floor), and
    kNN with pieces, are used to translate the validation documents; the setting with the best
    s-BLEU wins; for the better read-out, larger lambdas (0.6, 0.9) are decoded too, since beam
-   search can gain from trusting the neighbours more than the NLL's mixture does. This is what the
-   demo uses for the test chapters.
+   search can gain from trusting the neighbours more than the NLL's mixture does. The chosen pieces
+   are decoded again with their sentences ended at 1, 1.5 and 2 times their expected length
+   (``--pieces-length-cap``), and the fastest within ``search_tolerance`` s-BLEU of the pieces
+   without a cap is kept (none when no cap is faster). This is what the demo uses for the test chapters.
    Then the approximate searches of the chosen setting (fewer probes, the index searched every
    few steps, per-input datastores searched in one batch) decode the same documents, and the
    fastest within ``search_tolerance`` s-BLEU of the exact search is chosen
@@ -45,14 +47,17 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 logger = logging.getLogger(__name__)
 
 # 2: adaptive kNN-MT; 3: pieces stop at the source's expected length; 4: the TM-first threshold;
-# 5: the approximate search. A report of another version is stale (the demo tunes again).
-TUNER_VERSION = 5
+# 5: the approximate search; 6: confident rows skip the search, the pieces' length cap. A report of
+# another version is stale
+# (the demo tunes again).
+TUNER_VERSION = 6
 GRID_K = (4, 16, 64, 256)
 GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
 GRID_RADIUS = (0.5, 1.0, 2.0, 4.0, 8.0)         # x the median nearest-entry distance
 GRID_PIECES_WEIGHT = (5.0, 10.0)
 GRID_PIECES_FLOOR = (0.0, 0.3)
+GRID_PIECES_LENGTH_CAP = (1.0, 1.5, 2.0)  # x a sentence's expected length (--pieces-length-cap)
 GRID_TM_FIRST = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # match scores above which the match is the output
 BLEU_LAMBDAS = (0.9, 1.0)  # stage 2 also decodes the best read-out with these, when above the NLL's lambda
 TUNE_READOUTS = ("softmax", "relu")
@@ -418,6 +423,17 @@ def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: st
                      pieces_k=pieces_k, segment_tokens=0, **chosen_pieces)
         if single > pieces["s_bleu"]:
             chosen_pieces["segment_tokens"], pieces = 0, decodes[-1]
+    # a length control: sentences ended at F x their expected length (hypotheses that follow pieces to
+    # the length limit cost a whole decode and a retranslation as halves); the fastest cap within the
+    # search tolerance of the pieces without one is kept
+    uncapped, capped = pieces, []
+    for cap in GRID_PIECES_LENGTH_CAP:
+        run(f"{uncapped['name']} length cap {cap:g}", pieces_k=pieces_k, pieces_length_cap=cap, **chosen_pieces)
+        capped.append(decodes[-1])
+    fastest = max((d for d in capped if d["s_bleu"] >= uncapped["s_bleu"] - search_tolerance),
+                  key=lambda d: d["sentences_per_s"], default=None)
+    if fastest is not None and fastest["sentences_per_s"] > uncapped["sentences_per_s"]:
+        chosen_pieces["pieces_length_cap"], pieces = fastest["pieces_length_cap"], fastest
     best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"], "decode": pieces["name"]}}
     for mode in grids:
         kw = {} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
@@ -493,6 +509,13 @@ def format_report(report: dict) -> str:
                      + ", ".join(f"{k}: {w:.2f}" for k, w in zip(a["choices"], a["mean_weight_by_choice"])))
     for d in report.get("decodes", []):
         lines.append(f"  decode {d['name']:32s} s-BLEU {d['s_bleu']:6.2f}  ({d['seconds']} s)")
+    pieces = report.get("chosen", {}).get("pieces")
+    if pieces:
+        cap = pieces.get("pieces_length_cap")
+        lines.append(f"  pieces chosen: weight {pieces['pieces_weight']:g}, floor {pieces['pieces_floor']:g}"
+                     + (", verse by verse" if pieces.get("segment_tokens") == 0 else "")
+                     + (f", sentences ended at {cap:g}x their expected length" if cap else ", no length cap")
+                     + f" (s-BLEU {pieces['s_bleu']:.2f})")
     for mode in ("full", "per_input"):
         if "search" in report.get("chosen", {}).get(mode, {}):
             lines += format_search(mode, report["chosen"][mode]["search"])

@@ -316,6 +316,10 @@ def _whole(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def check_meta(path: Path, meta: dict) -> None:
     """One line naming ``datastore.json`` and the field for a value the datastore cannot be opened
     with (the index kind and its search values, the size, the tuned search values)."""
@@ -357,6 +361,9 @@ def check_meta(path: Path, meta: dict) -> None:
             bad("tuned.full.search_every", "a positive integer")
         if "restrict" in search and not (_whole(search["restrict"]) and search["restrict"] >= 0):
             bad("tuned.full.restrict", "a number of memory matches >= 0 (0: the whole datastore)")
+        skip = search.get("skip_confident", 1.0)
+        if not (_number(skip) and 0 < skip <= 1):
+            bad("tuned.full.skip_confident", "a probability in (0, 1] (1: every row searches)")
 
 
 def write_meta(directory: Path, meta: dict) -> None:

@@ -14,6 +14,7 @@ way and fairseq's ``SequenceGenerator`` is used unchanged; the mixing happens in
 search's guidance (:mod:`reluformer_mt.inference.guidance.knn`), whose rows are the rows the decoder
 just ran.
 """
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -217,6 +218,7 @@ class KnnMixer:
         self.recorder, self.options = recorder, options.check()
         self.store = None  # FullDatastore or PerInputDatastores, set before generating
         self.adaptive: Optional[MetaK] = None  # with options.adaptive: the full datastore's Meta-k network
+        self.skip_confident = 1.0  # rows whose best token is more probable skip the search (1: none)
         self.stats: Counter = Counter()
 
     def use_datastore(self, datastore) -> "KnnMixer":
@@ -233,13 +235,35 @@ class KnnMixer:
         ``sources`` (rows,) index the per-input datastores. ``eos_as`` (rows,): the token a neighbour's
         ``eos`` votes for in each row -- in a document segment, a row with sentences still to write
         takes an entry that ended its sentence (a single-sentence match, a training segment's last
-        sentence) as a vote for the separator, else the vote would go to an EOS the constraint forbids."""
+        sentence) as a vote for the separator, else the vote would go to an EOS the constraint forbids.
+        With :attr:`skip_confident` P < 1, a row whose best token has a probability above P is left
+        to the model: only the other rows search and mix."""
         if self.store is None or (self.options.lam == 0 and self.adaptive is None):
             return lprobs
+        rows = lprobs.size(0)
+        states = self.recorder.last_states(rows)
+        top = lprobs.amax(dim=1, keepdim=True)  # (an amax is ~10x faster than an argmax on CPU)
+        self.stats["knn: beam steps"] += rows
+        if self.skip_confident < 1:
+            searching = (top.squeeze(1) <= math.log(self.skip_confident)).nonzero().squeeze(1)
+            if len(searching) < rows:
+                self.stats["knn: beam steps left to the model (confident)"] += rows - len(searching)
+                if len(searching) == 0:
+                    return lprobs
+                part = lprobs.index_select(0, searching)
+                self._mix_rows(part, top.index_select(0, searching), states.index_select(0, searching.to(states.device)),
+                               sources.index_select(0, searching.to(sources.device)), eos,
+                               None if eos_as is None else eos_as.index_select(0, searching.to(eos_as.device)),
+                               None if sentences is None else sentences.index_select(0, searching.to(sentences.device)))
+                return lprobs.index_copy_(0, searching, part)
+        return self._mix_rows(lprobs, top, states, sources, eos, eos_as, sentences)
+
+    def _mix_rows(self, lprobs: Tensor, top: Tensor, states: Tensor, sources: Tensor, eos: Optional[int],
+                  eos_as: Optional[Tensor], sentences: Optional[Tensor]) -> Tensor:
+        """:meth:`mix` of the rows that search (``top``: their best log-probabilities)."""
         o = self.options
         k = self.adaptive.config.k_max if self.adaptive is not None else o.k
-        distances, values, trust = self.store.neighbours(self.recorder.last_states(lprobs.size(0)), sources, k,
-                                                         sentences)
+        distances, values, trust = self.store.neighbours(states, sources, k, sentences)
         if eos_as is not None:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
         if self.adaptive is not None:
@@ -252,10 +276,8 @@ class KnnMixer:
             share = (o.lam * mass).clamp(0.0, 1.0 - MODEL_SHARE)
             weights, model_share = weights * share.unsqueeze(1), 1 - share
         at = values.long().clamp_min(0).to(lprobs.device)
-        top = lprobs.amax(dim=1, keepdim=True)  # (an amax is ~10x faster than an argmax on CPU)
         was_best = lprobs.gather(1, at) == top  # the voted tokens that were the best
         mix_neighbours(lprobs, weights, values, model_share)
-        self.stats["knn: beam steps"] += lprobs.size(0)
         self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
         # the steps where the neighbours decided the token: another voted token now scores above the
         # one that was best (every token no neighbour voted for moved by the same log share)

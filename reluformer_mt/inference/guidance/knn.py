@@ -46,6 +46,10 @@ class KnnMtOptions:
     # per-input datastores whose keys are the matches' entries of this corpus datastore (built from the
     # memory's corpus by the same model), read instead of force-decoded (RestrictedSearch with trust)
     memory_keys: Optional[str] = field(default=None, metadata={"flat": "knn_memory_keys"})
+    # a beam row whose model gives its best token a probability above P skips the search (the model
+    # decides alone: retrieval skipping, Shi et al. 2023, Gao et al. 2024); 1: no row skips; None: as
+    # tuned (a corpus datastore's tuned.full.skip_confident), else 1
+    skip_confident: Optional[float] = field(default=None, metadata={"flat": "knn_skip_confident"})
 
     def __post_init__(self):
         self.memory, self.memory_k = bool(self.memory), int(self.memory_k)
@@ -81,6 +85,15 @@ class KnnMtOptions:
             if not self.memory:
                 raise TranslationError(f"--knn-memory-keys {self.memory_keys}: the keys of per-input datastores; give "
                                        "--knn-memory too")
+        if self.skip_confident is not None:
+            value = self.skip_confident
+            self.skip_confident = float(value)
+            if not 0 < self.skip_confident <= 1 or (self.datastore is None and not self.memory):
+                raise TranslationError(f"--knn-skip-confident {value}: expected a probability in (0, 1] (1: every "
+                                       "row searches), with --knn DATASTORE or --knn-memory")
+            if self.skip_confident < 1 and (self.search_every or 1) > 1:
+                raise TranslationError(f"--knn-skip-confident {value}: a search every N steps follows every row's "
+                                       "neighbours; give it without --knn-search-every")
         if self.restrict is not None:
             self.restrict = int(self.restrict)
             if self.restrict < 0 or self.datastore is None:
@@ -106,6 +119,15 @@ class KnnMtOptions:
         if self.restrict is not None:
             return self.restrict
         return tuned_restriction(self.datastore)
+
+    def skipping(self, tuned: dict, every: int) -> float:
+        """The probability above which a row skips the search: the option given, else the tuner's
+        (``tuned``: a corpus datastore's ``tuned.full``) unless the search runs every ``every`` > 1
+        steps (it follows every row), else 1 (no row skips)."""
+        if self.skip_confident is not None:
+            return self.skip_confident
+        value = tuned.get("skip_confident", 1.0) if every == 1 and not self.exact_search else 1.0
+        return float(value)
 
 
 def tuned_restriction(datastore: str) -> int:
@@ -265,6 +287,7 @@ def build_knn(options: KnnMtOptions, context: GuidanceContext):
                                   "give --knn-restrict 0 to search the whole datastore")
             else:
                 use_search(mixer, datastore, *search_settings(options, tuned))
+        mixer.skip_confident = options.skipping(tuned, search_settings(options, tuned)[1] if datastore is not None else 1)
     except (DatastoreError, ReadoutError, AdaptiveError) as e:
         raise TranslationError(str(e)) from None
     return KnnMixture(mixer, options, context, datastore, keys_store)

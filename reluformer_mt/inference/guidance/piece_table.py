@@ -229,11 +229,14 @@ class PieceTable:
         self.scatter_token = self.slot_token.clamp(max=vocab - 1)  # padding slots add 0 to the last token
         self.position = torch.arange(1, 1)  # 1, 2, ...: grown to the longest history seen
 
-    def add_bonus(self, lprobs: Tensor, prefix: Tensor, sources: Tensor, weight: float) -> Tensor:
+    def add_bonus(self, lprobs: Tensor, prefix: Tensor, sources: Tensor, weight: float, length_cap: float = 0.0,
+                  ends: Sequence[int] = ()) -> int:
         """``lprobs`` (rows, vocab) += ``weight`` x each row's bonus, in place; ``prefix`` (rows,
-        steps) starts with the token fairseq puts first; ``sources`` (rows,) index the table."""
+        steps) starts with the token fairseq puts first; ``sources`` (rows,) index the table. With a
+        ``length_cap`` F > 0, a row whose sentence is F x its expected length long keeps only the
+        ``ends`` tokens (separator, EOS) possible. Returns the number of such rows."""
         if weight == 0:
-            return lprobs
+            return 0
         history, sources = prefix[:, 1:].cpu().contiguous(), sources.cpu()
         rows, steps = history.shape
         if len(self.position) < steps:
@@ -256,10 +259,24 @@ class PieceTable:
             bonus *= self._copies(history, units, position > start.unsqueeze(1)) < cap
         else:
             bonus *= cap > 0
-        bonus *= (steps - start < self.expected_length.index_select(0, units)).unsqueeze(1)
+        expected = self.expected_length.index_select(0, units)
+        bonus *= (steps - start < expected).unsqueeze(1)
         lprobs.scatter_add_(1, self.scatter_token.index_select(0, units).to(lprobs.device),
                             (weight * bonus).to(lprobs.device, lprobs.dtype))
-        return lprobs
+        return self._end_long_sentences(lprobs, steps - start, expected, length_cap, ends) if length_cap else 0
+
+    @staticmethod
+    def _end_long_sentences(lprobs: Tensor, length: Tensor, expected: Tensor, length_cap: float,
+                            ends: Sequence[int]) -> int:
+        """Rows whose sentence has ``length`` >= ``length_cap`` x ``expected`` tokens keep only the
+        ``ends`` tokens possible (in place); their number."""
+        over = (length.double() >= length_cap * expected.double()).nonzero().squeeze(1)
+        if len(over):
+            rows, ends = over.to(lprobs.device), torch.tensor(list(ends), device=lprobs.device)
+            kept = lprobs.index_select(0, rows).index_select(1, ends)
+            lprobs.index_fill_(0, rows, float("-inf"))
+            lprobs[rows.unsqueeze(1), ends.unsqueeze(0)] = kept
+        return len(over)
 
     def _copies(self, history: Tensor, units: Tensor, counted: Tensor) -> Tensor:
         """(rows, slots): how many times each slot's token occurs in the ``counted`` positions of
@@ -337,7 +354,8 @@ def add_piece_bonus(lprobs: Tensor, prefix: Tensor, pieces: Sequence, weight: fl
     :class:`TranslationPieces` or one per sentence) given its ``prefix`` (rows, steps, starting
     with the token fairseq puts first)."""
     table = PieceTable(pieces, lprobs.size(1), separator)
-    return table.add_bonus(lprobs, prefix, torch.arange(len(pieces)), weight)
+    table.add_bonus(lprobs, prefix, torch.arange(len(pieces)), weight)
+    return lprobs
 
 
 __all__ = ["PieceTable", "TranslationPieces", "add_piece_bonus", "sentence_pieces"]

@@ -23,6 +23,10 @@ class PiecesOptions:
     max_n: int = field(default=4, metadata={"flat": "pieces_max_n"})  # longest piece, in tokens
     floor: float = field(default=0.0, metadata={"flat": "pieces_floor"})  # only matches of fuzzy >= floor give pieces
     aligned: bool = field(default=False, metadata={"flat": "pieces_aligned"})  # only words aligned to shared source words
+    # a hypothesis must end the sentence it writes (only the separator or EOS may follow) once it is this
+    # many times the sentence's expected length: a length control against hypotheses that follow pieces
+    # to the length limit (then the segment is decoded again as halves); 0: off
+    length_cap: float = field(default=0.0, metadata={"flat": "pieces_length_cap"})
 
     def __post_init__(self):
         weight, floor = self.weight, self.floor
@@ -31,6 +35,12 @@ class PiecesOptions:
             raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {weight}")
         if not 0 <= self.floor <= 1:
             raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {floor}")
+        cap = self.length_cap
+        self.length_cap = float(cap)
+        if not math.isfinite(self.length_cap) or (self.length_cap != 0 and self.length_cap < 1):
+            raise TranslationError(f"--pieces-length-cap: expected 0 (off) or a factor >= 1 of the expected length, got {cap}")
+        if self.length_cap and not self.weight:
+            raise TranslationError("--pieces-length-cap: only with translation pieces (--pieces-weight W > 0)")
         if self.aligned and not self.weight:
             raise TranslationError("--pieces-aligned: only with translation pieces (--pieces-weight W > 0)")
         if self.aligned:
@@ -61,6 +71,9 @@ class TranslationPiecesGuide(Guidance):
         tgt = self.tgt_dict = context.tgt_dict
         separator = tgt.index(context.separator) if context.separator else tgt.unk()
         self.exclude = (tgt.pad(), tgt.eos(), separator)  # never in a piece
+        # what a sentence at its length cap may write: EOS, or the separator (the separator constraint keeps
+        # the one a segment's row needs)
+        self.ends = [tgt.eos()] + ([separator] if separator != tgt.unk() else [])
         # a segment's rows are rewarded by the pieces of the sentence they write
         self.table_separator = separator if context.segmented and separator != tgt.unk() else None
         self.table: Optional[PieceTable] = None
@@ -74,7 +87,9 @@ class TranslationPiecesGuide(Guidance):
 
     def apply(self, step: BeamStep) -> None:
         if self.table is not None:
-            self.table.add_bonus(step.lprobs, step.prefix, step.sources, self.options.weight)
+            at_cap = self.table.add_bonus(step.lprobs, step.prefix, step.sources, self.options.weight,
+                                          self.options.length_cap, self.ends)
+            self.stats["pieces: beam steps made to end their sentence (--pieces-length-cap)"] += at_cap
 
     def sentence_pieces(self, batch: SourceBatch, key):
         """The pieces of one translation unit: its top ``k`` entries that reach the fuzzy floor; with
@@ -117,6 +132,7 @@ class TranslationPiecesGuide(Guidance):
         o = self.options
         return (f"translation pieces (n <= {o.max_n}) of the top {o.k} matches"
                 + (f" with fuzzy >= {o.floor:g}" if o.floor else "") + f", weight {o.weight:g}"
+                + (f", sentences ended at {o.length_cap:g}x their expected length" if o.length_cap else "")
                 + ("" if self.reads_memory else f", from {self.memory.entries.summary()}"))
 
 
