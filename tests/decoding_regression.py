@@ -14,6 +14,7 @@ reluformer-translate's (DocumentTranslator) and fairseq-generate's (the task's g
 """
 import argparse
 import contextlib
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -24,19 +25,24 @@ sys.path.insert(0, str(HERE))
 EXPECTED = HERE / "data" / "decoding_regression.json"
 UPDATES = 300
 SEARCH = dict(beam=3, max_len_a=1.1, max_len_b=6, device="cpu")
+DATASTORE_GENERATE = "fairseq-generate --knn-datastore"
 
 
 @contextlib.contextmanager
 def one_thread():
-    """Training and decoding on one thread: the same float sums whatever the session's threads."""
+    """Training, the datastore's index and decoding on one thread: the same float sums whatever the
+    session's threads (faiss's k-means sums per thread too)."""
+    import faiss
     import torch
 
-    before = torch.get_num_threads()
+    before, before_faiss = torch.get_num_threads(), faiss.omp_get_max_threads()
     torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(before)
+        faiss.omp_set_num_threads(before_faiss)
 
 
 def build_setup(root) -> dict:
@@ -78,6 +84,16 @@ def fingerprints(setup) -> dict:
     from reluformer_mt.knn.datastore import model_fingerprint
 
     return {name: model_fingerprint(load_model(path).model) for name, path in sorted(setup["checkpoints"].items())}
+
+
+def datastore_fingerprint(setup) -> str:
+    """sha256 of the corpus datastore's keys, values and index: the same weights can still give other
+    keys or another IVF clustering on another CPU (its vector units sum floats in another order), and
+    then the stored kNN-MT translations say nothing about the decoder."""
+    digest = hashlib.sha256()
+    for name in ("keys.npy", "values.npy", "index.faiss"):
+        digest.update((setup["store"] / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def translator_modes(setup) -> dict:
@@ -162,7 +178,7 @@ def generate_modes(setup) -> dict:
               "--path", setup["checkpoints"]["none"], "--gen-subset", "valid", "--beam", "3", "--max-len-a", "1.1",
               "--max-len-b", "6", "--max-sentences", "8", "--cpu", "--no-progress-bar"]
     modes = {"fairseq-generate": [],
-             "fairseq-generate --knn-datastore": ["--knn-datastore", setup["store"], "--knn-k", "8",
+             DATASTORE_GENERATE: ["--knn-datastore", setup["store"], "--knn-k", "8",
                                                   "--knn-lambda", "0.6", "--knn-temperature", "5"]}
     out = {}
     for name, extra in modes.items():
@@ -173,8 +189,11 @@ def generate_modes(setup) -> dict:
 
 def decode_every_mode(setup) -> dict:
     with one_thread():
-        modes = {mode: translate_mode(setup, *spec) for mode, spec in translator_modes(setup).items()}
-        return {"fingerprints": fingerprints(setup), "translator": modes, "generate": generate_modes(setup)}
+        specs = translator_modes(setup)
+        modes = {mode: translate_mode(setup, *spec) for mode, spec in specs.items()}
+        return {"fingerprints": fingerprints(setup), "datastore fingerprint": datastore_fingerprint(setup),
+                "translator": modes, "generate": generate_modes(setup),
+                "datastore modes": sorted(m for m, spec in specs.items() if "knn" in spec[1]) + [DATASTORE_GENERATE]}
 
 
 def main(argv=None) -> int:

@@ -89,7 +89,8 @@ class TranslationPiecesGuide(Guidance):
         if self.table is not None:
             at_cap = self.table.add_bonus(step.lprobs, step.prefix, step.sources, self.options.weight,
                                           self.options.length_cap, self.ends)
-            self.stats["pieces: beam steps made to end their sentence (--pieces-length-cap)"] += at_cap
+            if self.options.length_cap:  # (no line for an option that is off)
+                self.stats["pieces: beam steps made to end their sentence (--pieces-length-cap)"] += at_cap
 
     def sentence_pieces(self, batch: SourceBatch, key):
         """The pieces of one translation unit: its top ``k`` entries that reach the fuzzy floor; with
