@@ -189,7 +189,7 @@ def generate_modes(setup) -> dict:
 
 def decode_every_mode(setup) -> dict:
     with one_thread():
-        specs = translator_modes(setup)
+        specs = translator_modes(setup)  # (a spec's keyword "knn" is the corpus datastore; "knn_memory" is per-input)
         modes = {mode: translate_mode(setup, *spec) for mode, spec in specs.items()}
         return {"fingerprints": fingerprints(setup), "datastore fingerprint": datastore_fingerprint(setup),
                 "translator": modes, "generate": generate_modes(setup),
