@@ -380,8 +380,7 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     assert f"chosen: {loose['search']}" in "\n".join(format_search("full", loose))
     strict = tune_search(decode, "full", store, 4, 0.0, "knn full softmax", lambda *_: None)
     assert strict["exact"] or strict["s_bleu"] >= strict["exact_s_bleu"]
-    assert strict["sentences_per_s"] == max(r["sentences_per_s"] for r in strict["table"]
-                                             if r["s_bleu"] >= strict["exact_s_bleu"])
+    assert strict["sentences_per_s"] == max(r["sentences_per_s"] for r in strict["table"] if r["within_tolerance"])
     values = datastore_values(loose, store)
     assert values["probe"] in (None, own // 2, own // 4) and values["search_every"] in (1, 2, 4)
     assert values["restrict"] == 0
@@ -442,6 +441,38 @@ def assert_skip_rows(table, before: int) -> None:
                 if base["options"].get("knn_search_every", 1) == 1 else [])
     assert [r["options"] for r in table[before:]] == expected
     assert all(r["search"].endswith(f"skip p > {p:g}") for r, p in zip(table[before:], GRID_SKIP))
+
+
+def test_skipping_is_judged_against_the_setting_it_skips_from(tmp_path):
+    """A skipping setting must stay within the tolerance of the better of the exact search and the
+    setting it skips from: keys read from the datastore that score 1.75 above the exact search must
+    not give that gain away to a skipping that is faster but only within the tolerance of the exact
+    search (the rule before tuner version 7 chose p > 0.5 here)."""
+    from types import SimpleNamespace
+
+    from reluformer_mt.experiments.knn_search_tune import format_search, tune_search
+
+    measured = {  # decode name -> (validation s-BLEU, seconds), as a 97ad5bb run measured them
+        "per beam row": (9.95, 10.0), "batched per sentence": (10.0, 8.0), "keys read from the datastore": (11.70, 5.0),
+        "keys read from the datastore, skip p > 0.9": (11.50, 4.5),
+        "keys read from the datastore, skip p > 0.7": (11.00, 4.0),
+        "keys read from the datastore, skip p > 0.5": (10.52, 3.0)}
+    store = SimpleNamespace(directory=tmp_path)
+    result = tune_search(lambda name, search: measured[name.split(": ", 1)[1]], "per_input", store, 10, 0.5,
+                         "knn per_input", lambda *_: None, restrict=True)
+    assert result["search"] == "keys read from the datastore, skip p > 0.9"
+    assert result["chosen"] == {"knn_skip_confident": 0.9, "knn_memory_keys": str(tmp_path)}
+    by_search = {r["search"]: r for r in result["table"]}
+    assert by_search["keys read from the datastore"]["reference"] == 9.95
+    assert by_search["keys read from the datastore, skip p > 0.5"]["reference"] == 11.70
+    assert [r["within_tolerance"] for r in result["table"]] == [True, True, True, True, False, False]
+    lines = format_search("per_input", result)
+    assert any("skip p > 0.5" in line and line.endswith("lost (vs 11.70)") for line in lines)
+    # a base below the exact search: the skipping is judged against the exact search
+    measured["keys read from the datastore"] = (9.80, 5.0)
+    result = tune_search(lambda name, search: measured[name.split(": ", 1)[1]], "per_input", store, 10, 0.5,
+                         "knn per_input", lambda *_: None, restrict=True)
+    assert result["table"][-1]["reference"] == 9.95 and result["search"] == "keys read from the datastore, skip p > 0.5"
 
 
 def test_confident_rows_skip_the_search_and_keep_the_model_distribution():

@@ -47,10 +47,10 @@ from reluformer_mt.knn.search import KnnOptions, PerInputDatastores, StateRecord
 logger = logging.getLogger(__name__)
 
 # 2: adaptive kNN-MT; 3: pieces stop at the source's expected length; 4: the TM-first threshold;
-# 5: the approximate search; 6: confident rows skip the search, the pieces' length cap. A report of
-# another version is stale
-# (the demo tunes again).
-TUNER_VERSION = 6
+# 5: the approximate search; 6: confident rows skip the search, the pieces' length cap; 7: a skipping
+# search judged against the setting it skips from. A report of another version is stale (the demo
+# tunes again).
+TUNER_VERSION = 7
 GRID_K = (4, 16, 64, 256)
 GRID_LAMBDA = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 GRID_TEMPERATURE = (0.1, 0.3, 1.0, 3.0, 10.0)   # x the median nearest-entry distance
