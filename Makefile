@@ -11,7 +11,7 @@ $(VENV)/.installed: requirements.txt setup.py
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps -e .
 	# the C++ kernels, compiled once here rather than in the first training run (about 45 s: docs/DESIGN.md; never fails)
-	$(PY) -m reluformer_mt.attention.build_kernels
+	$(PY) -m reluformer_mt.cli.build_kernels
 	touch $@
 
 setup: $(VENV)/.installed

@@ -204,7 +204,8 @@ def test_positive_counts_equal_count_nonzero():
 def test_build_all_reports_each_kernel_and_never_fails(monkeypatch, tmp_path, capsys):
     """``make setup`` compiles the kernels once (build_all): one line per kernel, a kernel that
     cannot be built is reported with the reason and does not fail the set-up."""
-    from reluformer_mt.attention import build_kernels, extension, sparse_maps
+    from reluformer_mt.attention import extension, sparse_maps
+    from reluformer_mt.cli import build_kernels
 
     assert fused.available()  # built already: only the broken kernel compiles, in tmp_path
     monkeypatch.setattr(extension, "build_directory", lambda: tmp_path / "build")

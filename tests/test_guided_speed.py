@@ -25,7 +25,10 @@ def units_of(seed=0, sources=5, dim=16):
     return out
 
 
-def test_batched_per_input_search_finds_the_same_neighbours():
+def test_batched_per_input_search_finds_the_same_neighbours(monkeypatch):
+    from reluformer_mt.knn import fused
+
+    monkeypatch.setattr(fused, "available", lambda *tensors: False)  # the PyTorch paths (the kernel: test_knn_fused.py)
     units = units_of()
     exact, batched = PerInputDatastores(units), PerInputDatastores(units, batched=True)
     g = torch.Generator().manual_seed(1)

@@ -1,4 +1,4 @@
-"""Compiling the package's C++ CPU kernels (``attention/csrc``) on first use.
+"""Compiling the package's C++ CPU kernels (``attention/csrc``, ``knn/csrc``) on first use.
 
 ``torch.utils.cpp_extension.load`` needs a C++ compiler and ninja; each extension is built into
 ``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or ``~/.cache/reluformer_mt/torch_extensions``, per torch
@@ -31,9 +31,10 @@ def sources_digest() -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for source in sorted((Path(__file__).parent / "csrc").glob("*")):
+    package = Path(__file__).resolve().parents[1]
+    for source in sorted(package.glob("*/csrc/*")):
         if source.is_file():
-            digest.update(source.name.encode() + b"\0" + source.read_bytes())
+            digest.update(str(source.relative_to(package)).encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()[:10]
 
 

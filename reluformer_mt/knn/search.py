@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from reluformer_mt.knn import fused
 from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_weights
 from reluformer_mt.knn.readout import (MODEL_SHARE, OPTION_NAMES, ReadoutError, check_search_values, mix_neighbours,
                                        neighbour_weights)
@@ -130,10 +131,15 @@ class PerInputDatastores:
             self.trust[u, :len(v)] = t if isinstance(t, float) else torch.as_tensor(t, dtype=torch.float32)
         # padding slots at distance inf: added to the distances (inf + x = inf, 0 + x = x exactly)
         self.norms = (self.keys ** 2).sum(-1).masked_fill(self.values < 0, float("inf"))
+        self.counts = torch.tensor([len(v) for _, v, _ in flat], dtype=torch.long)  # each unit's entries, first in its row
         self.entries = sum(len(v) for _, v, _ in flat)
         self.batched = batched
-        self.keys_t = self.keys.transpose(1, 2).contiguous() if batched else None  # (units, dim, n)
+        # (units, dim, n): read by the batched product and the C++ search
+        self.keys_t = self.keys.transpose(1, 2).contiguous() if batched or fused.available(self.keys) else None
         self._read, self._read_keys = None, None  # the units the last step read, and their keys
+        # False: a row's neighbours may come in any order (a read-out that only sums over them; the
+        # C++ search then skips sorting them, at k 256 the larger part of its time)
+        self.ordered = True
 
     def neighbours(self, states: Tensor, sources: Tensor, k: int, sentences: Optional[Tensor] = None):
         """(distances, values, trust) of each row's nearest entries in the unit of its source and
@@ -142,6 +148,9 @@ class PerInputDatastores:
         sources = sources.cpu()
         sentence = torch.zeros_like(sources) if sentences is None else sentences.cpu()
         units = self.first_unit[sources] + torch.minimum(sentence, self.n_units[sources] - 1)
+        if fused.available(states, self.keys):  # the same neighbours in one C++ loop over the rows
+            return fused.unit_neighbours(states, units, self.keys_t, self.norms, self.counts, self.values, self.trust, k,
+                                         self.ordered)
         if self.batched:
             products, norms = self._products(states, units)
         else:
@@ -250,22 +259,38 @@ class KnnMixer:
                 self.stats["knn: beam steps left to the model (confident)"] += rows - len(searching)
                 if len(searching) == 0:
                     return lprobs
+                pick = lambda t: None if t is None else t.index_select(0, searching.to(t.device))  # noqa: E731
+                if fused.available(lprobs) and lprobs.is_contiguous():  # mixed in place at the searching rows
+                    return self._mix_rows(lprobs, pick(top), pick(states), pick(sources), eos, pick(eos_as),
+                                          pick(sentences), rows=searching)
                 part = lprobs.index_select(0, searching)
-                self._mix_rows(part, top.index_select(0, searching), states.index_select(0, searching.to(states.device)),
-                               sources.index_select(0, searching.to(sources.device)), eos,
-                               None if eos_as is None else eos_as.index_select(0, searching.to(eos_as.device)),
-                               None if sentences is None else sentences.index_select(0, searching.to(sentences.device)))
+                self._mix_rows(part, pick(top), pick(states), pick(sources), eos, pick(eos_as), pick(sentences))
                 return lprobs.index_copy_(0, searching, part)
         return self._mix_rows(lprobs, top, states, sources, eos, eos_as, sentences)
 
     def _mix_rows(self, lprobs: Tensor, top: Tensor, states: Tensor, sources: Tensor, eos: Optional[int],
-                  eos_as: Optional[Tensor], sentences: Optional[Tensor]) -> Tensor:
-        """:meth:`mix` of the rows that search (``top``: their best log-probabilities)."""
+                  eos_as: Optional[Tensor], sentences: Optional[Tensor], rows: Optional[Tensor] = None) -> Tensor:
+        """:meth:`mix` of the rows that search (``top``: their best log-probabilities): all rows of
+        ``lprobs``, or with ``rows`` (the C++ mixture only) those rows of it, in place."""
         o = self.options
         k = self.adaptive.config.k_max if self.adaptive is not None else o.k
+        if isinstance(self.store, PerInputDatastores):
+            # only the adaptive mixture reads the neighbours in order (nearest first: the Meta-k features)
+            self.store.ordered = self.adaptive is not None
         distances, values, trust = self.store.neighbours(states, sources, k, sentences)
         if eos_as is not None:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
+        # the C++ step where it serves (knn/fused.py): read-out, share and mixture in one loop
+        in_cpp = rows is not None or (fused.available(lprobs, distances) and lprobs.is_contiguous())
+        if in_cpp and self.adaptive is None and o.readout in fused.READOUTS:
+            counts = fused.mix_readout(lprobs, rows, distances, values, trust, top, o.lam, o.readout, o.temperature,
+                                       o.radius, MODEL_SHARE)
+            return self._counted(lprobs, *counts)
+        if (in_cpp and self.adaptive is not None and self.adaptive.config.readout in fused.READOUTS
+                and distances.size(1) == self.adaptive.config.k_max
+                and bool((distances[:, 1:] >= distances[:, :-1]).all())):  # its prefix sums need them in order
+            return self._counted(lprobs, *fused.mix_adaptive(lprobs, rows, distances, values, top, self.adaptive,
+                                                             MODEL_SHARE))
         if self.adaptive is not None:
             weights, model_share, mass = adaptive_weights(distances, values, self.adaptive)
         else:
@@ -275,10 +300,12 @@ class KnnMixer:
             # the model keeps at least MODEL_SHARE (readout.mix_log_probs says why)
             share = (o.lam * mass).clamp(0.0, 1.0 - MODEL_SHARE)
             weights, model_share = weights * share.unsqueeze(1), 1 - share
+        self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
+        if in_cpp:
+            return self._counted(lprobs, fused.mix_votes(lprobs, rows, weights, values, model_share, top), 0)
         at = values.long().clamp_min(0).to(lprobs.device)
         was_best = lprobs.gather(1, at) == top  # the voted tokens that were the best
         mix_neighbours(lprobs, weights, values, model_share)
-        self.stats["knn: beam steps with kNN mass"] += int((mass > 0).sum())
         # the steps where the neighbours decided the token: another voted token now scores above the
         # one that was best (every token no neighbour voted for moved by the same log share)
         after = lprobs.gather(1, at)
@@ -286,6 +313,12 @@ class KnnMixer:
                                top.squeeze(1) + model_share.to(lprobs.device, lprobs.dtype).log())
         self.stats["knn: beam steps whose best token the neighbours changed"] += int(
             (after.masked_fill(was_best, float("-inf")).amax(dim=1) > old_best).sum())
+        return lprobs
+
+
+    def _counted(self, lprobs: Tensor, changed: int, with_mass: int) -> Tensor:
+        self.stats["knn: beam steps whose best token the neighbours changed"] += changed
+        self.stats["knn: beam steps with kNN mass"] += with_mass
         return lprobs
 
 

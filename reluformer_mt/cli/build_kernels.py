@@ -1,5 +1,5 @@
 """Compile every C++ kernel of the package now: ``make setup`` runs ``python -m
-reluformer_mt.attention.build_kernels`` once, so that the first training run does not spend its
+reluformer_mt.cli.build_kernels`` once, so that the first training run does not spend its
 first 45 s or so compiling (docs/DESIGN.md, installation). A kernel that cannot be built is reported, never fatal: its callers fall
 back to PyTorch code (:class:`reluformer_mt.attention.extension.LazyExtension`).
 """
@@ -8,11 +8,12 @@ import time
 import warnings
 
 from reluformer_mt.attention import fused, sparse_maps
+from reluformer_mt.knn import fused as knn_fused
 
 
 def build_all() -> int:
     """Build (or load) each kernel; prints one line per kernel. Returns 0 even when one cannot be built."""
-    for kernel in (fused.KERNEL, sparse_maps.KERNEL):
+    for kernel in (fused.KERNEL, sparse_maps.KERNEL, knn_fused.KERNEL):
         start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
