@@ -148,7 +148,7 @@ class PerInputDatastores:
         sources = sources.cpu()
         sentence = torch.zeros_like(sources) if sentences is None else sentences.cpu()
         units = self.first_unit[sources] + torch.minimum(sentence, self.n_units[sources] - 1)
-        if fused.available(states, self.keys):  # the same neighbours in one C++ loop over the rows
+        if self.keys_t is not None and fused.available(states, self.keys):  # the same neighbours, one C++ loop
             return fused.unit_neighbours(states, units, self.keys_t, self.norms, self.counts, self.values, self.trust, k,
                                          self.ordered)
         if self.batched:
@@ -315,8 +315,8 @@ class KnnMixer:
             (after.masked_fill(was_best, float("-inf")).amax(dim=1) > old_best).sum())
         return lprobs
 
-
     def _counted(self, lprobs: Tensor, changed: int, with_mass: int) -> Tensor:
+        """``lprobs``, after counting the C++ mixture's rows in :attr:`stats`."""
         self.stats["knn: beam steps whose best token the neighbours changed"] += changed
         self.stats["knn: beam steps with kNN mass"] += with_mass
         return lprobs
