@@ -106,32 +106,52 @@ def step_of(seed=0, rows=20, vocab=60):
     return lprobs
 
 
-@pytest.mark.parametrize("readout,skip,trusted", [("softmax", 1.0, True), ("relu", 1.0, True), ("softmax", 0.3, False),
-                                                  ("relu", 0.5, False), ("sparsemax", 1.0, True)])
-def test_kernel_mixer_equals_the_pytorch_mixer(readout, skip, trusted, torch_only):
-    units = units_of()
-    states, sources, sentences = rows_of()
-    options = KnnOptions(k=16, lam=1.0, temperature=3.0, radius=200.0, readout=readout)
+def mixed_both_ways(make_mixer, lprobs, sources, eos_as, sentences, torch_only, kernel_part, monkeypatch):
+    """(lprobs, stats) mixed by the kernel, then by the PyTorch reference, each by a fresh mixer from
+    ``make_mixer``; asserts that the kernel's ``kernel_part`` ran once and the reference never did."""
+    calls = []
+    kernel = getattr(fused, kernel_part)
+    monkeypatch.setattr(fused, kernel_part, lambda *a: calls.append(1) or kernel(*a))
     outputs = []
     for reference in (False, True):
-        mixer = KnnMixer.__new__(KnnMixer)
-        mixer.recorder = type("R", (), {"last_states": lambda self, rows: states})()
-        mixer.options, mixer.adaptive, mixer.skip_confident = options, None, skip
-        mixer.stats = search.Counter()
-        mixer.store = PerInputDatastores(units, batched=True) if trusted else Untrusted(units, batched=True)
-        lprobs = step_of()
-        eos_as = torch.where(sentences < 2, torch.full_like(sentences, 3), torch.full_like(sentences, 2))
+        mixer, scores = make_mixer(), lprobs.clone()
         if reference:
             with torch_only:
-                mixer.mix(lprobs, sources, 2, eos_as, sentences)
+                mixer.mix(scores, sources, 2, eos_as, sentences)
         else:
-            mixer.mix(lprobs, sources, 2, eos_as, sentences)
-        outputs.append((lprobs, copy.copy(mixer.stats)))
+            mixer.mix(scores, sources, 2, eos_as, sentences)
+        outputs.append((scores, copy.copy(mixer.stats)))
+    assert calls == [1]
     (fast, fast_stats), (slow, slow_stats) = outputs
     assert torch.equal(torch.isneginf(fast), torch.isneginf(slow))
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
-    assert fast_stats == slow_stats
-    assert fast_stats["knn: beam steps whose best token the neighbours changed"] > 0
+    assert fast_stats == slow_stats and fast_stats["knn: beam steps whose best token the neighbours changed"] > 0
+
+
+class Recorder:
+    def __init__(self, states):
+        self.states = states
+
+    def last_states(self, rows):
+        return self.states
+
+
+@pytest.mark.parametrize("readout,skip,trusted", [("softmax", 1.0, True), ("relu", 1.0, True), ("softmax", 0.3, False),
+                                                  ("relu", 0.5, False), ("sparsemax", 1.0, True)])
+def test_kernel_mixer_equals_the_pytorch_mixer(readout, skip, trusted, torch_only, monkeypatch):
+    units = units_of()
+    states, sources, sentences = rows_of()
+    options = KnnOptions(k=16, lam=1.0, temperature=3.0, radius=200.0, readout=readout)
+
+    def make_mixer():
+        mixer = KnnMixer(Recorder(states), options)
+        mixer.skip_confident = skip
+        mixer.store = PerInputDatastores(units, batched=True) if trusted else Untrusted(units, batched=True)
+        return mixer
+
+    eos_as = torch.where(sentences < 2, torch.full_like(sentences, 3), torch.full_like(sentences, 2))
+    kernel_part = "mix_votes" if readout == "sparsemax" else "mix_readout"
+    mixed_both_ways(make_mixer, step_of(), sources, eos_as, sentences, torch_only, kernel_part, monkeypatch)
 
 
 def test_mix_votes_equals_mix_neighbours():
@@ -176,31 +196,15 @@ def test_model_floor_is_kept():
 def test_kernel_adaptive_mixture_equals_the_pytorch_one(readout, torch_only, monkeypatch):
     from reluformer_mt.knn.adaptive import MetaK, MetaKConfig
 
-    calls = []
-    kernel = fused.mix_adaptive
-    monkeypatch.setattr(fused, "mix_adaptive", lambda *a: calls.append(1) or kernel(*a))
-
     torch.manual_seed(5)
     net = MetaK(MetaKConfig(k_max=8, hidden=12, readout=readout, temperature=4.0, radius=60.0, scale=20.0)).eval()
     with torch.no_grad():
         net.net[2].bias.copy_(torch.tensor([-2.0, 0.5, 0.5, 1.0, 1.0]))  # lean on the neighbours
     states, sources, sentences = rows_of(6)
-    outputs = []
-    for reference in (False, True):
-        mixer = KnnMixer.__new__(KnnMixer)
-        mixer.recorder = type("R", (), {"last_states": lambda self, rows: states})()
-        mixer.options, mixer.adaptive, mixer.skip_confident = KnnOptions(k=8, readout=readout), net, 1.0
-        mixer.stats = search.Counter()
-        mixer.store = Untrusted(units_of(7), batched=True)
-        lprobs = step_of(6)
-        if reference:
-            with torch_only:
-                mixer.mix(lprobs, sources, 2, None, sentences)
-        else:
-            mixer.mix(lprobs, sources, 2, None, sentences)
-        outputs.append((lprobs, copy.copy(mixer.stats)))
-    (fast, fast_stats), (slow, slow_stats) = outputs
-    assert torch.equal(torch.isneginf(fast), torch.isneginf(slow))
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
-    assert fast_stats == slow_stats and fast_stats["knn: beam steps whose best token the neighbours changed"] > 0
-    assert calls == [1]  # the kernel ran once, the reference not at all
+
+    def make_mixer():
+        mixer = KnnMixer(Recorder(states), KnnOptions(k=8, readout=readout))
+        mixer.adaptive, mixer.store = net, Untrusted(units_of(7), batched=True)
+        return mixer
+
+    mixed_both_ways(make_mixer, step_of(6), sources, None, sentences, torch_only, "mix_adaptive", monkeypatch)

@@ -58,10 +58,10 @@ def mix_readout(lprobs: Tensor, rows: Optional[Tensor], distances: Tensor, value
     if rows is None:
         rows = torch.arange(lprobs.size(0))
     empty = distances.new_zeros(0)
-    changed, with_mass = KERNEL.load().mix_readout(lprobs, rows.long(), distances.float(), values.long(),
-                                                   empty if trust is None else trust.float(), top.float().reshape(-1).contiguous(),
-                                                   float(lam), readout == "relu", float(temperature), float(radius),
-                                                   float(model_floor))
+    changed, with_mass = KERNEL.load().mix_readout(
+        lprobs, rows.long(), distances.float(), values.long(), empty if trust is None else trust.float(),
+        top.float().reshape(-1).contiguous(), float(lam), readout == "relu", float(temperature), float(radius),
+        float(model_floor))
     return changed, with_mass
 
 

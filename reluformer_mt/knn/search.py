@@ -259,7 +259,9 @@ class KnnMixer:
                 self.stats["knn: beam steps left to the model (confident)"] += rows - len(searching)
                 if len(searching) == 0:
                     return lprobs
-                pick = lambda t: None if t is None else t.index_select(0, searching.to(t.device))  # noqa: E731
+                def pick(t):
+                    return None if t is None else t.index_select(0, searching.to(t.device))
+
                 if fused.available(lprobs) and lprobs.is_contiguous():  # mixed in place at the searching rows
                     return self._mix_rows(lprobs, pick(top), pick(states), pick(sources), eos, pick(eos_as),
                                           pick(sentences), rows=searching)
