@@ -1,4 +1,4 @@
-"""Compiling the package's C++ CPU kernels (``attention/csrc``, ``knn/csrc``) on first use.
+"""Compiling the package's C++ CPU kernels (``attention/csrc``, ``knn/csrc``, ``memory/csrc``) on first use.
 
 ``torch.utils.cpp_extension.load`` needs a C++ compiler and ninja; each extension is built into
 ``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or ``~/.cache/reluformer_mt/torch_extensions``, per torch

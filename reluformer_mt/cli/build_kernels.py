@@ -9,11 +9,12 @@ import warnings
 
 from reluformer_mt.attention import fused, sparse_maps
 from reluformer_mt.knn import fused as knn_fused
+from reluformer_mt.memory import fused as memory_fused
 
 
 def build_all() -> int:
     """Build (or load) each kernel; prints one line per kernel. Returns 0 even when one cannot be built."""
-    for kernel in (fused.KERNEL, sparse_maps.KERNEL, knn_fused.KERNEL):
+    for kernel in (fused.KERNEL, sparse_maps.KERNEL, knn_fused.KERNEL, memory_fused.KERNEL):
         start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

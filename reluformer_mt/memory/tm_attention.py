@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from reluformer_mt.attention import ATTENTION_FUNCTIONS, AttentionOptionError, ReluformerAttention
+from reluformer_mt.memory import fused
 
 # no memory encoder layer by default: with the previous-token feature and the copy distribution a
 # 1-layer encoder learned no faster (docs/TRANSLATION_MEMORY.md) and costs k times a source encoder
@@ -113,30 +114,42 @@ class MemoryReader(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.keep_weights = False  # the copy distribution reads the last reader's weights
         self.weights = None
+        self._laid_out = None  # (the cached keys, what _step_keys made of them)
 
     def forward(self, x, memory, memory_padding, query_padding=None, incremental_state=None):
+        if memory is None and incremental_state is not None and self._decodes_directly(x):
+            return self._cached_softmax_step(x, incremental_state)
         h = self.layer_norm(x)
-        if memory is None and incremental_state is not None and self._decodes_directly(h):
-            out = self._cached_softmax_step(h, incremental_state)
-        else:
-            out = self._attend(h, memory, memory_padding, query_padding, incremental_state)
+        return self._gated(x, h, self._attend(h, memory, memory_padding, query_padding, incremental_state))
+
+    def _gated(self, x, h, out):
         gate = torch.sigmoid(self.gate(torch.cat([h, out], dim=-1)))
         return x + self.dropout(gate * out)
 
-    def _decodes_directly(self, h) -> bool:
+    def _decodes_directly(self, x) -> bool:
         """One decoding step of a softmax reader (no memory given: its keys and values are cached, see
         ReluformerDecoder.extract_features): read them directly."""
-        return (not self.training and h.size(0) == 1 and self.attn.fn == "softmax" and self.attn._recorder is None
+        return (not self.training and x.size(0) == 1 and self.attn.fn == "softmax" and self.attn._recorder is None
                 and self.attn.uses_fairseq_forward)
 
-    def _cached_softmax_step(self, h, incremental_state):
-        """fairseq's attention step over the cached keys/values, one copy per sentence shared by its
-        beams, as two batched matmuls over each sentence's and head's keys (:meth:`_step_keys`) with
+    def _cached_softmax_step(self, x, incremental_state):
+        """The whole sublayer for one decoding step over the cached keys/values (:meth:`_step_keys`),
+        one copy per sentence shared by its beams: the C++ step (:mod:`reluformer_mt.memory.fused`)
+        where it serves, else :meth:`_reference_step`."""
+        keys, values, bias, kernel_inputs = self._step_keys(incremental_state)  # (kv_bsz x H, D, M), (.., M, D), (.., 1, M)
+        if kernel_inputs is not None and x.dtype == keys.dtype:
+            out, weights = fused.read_step(kernel_inputs, x[0], keys, values, bias, self.keep_weights)
+            self.weights = None if weights is None else weights.view(x.size(1), 1, -1)
+            return out.view_as(x)
+        h = self.layer_norm(x)
+        return self._gated(x, h, self._reference_step(h, keys, values, bias))
+
+    def _reference_step(self, h, keys, values, bias):
+        """fairseq's attention step as two batched matmuls over each sentence's and head's keys with
         the beams as query rows (fairseq's general forward with its einsum over shared beams: the readers'
         products were 60 % of the decoder's bmm time in a profile of a 2-layer memory model). Same
         formula: softmax in float32, head-averaged weights."""
         attn = self.attn
-        keys, values, bias = self._step_keys(incremental_state)  # (kv_bsz x H, D, M), (.., M, D), (.., 1, M)
         groups, head_dim, slots = keys.shape
         bsz, heads = h.size(1), attn.num_heads
         kv_bsz = groups // heads
@@ -161,8 +174,13 @@ class MemoryReader(nn.Module):
         fairseq caches the keys as a transposed view whose rows lie a whole batch apart, which the
         batched matmul copied at every step, and keys stored transposed make the scores' product
         a plain one (about 40 % faster at the demo's sizes); the padding mask was a masked_fill
-        per step."""
+        per step. With them: the C++ step's parameters (:func:`reluformer_mt.memory.fused.reader_inputs`)
+        where it serves, else None. The views are kept for the steps after (``_laid_out``) until
+        fairseq replaces the cached keys (a reorder, the next decoding): a step then only looks
+        them up."""
         saved = self.attn._get_input_buffer(incremental_state)
+        if self._laid_out is not None and self._laid_out[0] is saved["prev_key"]:
+            return self._laid_out[1]
         if not saved["prev_key"].transpose(-1, -2).is_contiguous():
             # the same (kv_bsz, H, M, D) tensor for fairseq's own forward, stored as (kv_bsz, H, D, M)
             saved["prev_key"] = saved["prev_key"].transpose(-1, -2).contiguous().transpose(-1, -2)
@@ -176,8 +194,11 @@ class MemoryReader(nn.Module):
             self.attn._set_input_buffer(incremental_state, saved)
         k, v, bias = saved["prev_key"], saved["prev_value"], saved["step_bias"]
         groups = k.size(0) * k.size(1)
-        return (k.transpose(-1, -2).view(groups, k.size(3), k.size(2)), v.view(groups, v.size(2), v.size(3)),
-                None if bias is None else bias.view(groups, 1, k.size(2)))
+        keys_t, values = k.transpose(-1, -2).view(groups, k.size(3), k.size(2)), v.view(groups, v.size(2), v.size(3))
+        laid_out = (keys_t, values, None if bias is None else bias.view(groups, 1, k.size(2)),
+                    fused.reader_inputs(self) if fused.available(keys_t, values) else None)
+        self._laid_out = (k, laid_out)
+        return laid_out
 
     def _attend(self, h, memory, memory_padding, query_padding, incremental_state):
         empty = self._empty_rows(memory_padding, incremental_state, h.size(1))
@@ -295,6 +316,11 @@ def _log_copy_step(logits: torch.Tensor, copy: dict) -> torch.Tensor:
     kv_bsz, slots = columns.shape
     bsz = logits.size(0)
     beams = bsz // kv_bsz
+    if fused.available(logits):  # the C++ loop over the rows (memory/fused.py)
+        lprobs = torch.log_softmax(logits[:, -1:].float(), dim=-1)
+        fused.copy_step(lprobs.view(bsz, -1), copy["weights"][:, -1].reshape(bsz, slots), columns, column_tokens,
+                        copy["gate_logit"][:, -1].reshape(bsz))
+        return lprobs
     weights = copy["weights"][:, -1].float().view(kv_bsz, beams, slots)
     mass = weights.new_zeros(kv_bsz, beams, slots + 1)
     mass = mass.scatter_add_(2, columns.unsqueeze(1).expand(-1, beams, -1), weights)[..., :slots]

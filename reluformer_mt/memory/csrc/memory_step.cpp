@@ -1,0 +1,441 @@
+// One memory-attention decoding step on the CPU in two calls instead of a few dozen small tensor
+// operations (reluformer_mt/memory/tm_attention.py):
+//   * read_step: a softmax memory reader's sublayer x + g * Attn(LN(x), memory) over the keys and
+//     values cached once per sentence (its beams are the query rows), with the head-averaged weights
+//     that the copy distribution reads;
+//   * copy_step: the copy distribution's correction of one step's log-probabilities in place: the
+//     share of each distinct copyable memory token in the row's weights, mixed in by log-add-exp,
+//     and log(1 - c) added to every other token.
+// The PyTorch code they replace (MemoryReader._reference_step, _log_copy_step's reference) stays
+// the reference and the fallback; tests/test_memory_fused.py compares the two.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kSmallestShare = 1e-30f;  // below: the copy step's share is mixed in log space
+
+// exp(x) for x <= 0 in a form the compiler vectorises (libm's expf is one call per element):
+// x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite's two-part ln2), exp(r) by its degree-6 Taylor
+// polynomial (relative error below 2e-7), 2^n written into the exponent bits. Below -87.3 the
+// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway).
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.3f);
+  // round to nearest by the 1.5 * 2^23 trick: no call, no rounding-mode dependence
+  const float n = (clamped * 1.44269504088896341f + 12582912.f) - 12582912.f;
+  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.3f ? 0.f : p * scale;
+}
+
+// ---- one (sentence, head) group: its beams' scores over the slots, softmax, weighted values ----
+// Each row's exponentials e_m = exp(s_m - max) stay unnormalised: the output is sum_m e_m v_m times
+// 1 / sum_m e_m (the row's ``inverse``, 0 for a row that reads nothing), which spares a pass over
+// the slots. The portable loops run on any CPU; the AVX2/FMA ones (picked at run time where the
+// CPU has them) keep up to four beams' scores and outputs in registers, so that each key and value
+// is loaded once for all of them, and the row's max and sum in vector lanes (the portable loops'
+// per-element dependency chains made the step slower than the PyTorch reference).
+
+// scores[b][m] = bias[m] + q_b . key_m, keys stored transposed (dim, slots).
+void scores_portable(const float* q, int64_t q_stride, int64_t beams, const float* kt, int64_t key_stride, int64_t dim,
+                     int64_t slots, const float* bias, float* scores) {
+  for (int64_t b = 0; b < beams; ++b) {
+    float* s = scores + b * slots;
+    for (int64_t m = 0; m < slots; ++m) s[m] = bias != nullptr ? bias[m] : 0.f;
+    const float* qb = q + b * q_stride;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float a = qb[d];
+      const float* row = kt + d * key_stride;
+      for (int64_t m = 0; m < slots; ++m) s[m] += a * row[m];
+    }
+  }
+}
+
+// A row of scores becomes exp(s - max) in place; returns 1 / their sum, or 0 where every slot is
+// padding (-inf): that row reads nothing (zero weights, as the reference's nan_to_num).
+float exponentials_portable(float* s, int64_t slots) {
+  float top = -kInf;
+  for (int64_t m = 0; m < slots; ++m) top = std::max(top, s[m]);
+  if (top == -kInf) {
+    std::fill(s, s + slots, 0.f);
+    return 0.f;
+  }
+  float sum = 0.f;
+  for (int64_t m = 0; m < slots; ++m) sum += (s[m] = exp_nonpositive(s[m] - top));
+  return 1.f / sum;
+}
+
+// out_b = inverse_b * sum_m e[b][m] value_m (dim wide).
+void values_portable(const float* e, const float* inverse, int64_t beams, const float* values, int64_t dim,
+                     int64_t slots, float* out, int64_t out_stride) {
+  for (int64_t b = 0; b < beams; ++b) {
+    float* o = out + b * out_stride;
+    std::fill(o, o + dim, 0.f);
+    const float* w = e + b * slots;
+    for (int64_t m = 0; m < slots; ++m) {
+      const float* v = values + m * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] += w[m] * v[d];
+    }
+    for (int64_t d = 0; d < dim; ++d) o[d] *= inverse[b];
+  }
+}
+
+#if defined(__x86_64__)
+#define MEMORY_STEP_AVX2 __attribute__((target("avx2,fma")))
+
+MEMORY_STEP_AVX2 inline __m256 exp_nonpositive8(__m256 x) {  // exp_nonpositive in 8 lanes
+  const __m256 floor = _mm256_set1_ps(-87.3f);
+  const __m256 clamped = _mm256_max_ps(x, floor);
+  const __m256 magic = _mm256_set1_ps(12582912.f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720.f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+  return _mm256_and_ps(result, _mm256_cmp_ps(x, floor, _CMP_GE_OQ));  // -inf, NaN and below: 0
+}
+
+MEMORY_STEP_AVX2 inline float horizontal_max(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+MEMORY_STEP_AVX2 inline float horizontal_sum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+// Two chunks of eight slots at a time: each broadcast query element serves both.
+template <int Beams>
+MEMORY_STEP_AVX2 void scores_avx2(const float* q, int64_t q_stride, const float* kt, int64_t key_stride, int64_t dim,
+                                  int64_t slots, const float* bias, float* scores) {
+  int64_t m = 0;
+  for (; m + 16 <= slots; m += 16) {
+    __m256 low[Beams], high[Beams];
+    const __m256 start_low = bias != nullptr ? _mm256_loadu_ps(bias + m) : _mm256_setzero_ps();
+    const __m256 start_high = bias != nullptr ? _mm256_loadu_ps(bias + m + 8) : _mm256_setzero_ps();
+    for (int j = 0; j < Beams; ++j) low[j] = start_low, high[j] = start_high;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m256 key_low = _mm256_loadu_ps(kt + d * key_stride + m);
+      const __m256 key_high = _mm256_loadu_ps(kt + d * key_stride + m + 8);
+      for (int j = 0; j < Beams; ++j) {
+        const __m256 a = _mm256_set1_ps(q[j * q_stride + d]);
+        low[j] = _mm256_fmadd_ps(a, key_low, low[j]);
+        high[j] = _mm256_fmadd_ps(a, key_high, high[j]);
+      }
+    }
+    for (int j = 0; j < Beams; ++j) {
+      _mm256_storeu_ps(scores + j * slots + m, low[j]);
+      _mm256_storeu_ps(scores + j * slots + m + 8, high[j]);
+    }
+  }
+  for (; m + 8 <= slots; m += 8) {
+    __m256 acc[Beams];
+    const __m256 start = bias != nullptr ? _mm256_loadu_ps(bias + m) : _mm256_setzero_ps();
+    for (int j = 0; j < Beams; ++j) acc[j] = start;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m256 key = _mm256_loadu_ps(kt + d * key_stride + m);
+      for (int j = 0; j < Beams; ++j) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * q_stride + d]), key, acc[j]);
+    }
+    for (int j = 0; j < Beams; ++j) _mm256_storeu_ps(scores + j * slots + m, acc[j]);
+  }
+  for (; m < slots; ++m) {
+    for (int j = 0; j < Beams; ++j) {
+      float s = bias != nullptr ? bias[m] : 0.f;
+      for (int64_t d = 0; d < dim; ++d) s += q[j * q_stride + d] * kt[d * key_stride + m];
+      scores[j * slots + m] = s;
+    }
+  }
+}
+
+MEMORY_STEP_AVX2 float exponentials_avx2(float* s, int64_t slots) {
+  const int64_t whole = slots - slots % 8;
+  __m256 top8 = _mm256_set1_ps(-kInf);
+  for (int64_t m = 0; m < whole; m += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + m));
+  float top = horizontal_max(top8);
+  for (int64_t m = whole; m < slots; ++m) top = std::max(top, s[m]);
+  if (top == -kInf) {
+    std::fill(s, s + slots, 0.f);
+    return 0.f;
+  }
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (int64_t m = 0; m < whole; m += 8) {
+    const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + m), shift));
+    _mm256_storeu_ps(s + m, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float sum = horizontal_sum(sum8);
+  for (int64_t m = whole; m < slots; ++m) sum += (s[m] = exp_nonpositive(s[m] - top));
+  return 1.f / sum;
+}
+
+// Sixteen output columns at a time where the head has them (two registers a beam): each broadcast
+// weight serves both.
+template <int Beams>
+MEMORY_STEP_AVX2 void values_avx2(const float* e, const float* inverse, const float* values, int64_t dim,
+                                  int64_t slots, float* out, int64_t out_stride) {
+  int64_t d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    __m256 low[Beams], high[Beams];
+    for (int j = 0; j < Beams; ++j) low[j] = high[j] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < slots; ++m) {
+      const __m256 v_low = _mm256_loadu_ps(values + m * dim + d);
+      const __m256 v_high = _mm256_loadu_ps(values + m * dim + d + 8);
+      for (int j = 0; j < Beams; ++j) {
+        const __m256 w = _mm256_set1_ps(e[j * slots + m]);
+        low[j] = _mm256_fmadd_ps(w, v_low, low[j]);
+        high[j] = _mm256_fmadd_ps(w, v_high, high[j]);
+      }
+    }
+    for (int j = 0; j < Beams; ++j) {
+      const __m256 scale = _mm256_set1_ps(inverse[j]);
+      _mm256_storeu_ps(out + j * out_stride + d, _mm256_mul_ps(low[j], scale));
+      _mm256_storeu_ps(out + j * out_stride + d + 8, _mm256_mul_ps(high[j], scale));
+    }
+  }
+  for (; d + 8 <= dim; d += 8) {
+    __m256 acc[Beams];
+    for (int j = 0; j < Beams; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < slots; ++m) {
+      const __m256 v = _mm256_loadu_ps(values + m * dim + d);
+      for (int j = 0; j < Beams; ++j) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(e[j * slots + m]), v, acc[j]);
+    }
+    for (int j = 0; j < Beams; ++j) _mm256_storeu_ps(out + j * out_stride + d, _mm256_mul_ps(acc[j], _mm256_set1_ps(inverse[j])));
+  }
+  for (; d < dim; ++d) {
+    for (int j = 0; j < Beams; ++j) {
+      float o = 0.f;
+      for (int64_t m = 0; m < slots; ++m) o += e[j * slots + m] * values[m * dim + d];
+      out[j * out_stride + d] = o * inverse[j];
+    }
+  }
+}
+
+template <int Beams>
+MEMORY_STEP_AVX2 void attend_beams_avx2(const float* q, int64_t q_stride, const float* kt, int64_t key_stride,
+                                        const float* values, int64_t dim, int64_t slots, const float* bias, float* e, float* inverse,
+                                        float* out, int64_t out_stride) {
+  scores_avx2<Beams>(q, q_stride, kt, key_stride, dim, slots, bias, e);
+  for (int j = 0; j < Beams; ++j) inverse[j] = exponentials_avx2(e + j * slots, slots);
+  values_avx2<Beams>(e, inverse, values, dim, slots, out, out_stride);
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+bool has_avx2() { return false; }
+#endif
+
+// One group over its first ``slots`` slots (keys_t's rows ``key_stride`` apart): ``e`` (beams, slots) scratch, left holding the rows' exponentials, ``inverse`` (beams)
+// their normalisers (weights = e * inverse); out rows out_stride apart.
+void attend_group(const float* q, int64_t q_stride, int64_t beams, const float* kt, int64_t key_stride,
+                  const float* values, int64_t dim, int64_t slots, const float* bias, float* e, float* inverse, float* out, int64_t out_stride) {
+#if defined(__x86_64__)
+  if (has_avx2()) {
+    for (int64_t b = 0; b < beams; b += 4) {  // up to four beams at a time share each key and value load
+      const float* qb = q + b * q_stride;
+      float* eb = e + b * slots;
+      float* ob = out + b * out_stride;
+      switch (std::min<int64_t>(4, beams - b)) {
+        case 4: attend_beams_avx2<4>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
+        case 3: attend_beams_avx2<3>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
+        case 2: attend_beams_avx2<2>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
+        default: attend_beams_avx2<1>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
+      }
+    }
+    return;
+  }
+#endif
+  scores_portable(q, q_stride, beams, kt, key_stride, dim, slots, bias, e);
+  for (int64_t b = 0; b < beams; ++b) inverse[b] = exponentials_portable(e + b * slots, slots);
+  values_portable(e, inverse, beams, values, dim, slots, out, out_stride);
+}
+
+inline float log_sigmoid(float z) {
+  return z < 0.f ? z - std::log1p(std::exp(z)) : -std::log1p(std::exp(-z));
+}
+
+inline float log_add_exp(float a, float b) {
+  if (a == -kInf) return b;
+  if (b == -kInf) return a;
+  const float top = std::max(a, b);
+  return top + std::log1p(std::exp(-std::fabs(a - b)));
+}
+
+}  // namespace
+
+// x (rows, C) with rows = sentences x beams (a sentence's beams adjacent); keys_t (sentences x heads,
+// head_dim, slots), values (sentences x heads, slots, head_dim), bias (sentences x heads, slots) of 0 and
+// -inf (padding), the same for a sentence's heads, or an empty tensor. Returns (x + g * o (rows, C), head-averaged weights (rows, slots),
+// empty unless keep_weights).
+std::vector<torch::Tensor> read_step(torch::Tensor x, torch::Tensor norm_weight, torch::Tensor norm_bias, double eps,
+                                     torch::Tensor q_weight, c10::optional<torch::Tensor> q_bias, double scaling,
+                                     torch::Tensor keys_t, torch::Tensor values, torch::Tensor bias,
+                                     torch::Tensor out_weight, c10::optional<torch::Tensor> out_bias,
+                                     torch::Tensor gate_weight, torch::Tensor gate_bias, int64_t heads,
+                                     bool keep_weights) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "read_step: x (rows, C) float32");
+  TORCH_CHECK(keys_t.dim() == 3 && values.dim() == 3 && keys_t.is_contiguous() && values.is_contiguous(),
+              "read_step: contiguous keys_t (groups, D, M) and values (groups, M, D)");
+  const int64_t rows = x.size(0), channels = x.size(1);
+  const int64_t groups = keys_t.size(0), head_dim = keys_t.size(1), slots = keys_t.size(2);
+  TORCH_CHECK(groups % heads == 0 && heads * head_dim == channels, "read_step: keys do not match the heads");
+  const int64_t sentences = groups / heads;
+  TORCH_CHECK(sentences > 0 && rows % sentences == 0, "read_step: rows are not a whole number of beams per sentence");
+  const int64_t beams = rows / sentences;
+  const bool has_bias = bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.is_contiguous() && bias.numel() == groups * slots), "read_step: bias (groups, M)");
+
+  const torch::Tensor h = at::layer_norm(x, {channels}, norm_weight, norm_bias, eps);
+  const torch::Tensor q = at::linear(h, q_weight, q_bias).mul_(scaling).contiguous();
+  torch::Tensor attended = torch::empty({rows, channels}, x.options());
+  torch::Tensor averaged = keep_weights ? torch::zeros({rows, slots}, x.options()) : torch::empty({0}, x.options());
+
+  const float* q_data = q.data_ptr<float>();
+  const float* k_data = keys_t.data_ptr<float>();
+  const float* v_data = values.data_ptr<float>();
+  const float* bias_data = has_bias ? bias.data_ptr<float>() : nullptr;
+  float* out_data = attended.data_ptr<float>();
+  float* avg_data = keep_weights ? averaged.data_ptr<float>() : nullptr;
+  const float inverse_heads = 1.f / static_cast<float>(heads);
+  // a sentence's heads write the same averaged rows: parallel over sentences only
+  at::parallel_for(0, sentences, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> e(beams * slots), inverse(beams);
+    for (int64_t s = begin; s < end; ++s) {
+      // the sentence's trailing padding slots (weight 0) are not read
+      int64_t used = slots;
+      if (has_bias) {
+        const float* sentence_bias = bias_data + s * heads * slots;
+        while (used > 0 && sentence_bias[used - 1] == -kInf) --used;
+      }
+      for (int64_t head = 0; head < heads; ++head) {
+        const int64_t g = s * heads + head;
+        const float* q_rows = q_data + s * beams * channels + head * head_dim;
+        attend_group(q_rows, channels, beams, k_data + g * head_dim * slots, slots, v_data + g * slots * head_dim,
+                     head_dim, used, has_bias ? bias_data + g * slots : nullptr, e.data(), inverse.data(),
+                     out_data + s * beams * channels + head * head_dim, channels);
+        if (avg_data != nullptr) {  // the mean over heads of the weights e * inverse
+          for (int64_t b = 0; b < beams; ++b) {
+            float* avg = avg_data + (s * beams + b) * slots;
+            const float* w = e.data() + b * used;
+            const float scale = inverse[b] * inverse_heads;
+            for (int64_t m = 0; m < used; ++m) avg[m] += w[m] * scale;
+          }
+        }
+      }
+    }
+  });
+
+  const torch::Tensor o = at::linear(attended, out_weight, out_bias).contiguous();
+  // g = sigmoid(w . [h; o] + b) per row; x + g * o
+  torch::Tensor result = torch::empty_like(x);
+  const torch::Tensor hc = h.contiguous(), xc = x.contiguous();
+  const torch::Tensor gw = gate_weight.reshape({-1}).contiguous();
+  TORCH_CHECK(gw.numel() == 2 * channels, "read_step: gate weight (1, 2C)");
+  const float* h_data = hc.data_ptr<float>();
+  const float* o_data = o.data_ptr<float>();
+  const float* x_data = xc.data_ptr<float>();
+  const float* gw_data = gw.data_ptr<float>();
+  const float gb = gate_bias.item<float>();
+  float* r_data = result.data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* hr = h_data + row * channels;
+    const float* orow = o_data + row * channels;
+    float z = gb;
+    for (int64_t c = 0; c < channels; ++c) z += gw_data[c] * hr[c];
+    for (int64_t c = 0; c < channels; ++c) z += gw_data[channels + c] * orow[c];
+    const float gate = 1.f / (1.f + std::exp(-z));
+    const float* xr = x_data + row * channels;
+    float* rr = r_data + row * channels;
+    for (int64_t c = 0; c < channels; ++c) rr[c] = xr[c] + gate * orow[c];
+  }
+  return {result, averaged};
+}
+
+// lprobs (rows, V) float32 log_softmax of the step's logits, corrected in place; weights (rows, M) the
+// last reader's head-averaged weights; columns (sentences, M): each copyable slot's first slot holding
+// its token (M: never copied); column_tokens (sentences, M): the token of each such first slot;
+// gate_logit (rows) the copy gate's logit z (c = sigmoid(z)). Returns the rows that copy.
+int64_t copy_step(torch::Tensor lprobs, torch::Tensor weights, torch::Tensor columns, torch::Tensor column_tokens,
+                  torch::Tensor gate_logit) {
+  TORCH_CHECK(lprobs.dim() == 2 && lprobs.is_contiguous() && lprobs.scalar_type() == torch::kFloat,
+              "copy_step: lprobs (rows, V) contiguous float32");
+  const int64_t rows = lprobs.size(0), vocab = lprobs.size(1);
+  const int64_t sentences = columns.size(0), slots = columns.size(1);
+  TORCH_CHECK(sentences > 0 && rows % sentences == 0 && weights.size(0) == rows && weights.size(1) == slots,
+              "copy_step: weights (rows, M) for whole sentences' beams");
+  const int64_t beams = rows / sentences;
+  const torch::Tensor w = weights.contiguous(), cols = columns.contiguous(), toks = column_tokens.contiguous();
+  const torch::Tensor z = gate_logit.reshape({-1}).contiguous();
+  const float* w_data = w.data_ptr<float>();
+  const int64_t* col_data = cols.data_ptr<int64_t>();
+  const int64_t* tok_data = toks.data_ptr<int64_t>();
+  const float* z_data = z.data_ptr<float>();
+  float* lp_data = lprobs.data_ptr<float>();
+  int64_t copying = 0;
+  std::vector<float> mass(slots + 1);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t s = row / beams;
+    const int64_t* col = col_data + s * slots;
+    const float* wr = w_data + row * slots;
+    std::fill(mass.begin(), mass.end(), 0.f);
+    for (int64_t m = 0; m < slots; ++m) mass[col[m]] += wr[m];
+    float total = 0.f;
+    for (int64_t m = 0; m < slots; ++m) total += mass[m];
+    if (!(total > 0.f)) continue;  // reads nothing copyable: the model's distribution as it is
+    ++copying;
+    float* lp = lp_data + row * vocab;
+    const float log_stay = log_sigmoid(-z_data[row]);
+    for (int64_t y = 0; y < vocab; ++y) lp[y] += log_stay;
+    const float log_copy = log_sigmoid(z_data[row]) - std::log(total);
+    // c * mass / total added to the token's probability in linear space: two calls (exp, log) a
+    // token instead of three; where the share is not a normal float, in log space as the reference
+    const float copy_scale = std::exp(log_copy);
+    const int64_t* tok = tok_data + s * slots;
+    for (int64_t m = 0; m < slots; ++m) {
+      if (!(mass[m] > 0.f)) continue;
+      const float share = copy_scale * mass[m];
+      float& y = lp[tok[m]];
+      y = share >= kSmallestShare ? std::log(std::exp(y) + share) : log_add_exp(y, std::log(mass[m]) + log_copy);
+    }
+  }
+  return copying;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("read_step", &read_step, "a softmax memory reader's cached decoding step with its gate (CPU)");
+  m.def("copy_step", &copy_step, "the copy distribution's correction of one step's log-probabilities in place (CPU)");
+}
