@@ -1,7 +1,7 @@
 """The C++ memory-attention step (reluformer_mt/memory/csrc/memory_step.cpp) equals the PyTorch
 reader step and copy step it replaces, up to float rounding, at the demo's sizes (C 64, 4 heads,
 146 memory slots, 4 beams) and at the edges: padding, a sentence whose memory is all padding, a
-row that reads nothing copyable."""
+row that reads nothing copyable; and the retrieval's dense scores equal scipy's."""
 import types
 
 import pytest
@@ -10,6 +10,8 @@ import torch
 from reluformer_mt.attention import AttentionConfig
 from reluformer_mt.memory import fused, tm_attention
 from reluformer_mt.memory.tm_attention import MemoryReader, copy_probabilities, sentence_copy_table
+
+from helpers import DOCMT, needs_shared_data
 
 pytestmark = pytest.mark.skipif(fused.KERNEL.load() is None, reason="C++ kernel not buildable here")
 
@@ -146,3 +148,53 @@ def test_the_decoder_takes_both_kernels(counted_kernel):
             results.append(tm_attention.copy_probabilities(logits, copy, log_probs=True))
     assert counted_kernel["read_step"] == 1 and counted_kernel["copy_step"] == 1
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
+
+
+def test_reader_reorders_its_cache_as_fairseq_does():
+    """When sentences finish, the reader reorders its cache itself (keeping the keys' transposed
+    layout): the same entries as fairseq's reorder, and the same next step."""
+    import copy
+
+    g = torch.Generator().manual_seed(4)
+    module = reader(g, True)
+    memory, padding = padded_memory(g)
+    x = torch.randn(3, SENTENCES * BEAMS, C, generator=g)
+    state = {}
+    with torch.no_grad():
+        module(x[:1], memory, padding, incremental_state=state)
+        module(x[1:2], None, None, incremental_state=state)  # lays the keys out transposed
+    fairseqs = copy.deepcopy(state)
+    kept = torch.tensor([0, 2, 3])  # sentences 1 and 4 finished; a kept sentence's beams reordered
+    new_order = torch.cat([s * BEAMS + torch.tensor([2, 0, 1, 3]) for s in kept])
+    module.reorder_incremental_state(state, new_order)
+    module.attn.reorder_incremental_state(state, new_order)  # fairseq then visits the attention
+    type(module.attn).reorder_incremental_state(module.attn, fairseqs, new_order)  # fairseq's alone
+    ours, theirs = module.attn._get_input_buffer(state), module.attn._get_input_buffer(fairseqs)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+    assert ours["prev_key"].transpose(-1, -2).is_contiguous()  # no copy back at the next step
+    rows = x[2:3, :len(new_order)]
+    with torch.no_grad():
+        torch.testing.assert_close(module(rows, None, None, incremental_state=state),
+                                   module(rows, None, None, incremental_state=fairseqs), rtol=0, atol=0)
+
+
+@needs_shared_data
+@pytest.mark.parametrize("weighting,units", [("bm25", "chars"), ("tfidf", "words")])
+def test_kernel_retrieval_scores_equal_scipys(weighting, units, monkeypatch):
+    """The retrieval's dense scores (sparse_scores.SparseSpace.scores) from the C++ loop equal
+    scipy's sparse product bit for bit, on 3,000 real sentences and 200 real queries."""
+    import numpy as np
+
+    from reluformer_mt.memory.sparse_scores import SparseSpace
+
+    lines = (DOCMT / "IWSLT2017" / "concatenated_en2de_dev_en.txt").read_text(encoding="utf-8").splitlines()
+    sentences = [s for line in lines for s in line.split(" </s> ")][:3200]
+    space = SparseSpace(weighting, units).fit(sentences[:3000])
+    queries = space.queries(sentences[3000:3200])
+    ours = space.scores(queries)
+    monkeypatch.setattr(fused, "sparse_scores", lambda *a: None)
+    theirs = space.scores(queries)
+    assert ours.shape == theirs.shape == (200, 3000) and ours.dtype == theirs.dtype == np.float32
+    assert np.array_equal(ours, theirs) and (ours > 0).sum() > 10_000

@@ -18,8 +18,8 @@ from torch import Tensor
 from reluformer_mt.attention.extension import LazyExtension
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "memory_step.cpp"
-KERNEL = LazyExtension("reluformer_memory_step", SOURCE, "memory-attention step kernel",
-                       "the PyTorch reader and copy step")
+KERNEL = LazyExtension("reluformer_memory_step", SOURCE, "translation-memory step kernel",
+                       "the PyTorch reader and copy step, scipy's sparse product")
 
 
 def available(*tensors: Tensor) -> bool:
@@ -56,3 +56,21 @@ def copy_step(lprobs: Tensor, weights: Tensor, columns: Tensor, column_tokens: T
     copy table (``columns``, ``column_tokens``) and the gate's logit (rows). Returns the number of
     rows that copy."""
     return KERNEL.load().copy_step(lprobs, weights.float(), columns, column_tokens, gate_logit.float())
+
+
+def sparse_scores(queries, entries):
+    """``(queries @ entries).toarray()`` of two float32 scipy CSR matrices (queries, units) and
+    (units, entries) as a numpy array, summed in scipy's order; None where the kernel cannot serve
+    them (then scipy's product is the fallback)."""
+    import numpy as np
+
+    kernel = KERNEL.load()
+    if kernel is None or queries.dtype != np.float32 or entries.dtype != np.float32:
+        return None
+    if entries.indices.dtype not in (np.int32, np.int64):
+        return None
+    as_tensor = lambda array, dtype: torch.from_numpy(np.ascontiguousarray(array, dtype=dtype))
+    return kernel.sparse_scores(as_tensor(queries.indptr, np.int64), as_tensor(queries.indices, entries.indices.dtype),
+                                torch.from_numpy(queries.data), as_tensor(entries.indptr, np.int64),
+                                torch.from_numpy(entries.indices), torch.from_numpy(entries.data),
+                                int(entries.shape[1])).numpy()

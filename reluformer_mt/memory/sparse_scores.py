@@ -112,10 +112,19 @@ class SparseSpace:
     def _known_ids(self, texts: Sequence[str]):
         """(the ids of the texts' units in the vocabulary, one text after another; their number per text)."""
         ids, lengths = array("i"), np.zeros(len(texts), dtype=np.int64)
+        vocabulary, units_of = self.vocabulary, WORD_UNITS.get(self.units)
+        words = {}  # word and character units: each distinct word analysed once per call (words recur)
         for i, text in enumerate(texts):
-            found = [self.vocabulary[unit] for unit in self.analyze(text) if unit in self.vocabulary]
-            ids.extend(found)
-            lengths[i] = len(found)
+            before = len(ids)
+            if units_of is None:
+                ids.extend([vocabulary[unit] for unit in self.analyze(text) if unit in vocabulary])
+            else:
+                for word in text.lower().split():
+                    found = words.get(word)
+                    if found is None:
+                        found = words[word] = array("i", [vocabulary[unit] for unit in units_of(word) if unit in vocabulary])
+                    ids.extend(found)
+            lengths[i] = len(ids) - before
         return np.frombuffer(ids, dtype=np.int32) if len(ids) else np.zeros(0, np.int32), lengths
 
     def _count_units(self, sentences: Sequence[str], words: Optional[dict]):
@@ -191,6 +200,14 @@ class SparseSpace:
         tf.data = tf.data * (BM25_K1 + 1) / (tf.data + np.repeat(norm, np.diff(tf.indptr)))
         return tf.multiply(self.idf).tocsr().astype(np.float32)
 
+    def scores(self, queries) -> np.ndarray:
+        """(queries, entries) dense scores of a query matrix: the C++ loop (memory/fused.py), which
+        sums as scipy does without building scipy's sparse result, else scipy's product."""
+        from reluformer_mt.memory import fused
+
+        dense = fused.sparse_scores(queries, self.matrix_t)
+        return (queries @ self.matrix_t).toarray() if dense is None else dense
+
     def top(self, texts: Sequence[str], n: int, exclude: Optional[Sequence[int]] = None
             ) -> Tuple[np.ndarray, np.ndarray]:
         """(ids, scores) of each query's ``n`` best entries, best first (ties: the lower id);
@@ -203,7 +220,7 @@ class SparseSpace:
             return ids, scores
         chunk = max(1, min(QUERY_CHUNK, SCORE_CELLS // entries))
         for start in range(0, len(texts), chunk):
-            dense = (self.queries(list(texts[start:start + chunk])) @ self.matrix_t).toarray()
+            dense = self.scores(self.queries(list(texts[start:start + chunk])))
             if exclude is not None:
                 dense[np.arange(len(dense)), np.asarray(exclude[start:start + len(dense)])] = -1.0
             best = np.argpartition(-dense, n - 1, axis=1)[:, :n] if n < entries else np.tile(np.arange(entries),

@@ -200,6 +200,27 @@ class MemoryReader(nn.Module):
         self._laid_out = (k, laid_out)
         return laid_out
 
+    def reorder_incremental_state(self, incremental_state, new_order):
+        """fairseq's reorder of this reader's cache when sentences finish (each remaining sentence's
+        first beam picks its row), done before the attention's own (fairseq visits a module before
+        its children, and the attention then finds its cache reordered) so that the keys keep their
+        transposed layout (:meth:`_step_keys`): fairseq's index_select wrote them in the standard
+        one, which the next step copied back."""
+        attn = self.attn
+        saved = attn._get_input_buffer(incremental_state)
+        keys = saved.get("prev_key")
+        if keys is None or attn.beam_size <= 1 or keys.size(0) * attn.beam_size == new_order.size(0):
+            return  # fairseq's own reorder (one row per beam) or nothing to reorder
+        sentences = new_order.reshape(-1, attn.beam_size)[:, 0] // attn.beam_size
+        for name, value in saved.items():
+            if value is None:
+                continue
+            if name == "prev_key" and value.transpose(-1, -2).is_contiguous():
+                saved[name] = value.transpose(-1, -2).index_select(0, sentences).transpose(-1, -2)
+            else:
+                saved[name] = value.index_select(0, sentences)
+        attn._set_input_buffer(incremental_state, saved)
+
     def _attend(self, h, memory, memory_padding, query_padding, incremental_state):
         empty = self._empty_rows(memory_padding, incremental_state, h.size(1))
         padding = memory_padding

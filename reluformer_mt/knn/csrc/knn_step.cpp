@@ -12,6 +12,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "../../attention/csrc/cpu_math.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -27,14 +29,24 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 }  // namespace
 
 // p[g][j] = q_g . key_j for up to kGroup queries of one unit at once: each key row is loaded once
-// for the group (the beams of a sentence read the same unit), the j loop is vectorised, and the
-// AVX2/FMA clone is picked at load time where the CPU has it (the default one elsewhere).
+// for the group (the beams of a sentence read the same unit). Where the CPU has AVX2/FMA the
+// products stay in registers across the key dimension (cpu_math.h); elsewhere the j loop is
+// vectorised by the compiler.
 constexpr int kGroup = 4;
 constexpr int64_t kInsertionUpTo = 32;  // up to this many neighbours a row keeps a sorted list, beyond it selects
 
-__attribute__((target_clones("arch=haswell", "default")))
 void group_products(const float* const* q, int groups, const float* kt, int64_t dim, int64_t n, int64_t m,
                     float* const* p) {
+#if defined(__x86_64__)
+  if (reluformer::has_avx2()) {
+    switch (groups) {
+      case 4: reluformer::row_products_avx2<4>(q, kt, n, dim, m, nullptr, p); return;
+      case 3: reluformer::row_products_avx2<3>(q, kt, n, dim, m, nullptr, p); return;
+      case 2: reluformer::row_products_avx2<2>(q, kt, n, dim, m, nullptr, p); return;
+      default: reluformer::row_products_avx2<1>(q, kt, n, dim, m, nullptr, p); return;
+    }
+  }
+#endif
   for (int g = 0; g < groups; ++g) std::fill(p[g], p[g] + m, 0.f);
   if (groups == kGroup) {
     float* p0 = p[0];
@@ -340,10 +352,10 @@ std::vector<int64_t> mix_readout(torch::Tensor lprobs, torch::Tensor rows, torch
         float nearest = kInf;
         for (int64_t j = 0; j < k; ++j) nearest = std::min(nearest, d[j]);
         if (std::isfinite(nearest)) {
-          for (int64_t j = 0; j < k; ++j) {
-            w[j] = std::isfinite(d[j]) ? std::exp((nearest - d[j]) / static_cast<float>(temperature)) : 0.f;
-            total += w[j];
-          }
+          const float inverse_temperature = 1.f / static_cast<float>(temperature);
+          for (int64_t j = 0; j < k; ++j) w[j] = std::isfinite(d[j]) ? (nearest - d[j]) * inverse_temperature : -kInf;
+          reluformer::exp_nonpositive_inplace(w.data(), k);  // the exponentials in vector lanes
+          for (int64_t j = 0; j < k; ++j) total += w[j];
           mass = 1.f;
         } else {
           std::fill(w.begin(), w.end(), 0.f);

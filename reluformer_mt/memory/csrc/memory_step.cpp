@@ -5,15 +5,14 @@
 //     that the copy distribution reads;
 //   * copy_step: the copy distribution's correction of one step's log-probabilities in place: the
 //     share of each distinct copyable memory token in the row's weights, mixed in by log-add-exp,
-//     and log(1 - c) added to every other token.
+//     and log(1 - c) added to every other token;
+//   * sparse_scores: the retrieval's dense scores of a batch of queries against every memory entry.
 // The PyTorch code they replace (MemoryReader._reference_step, _log_copy_step's reference) stays
 // the reference and the fallback; tests/test_memory_fused.py compares the two.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "../../attention/csrc/cpu_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,30 +23,15 @@
 
 namespace {
 
+using reluformer::exp_nonpositive;
+using reluformer::has_avx2;
+#if defined(__x86_64__)
+using reluformer::exp_nonpositive8;
+#endif
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kSmallestShare = 1e-30f;  // below: the copy step's share is mixed in log space
 
-// exp(x) for x <= 0 in a form the compiler vectorises (libm's expf is one call per element):
-// x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite's two-part ln2), exp(r) by its degree-6 Taylor
-// polynomial (relative error below 2e-7), 2^n written into the exponent bits. Below -87.3 the
-// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway).
-inline float exp_nonpositive(float x) {
-  const float clamped = std::max(x, -87.3f);
-  // round to nearest by the 1.5 * 2^23 trick: no call, no rounding-mode dependence
-  const float n = (clamped * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.3f ? 0.f : p * scale;
-}
 
 // ---- one (sentence, head) group: its beams' scores over the slots, softmax, weighted values ----
 // Each row's exponentials e_m = exp(s_m - max) stay unnormalised: the output is sum_m e_m v_m times
@@ -102,83 +86,19 @@ void values_portable(const float* e, const float* inverse, int64_t beams, const 
 }
 
 #if defined(__x86_64__)
-#define MEMORY_STEP_AVX2 __attribute__((target("avx2,fma")))
-
-MEMORY_STEP_AVX2 inline __m256 exp_nonpositive8(__m256 x) {  // exp_nonpositive in 8 lanes
-  const __m256 floor = _mm256_set1_ps(-87.3f);
-  const __m256 clamped = _mm256_max_ps(x, floor);
-  const __m256 magic = _mm256_set1_ps(12582912.f);
-  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720.f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
-  return _mm256_and_ps(result, _mm256_cmp_ps(x, floor, _CMP_GE_OQ));  // -inf, NaN and below: 0
-}
-
-MEMORY_STEP_AVX2 inline float horizontal_max(__m256 v) {
+RELUFORMER_AVX2 inline float horizontal_max(__m256 v) {
   __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-MEMORY_STEP_AVX2 inline float horizontal_sum(__m256 v) {
+RELUFORMER_AVX2 inline float horizontal_sum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
 }
 
-// Two chunks of eight slots at a time: each broadcast query element serves both.
-template <int Beams>
-MEMORY_STEP_AVX2 void scores_avx2(const float* q, int64_t q_stride, const float* kt, int64_t key_stride, int64_t dim,
-                                  int64_t slots, const float* bias, float* scores) {
-  int64_t m = 0;
-  for (; m + 16 <= slots; m += 16) {
-    __m256 low[Beams], high[Beams];
-    const __m256 start_low = bias != nullptr ? _mm256_loadu_ps(bias + m) : _mm256_setzero_ps();
-    const __m256 start_high = bias != nullptr ? _mm256_loadu_ps(bias + m + 8) : _mm256_setzero_ps();
-    for (int j = 0; j < Beams; ++j) low[j] = start_low, high[j] = start_high;
-    for (int64_t d = 0; d < dim; ++d) {
-      const __m256 key_low = _mm256_loadu_ps(kt + d * key_stride + m);
-      const __m256 key_high = _mm256_loadu_ps(kt + d * key_stride + m + 8);
-      for (int j = 0; j < Beams; ++j) {
-        const __m256 a = _mm256_set1_ps(q[j * q_stride + d]);
-        low[j] = _mm256_fmadd_ps(a, key_low, low[j]);
-        high[j] = _mm256_fmadd_ps(a, key_high, high[j]);
-      }
-    }
-    for (int j = 0; j < Beams; ++j) {
-      _mm256_storeu_ps(scores + j * slots + m, low[j]);
-      _mm256_storeu_ps(scores + j * slots + m + 8, high[j]);
-    }
-  }
-  for (; m + 8 <= slots; m += 8) {
-    __m256 acc[Beams];
-    const __m256 start = bias != nullptr ? _mm256_loadu_ps(bias + m) : _mm256_setzero_ps();
-    for (int j = 0; j < Beams; ++j) acc[j] = start;
-    for (int64_t d = 0; d < dim; ++d) {
-      const __m256 key = _mm256_loadu_ps(kt + d * key_stride + m);
-      for (int j = 0; j < Beams; ++j) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j * q_stride + d]), key, acc[j]);
-    }
-    for (int j = 0; j < Beams; ++j) _mm256_storeu_ps(scores + j * slots + m, acc[j]);
-  }
-  for (; m < slots; ++m) {
-    for (int j = 0; j < Beams; ++j) {
-      float s = bias != nullptr ? bias[m] : 0.f;
-      for (int64_t d = 0; d < dim; ++d) s += q[j * q_stride + d] * kt[d * key_stride + m];
-      scores[j * slots + m] = s;
-    }
-  }
-}
-
-MEMORY_STEP_AVX2 float exponentials_avx2(float* s, int64_t slots) {
+RELUFORMER_AVX2 float exponentials_avx2(float* s, int64_t slots) {
   const int64_t whole = slots - slots % 8;
   __m256 top8 = _mm256_set1_ps(-kInf);
   for (int64_t m = 0; m < whole; m += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + m));
@@ -203,7 +123,7 @@ MEMORY_STEP_AVX2 float exponentials_avx2(float* s, int64_t slots) {
 // Sixteen output columns at a time where the head has them (two registers a beam): each broadcast
 // weight serves both.
 template <int Beams>
-MEMORY_STEP_AVX2 void values_avx2(const float* e, const float* inverse, const float* values, int64_t dim,
+RELUFORMER_AVX2 void values_avx2(const float* e, const float* inverse, const float* values, int64_t dim,
                                   int64_t slots, float* out, int64_t out_stride) {
   int64_t d = 0;
   for (; d + 16 <= dim; d += 16) {
@@ -243,20 +163,17 @@ MEMORY_STEP_AVX2 void values_avx2(const float* e, const float* inverse, const fl
 }
 
 template <int Beams>
-MEMORY_STEP_AVX2 void attend_beams_avx2(const float* q, int64_t q_stride, const float* kt, int64_t key_stride,
+RELUFORMER_AVX2 void attend_beams_avx2(const float* q, int64_t q_stride, const float* kt, int64_t key_stride,
                                         const float* values, int64_t dim, int64_t slots, const float* bias, float* e, float* inverse,
                                         float* out, int64_t out_stride) {
-  scores_avx2<Beams>(q, q_stride, kt, key_stride, dim, slots, bias, e);
+  const float* rows[Beams];
+  float* scores[Beams];
+  for (int j = 0; j < Beams; ++j) rows[j] = q + j * q_stride, scores[j] = e + j * slots;
+  reluformer::row_products_avx2<Beams>(rows, kt, key_stride, dim, slots, bias, scores);
   for (int j = 0; j < Beams; ++j) inverse[j] = exponentials_avx2(e + j * slots, slots);
   values_avx2<Beams>(e, inverse, values, dim, slots, out, out_stride);
 }
 
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-#else
-bool has_avx2() { return false; }
 #endif
 
 // One group over its first ``slots`` slots (keys_t's rows ``key_stride`` apart): ``e`` (beams, slots) scratch, left holding the rows' exponentials, ``inverse`` (beams)
@@ -282,6 +199,20 @@ void attend_group(const float* q, int64_t q_stride, int64_t beams, const float* 
   scores_portable(q, q_stride, beams, kt, key_stride, dim, slots, bias, e);
   for (int64_t b = 0; b < beams; ++b) inverse[b] = exponentials_portable(e + b * slots, slots);
   values_portable(e, inverse, beams, values, dim, slots, out, out_stride);
+}
+
+// a . b over n floats in eight independent sums (one sum's chain of dependent adds cost ~4 cycles a
+// float; eight lanes the compiler vectorises)
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    for (int l = 0; l < 8; ++l) lanes[l] += a[c + l] * b[c + l];
+  }
+  float sum = 0.f;
+  for (int l = 0; l < 8; ++l) sum += lanes[l];
+  for (; c < n; ++c) sum += a[c] * b[c];
+  return sum;
 }
 
 inline float log_sigmoid(float z) {
@@ -374,9 +305,7 @@ std::vector<torch::Tensor> read_step(torch::Tensor x, torch::Tensor norm_weight,
   for (int64_t row = 0; row < rows; ++row) {
     const float* hr = h_data + row * channels;
     const float* orow = o_data + row * channels;
-    float z = gb;
-    for (int64_t c = 0; c < channels; ++c) z += gw_data[c] * hr[c];
-    for (int64_t c = 0; c < channels; ++c) z += gw_data[channels + c] * orow[c];
+    const float z = gb + dot(gw_data, hr, channels) + dot(gw_data + channels, orow, channels);
     const float gate = 1.f / (1.f + std::exp(-z));
     const float* xr = x_data + row * channels;
     float* rr = r_data + row * channels;
@@ -435,7 +364,46 @@ int64_t copy_step(torch::Tensor lprobs, torch::Tensor weights, torch::Tensor col
   return copying;
 }
 
+// The dense (queries, entries) scores of a sparse retrieval space (reluformer_mt/memory/sparse_scores.py):
+// queries (n, units) times the entries' unit weights (units, entries), both CSR, summed in a dense
+// row per query in scipy's order (each query unit in turn, its entries in stored order: the same
+// float32 sums), without scipy's sparse result, which was built and then made dense.
+template <typename Index>
+void sparse_rows_times_csr(const int64_t* q_indptr, const Index* q_indices, const float* q_data, const int64_t* m_indptr,
+                           const Index* m_indices, const float* m_data, int64_t rows, int64_t entries, float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = out + i * entries;
+    for (int64_t jj = q_indptr[i]; jj < q_indptr[i + 1]; ++jj) {
+      const int64_t unit = q_indices[jj];
+      const float w = q_data[jj];
+      for (int64_t kk = m_indptr[unit]; kk < m_indptr[unit + 1]; ++kk) row[m_indices[kk]] += w * m_data[kk];
+    }
+  }
+}
+
+torch::Tensor sparse_scores(torch::Tensor q_indptr, torch::Tensor q_indices, torch::Tensor q_data, torch::Tensor m_indptr,
+                            torch::Tensor m_indices, torch::Tensor m_data, int64_t entries) {
+  TORCH_CHECK(q_indptr.scalar_type() == torch::kLong && m_indptr.scalar_type() == torch::kLong &&
+                  q_data.scalar_type() == torch::kFloat && m_data.scalar_type() == torch::kFloat &&
+                  q_indices.scalar_type() == m_indices.scalar_type(),
+              "sparse_scores: int64 index pointers, float32 data, one index type");
+  const int64_t rows = q_indptr.numel() - 1;
+  torch::Tensor out = torch::zeros({rows, entries}, q_data.options());
+  if (q_indices.scalar_type() == torch::kInt) {
+    sparse_rows_times_csr<int32_t>(q_indptr.data_ptr<int64_t>(), q_indices.data_ptr<int32_t>(), q_data.data_ptr<float>(),
+                                   m_indptr.data_ptr<int64_t>(), m_indices.data_ptr<int32_t>(), m_data.data_ptr<float>(),
+                                   rows, entries, out.data_ptr<float>());
+  } else {
+    TORCH_CHECK(q_indices.scalar_type() == torch::kLong, "sparse_scores: int32 or int64 indices");
+    sparse_rows_times_csr<int64_t>(q_indptr.data_ptr<int64_t>(), q_indices.data_ptr<int64_t>(), q_data.data_ptr<float>(),
+                                   m_indptr.data_ptr<int64_t>(), m_indices.data_ptr<int64_t>(), m_data.data_ptr<float>(),
+                                   rows, entries, out.data_ptr<float>());
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("sparse_scores", &sparse_scores, "dense scores of CSR queries against CSR entry weights (CPU)");
   m.def("read_step", &read_step, "a softmax memory reader's cached decoding step with its gate (CPU)");
   m.def("copy_step", &copy_step, "the copy distribution's correction of one step's log-probabilities in place (CPU)");
 }

@@ -1,0 +1,133 @@
+// Small CPU loops shared by the C++ kernels (memory/csrc/memory_step.cpp, knn/csrc/knn_step.cpp):
+//   * exp(x) for x <= 0, one element at a time and in eight AVX2 lanes: libm's expf is one call per
+//     element, which the compiler does not vectorise without -ffast-math, and softmax-like read-outs
+//     spent most of their time there;
+//   * the inner products of up to four query rows with keys stored transposed, the rows' products
+//     kept in registers across the key dimension (a loop that adds into memory stores every product
+//     once per dimension).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define RELUFORMER_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace reluformer {
+
+// exp(x) for x <= 0 without a libm call, so that loops of it vectorise:
+// x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite's two-part ln2), exp(r) by its degree-6 Taylor
+// polynomial (relative error below 2e-7), 2^n written into the exponent bits. Below -87.3 the
+// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway).
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.3f);
+  // round to nearest by the 1.5 * 2^23 trick: no call, no rounding-mode dependence
+  const float n = (clamped * 1.44269504088896341f + 12582912.f) - 12582912.f;
+  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.3f ? 0.f : p * scale;
+}
+
+#if defined(__x86_64__)
+RELUFORMER_AVX2 inline __m256 exp_nonpositive8(__m256 x) {  // exp_nonpositive in 8 lanes
+  const __m256 floor = _mm256_set1_ps(-87.3f);
+  const __m256 clamped = _mm256_max_ps(x, floor);
+  const __m256 magic = _mm256_set1_ps(12582912.f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720.f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+  return _mm256_and_ps(result, _mm256_cmp_ps(x, floor, _CMP_GE_OQ));  // -inf, NaN and below: 0
+}
+
+inline bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+// out[j][m] = start[m] (0 where start is null) + q_j . key_m for Rows query rows and the first
+// ``slots`` keys of ``kt`` (dim, key_stride): two chunks of eight slots at a time, so that each
+// broadcast query element serves both.
+template <int Rows>
+RELUFORMER_AVX2 void row_products_avx2(const float* const* q, const float* kt, int64_t key_stride, int64_t dim,
+                                       int64_t slots, const float* start, float* const* out) {
+  int64_t m = 0;
+  for (; m + 16 <= slots; m += 16) {
+    __m256 low[Rows], high[Rows];
+    const __m256 start_low = start != nullptr ? _mm256_loadu_ps(start + m) : _mm256_setzero_ps();
+    const __m256 start_high = start != nullptr ? _mm256_loadu_ps(start + m + 8) : _mm256_setzero_ps();
+    for (int j = 0; j < Rows; ++j) low[j] = start_low, high[j] = start_high;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m256 key_low = _mm256_loadu_ps(kt + d * key_stride + m);
+      const __m256 key_high = _mm256_loadu_ps(kt + d * key_stride + m + 8);
+      for (int j = 0; j < Rows; ++j) {
+        const __m256 a = _mm256_set1_ps(q[j][d]);
+        low[j] = _mm256_fmadd_ps(a, key_low, low[j]);
+        high[j] = _mm256_fmadd_ps(a, key_high, high[j]);
+      }
+    }
+    for (int j = 0; j < Rows; ++j) {
+      _mm256_storeu_ps(out[j] + m, low[j]);
+      _mm256_storeu_ps(out[j] + m + 8, high[j]);
+    }
+  }
+  for (; m + 8 <= slots; m += 8) {
+    __m256 acc[Rows];
+    const __m256 first = start != nullptr ? _mm256_loadu_ps(start + m) : _mm256_setzero_ps();
+    for (int j = 0; j < Rows; ++j) acc[j] = first;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m256 key = _mm256_loadu_ps(kt + d * key_stride + m);
+      for (int j = 0; j < Rows; ++j) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j][d]), key, acc[j]);
+    }
+    for (int j = 0; j < Rows; ++j) _mm256_storeu_ps(out[j] + m, acc[j]);
+  }
+  for (; m < slots; ++m) {
+    for (int j = 0; j < Rows; ++j) {
+      float sum = start != nullptr ? start[m] : 0.f;
+      for (int64_t d = 0; d < dim; ++d) sum += q[j][d] * kt[d * key_stride + m];
+      out[j][m] = sum;
+    }
+  }
+}
+
+RELUFORMER_AVX2 inline void exp_nonpositive_avx2(float* x, int64_t n) {
+  const int64_t whole = n - n % 8;
+  for (int64_t i = 0; i < whole; i += 8) _mm256_storeu_ps(x + i, exp_nonpositive8(_mm256_loadu_ps(x + i)));
+  for (int64_t i = whole; i < n; ++i) x[i] = exp_nonpositive(x[i]);
+}
+#else
+inline bool has_avx2() { return false; }
+#endif
+
+// x[i] = exp(x[i]) in place, for x[i] <= 0 (-inf and anything below -87.3 give 0).
+inline void exp_nonpositive_inplace(float* x, int64_t n) {
+#if defined(__x86_64__)
+  if (has_avx2()) {
+    exp_nonpositive_avx2(x, n);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i]);
+}
+
+}  // namespace reluformer
