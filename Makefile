@@ -10,7 +10,7 @@ $(VENV)/.installed: requirements.txt setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps -e .
-	# the C++ kernels, compiled once here rather than in the first training run (about 45 s: docs/DESIGN.md; never fails)
+	# the C++ kernels, compiled once here rather than in the first training run (about 2 minutes: docs/DESIGN.md; never fails)
 	$(PY) -m reluformer_mt.cli.build_kernels
 	touch $@
 
