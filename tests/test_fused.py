@@ -12,7 +12,7 @@ from reluformer_mt.attention import AttentionConfig, ReluformerAttention
 from reluformer_mt.attention import blocked, fused, routes
 from reluformer_mt.attention.regularisers import regularisers_from_rows
 from reluformer_mt.attention.visibility import Visibility
-from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.extension import LazyExtension
 from reluformer_mt.attention.blocked import count_visible, tiled_attention
 from helpers import route_of
 from test_blocked import assert_same, make_module, run
@@ -110,7 +110,7 @@ def test_a_stale_build_lock_is_removed(tmp_path):
     import os
     import time
 
-    from reluformer_mt.attention.extension import clear_stale_lock
+    from reluformer_mt.extension import clear_stale_lock
 
     import threading
 
@@ -204,7 +204,8 @@ def test_positive_counts_equal_count_nonzero():
 def test_build_all_reports_each_kernel_and_never_fails(monkeypatch, tmp_path, capsys):
     """``make setup`` compiles the kernels once (build_all): one line per kernel, a kernel that
     cannot be built is reported with the reason and does not fail the set-up."""
-    from reluformer_mt.attention import extension, sparse_maps
+    from reluformer_mt import extension
+    from reluformer_mt.attention import sparse_maps
     from reluformer_mt.cli import build_kernels
 
     assert fused.available()  # built already: only the broken kernel compiles, in tmp_path

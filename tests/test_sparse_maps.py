@@ -4,7 +4,7 @@ import torch
 from entmax import entmax15, sparsemax
 
 from reluformer_mt.attention import sparse_maps
-from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.extension import LazyExtension
 from reluformer_mt.attention.functions import entmax15_weights, sparsemax_weights
 
 REFERENCE = {"sparsemax": sparsemax, "entmax15": entmax15}

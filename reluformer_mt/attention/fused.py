@@ -6,7 +6,7 @@ tile is one head's ``block_q`` x ``block_k`` block, small enough to stay in cach
 and the regularisers' row sums are applied in one pass between ATen's GEMMs (forward: 2 per tile;
 backward: 5, recomputing the logits). Sources: ``csrc/relu_attention.cpp``.
 
-The extension is compiled on first use (:mod:`reluformer_mt.attention.extension`: needs a C++
+The extension is compiled on first use (:mod:`reluformer_mt.extension`: needs a C++
 compiler and ninja) and reused afterwards. If it cannot be built, :func:`load` warns once and
 returns None; callers then use the blocked PyTorch path. ``RELUFORMER_NO_FUSED=1`` disables it.
 """
@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.extension import LazyExtension
 from reluformer_mt.attention.routes import register_route
 from reluformer_mt.attention.visibility import Visibility
 

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.extension import LazyExtension
 from reluformer_mt.attention.routes import register_route
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "sparse_maps.cpp"

@@ -1,7 +1,7 @@
 """Compile every C++ kernel of the package now: ``make setup`` runs ``python -m
 reluformer_mt.cli.build_kernels`` once, so that the first training run does not spend its
 first two minutes or so compiling (docs/DESIGN.md, installation). A kernel that cannot be built is reported, never fatal: its callers fall
-back to PyTorch code (:class:`reluformer_mt.attention.extension.LazyExtension`).
+back to PyTorch code (:class:`reluformer_mt.extension.LazyExtension`).
 """
 import sys
 import time

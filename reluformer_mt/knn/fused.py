@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.extension import LazyExtension
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "knn_step.cpp"
 READOUTS = ("softmax", "relu")  # the read-outs mix_readout computes (sparsemax and entmax15: readout.py)

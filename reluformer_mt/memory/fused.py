@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from reluformer_mt.attention.extension import LazyExtension
+from reluformer_mt.extension import LazyExtension
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "memory_step.cpp"
 KERNEL = LazyExtension("reluformer_memory_step", SOURCE, "translation-memory step kernel",

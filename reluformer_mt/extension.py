@@ -3,7 +3,9 @@
 ``torch.utils.cpp_extension.load`` needs a C++ compiler and ninja; each extension is built into
 ``$TORCH_EXTENSIONS_DIR/reluformer_mt`` or ``~/.cache/reluformer_mt/torch_extensions``, per torch
 and Python version and per content of the kernel sources, and reused afterwards. Callers catch the failure and fall back to PyTorch
-code (``RELUFORMER_NO_FUSED=1`` makes every caller skip its kernel).
+code (``RELUFORMER_NO_FUSED=1`` makes every caller skip its kernel). A module of the package's top
+level, importing nothing of it: the retrieval (``memory/sparse_scores.py``) loads its kernel without
+the attention package (fairseq, ~200 MB).
 """
 import os
 import sys
@@ -31,7 +33,7 @@ def sources_digest() -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
+    package = Path(__file__).resolve().parent
     for source in sorted(package.glob("*/csrc/*")):
         if source.is_file():
             digest.update(str(source.relative_to(package)).encode() + b"\0" + source.read_bytes())
@@ -63,14 +65,35 @@ def clear_stale_lock(directory: Path, max_age: float = STALE_LOCK_SECONDS, poll:
 
 
 def compile_cpp(name: str, source: Path, verbose: bool = False):
-    """The module built from one C++ source (raises whatever the build raises)."""
+    """The module built from one C++ source (raises whatever the build raises). A build of these
+    very sources (the directory is per sources' digest) is imported as it is: torch's loader runs
+    ninja to check it, and its peak added ~170 MB to a process that only retrieves from a memory."""
+    directory = build_directory()
+    built = directory / f"{name}.so"
+    if built.is_file() and not (directory / "lock").exists():  # no build under way beside this one
+        try:
+            return import_built(name, built)
+        except ImportError:  # a damaged file (a build killed while linking): built again below
+            pass
     from torch.utils import cpp_extension
 
-    directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     clear_stale_lock(directory)
     return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(directory),
                               extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
+
+
+def import_built(name: str, path: Path):
+    """The extension module ``name`` from its built shared library (torch is imported: the library
+    links against it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class LazyExtension:
