@@ -9,7 +9,7 @@ PACKAGE = REPO / "reluformer_mt"
 # lowest first; a unit is a subpackage or a module of the package root ("" is the root __init__),
 # or one of NESTED_UNITS
 LAYERS = [
-    {"console", "families"},  # progress lines on standard error; the families' attention options: import nothing of the package
+    {"console", "families", "extension"},  # progress lines on standard error; the families' attention options; the C++ kernels' loader: import nothing of the package
     {"fairseq_compat", "data", "attention", "cpu_memory"},
     {"memory"},
     {"models", "criteria", "checkpoints"},
