@@ -198,3 +198,20 @@ def test_kernel_retrieval_scores_equal_scipys(weighting, units, monkeypatch):
     theirs = space.scores(queries)
     assert ours.shape == theirs.shape == (200, 3000) and ours.dtype == theirs.dtype == np.float32
     assert np.array_equal(ours, theirs) and (ours > 0).sum() > 10_000
+
+
+def test_the_portable_loops_equal_the_reference_too():
+    """The kernels' loops for CPUs without AVX2 (RELUFORMER_NO_AVX2=1 picks them here): the same
+    kernel-against-reference tests, in a process of their own (the choice is made once a process)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                          "tests/test_memory_fused.py", "tests/test_knn_fused.py", "-k", "kernel and not portable"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "RELUFORMER_NO_AVX2": "1", "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
