@@ -1,7 +1,8 @@
 """The C++ memory-attention step (reluformer_mt/memory/csrc/memory_step.cpp) equals the PyTorch
 reader step and copy step it replaces, up to float rounding, at the demo's sizes (C 64, 4 heads,
 146 memory slots, 4 beams) and at the edges: padding, a sentence whose memory is all padding, a
-row that reads nothing copyable; and the retrieval's dense scores equal scipy's."""
+row that reads nothing copyable; with its keys and values kept in float16 it equals the reference
+over keys and values rounded to float16; and the retrieval's dense scores equal scipy's."""
 import types
 
 import pytest
@@ -41,7 +42,7 @@ def padded_memory(generator):
     return memory.repeat_interleave(BEAMS, 1), padding.repeat_interleave(BEAMS, 0)
 
 
-def reader(generator, keep_weights: bool):
+def reader(generator, keep_weights: bool, cache=torch.float32):
     dims = types.SimpleNamespace(embed_dim=C)
     cfg = types.SimpleNamespace(decoder=dims, encoder=dims, attention_dropout=0.0, dropout=0.0)
     module = MemoryReader(cfg, AttentionConfig(fn="softmax"), HEADS).eval()
@@ -49,15 +50,22 @@ def reader(generator, keep_weights: bool):
         for parameter in module.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
     module.keep_weights = keep_weights
+    module.step_cache_dtype = cache
     module.attn.set_beam_size(BEAMS)
     return module
 
 
-def decode(module, x, memory, padding):
-    """The first step (fairseq's forward, caches the keys) and the cached steps after it."""
+def decode(module, x, memory, padding, round_cache=None):
+    """The first step (fairseq's forward, caches the keys) and the cached steps after it;
+    ``round_cache``: the cached keys and values rounded to that dtype (and back) after the first."""
     state, outputs, weights = {}, [], []
     with torch.no_grad():
         outputs.append(module(x[:1], memory, padding, incremental_state=state))
+        if round_cache is not None:
+            saved = module.attn._get_input_buffer(state)
+            for name in ("prev_key", "prev_value"):
+                saved[name] = saved[name].to(round_cache).float()
+            module.attn._set_input_buffer(state, saved)
         for t in range(1, x.size(0)):
             outputs.append(module(x[t:t + 1], None, None, incremental_state=state))
             weights.append(module.weights)
@@ -84,6 +92,30 @@ def test_kernel_reader_step_equals_the_reference(keep_weights, counted_kernel):
         torch.testing.assert_close(w, e, rtol=1e-5, atol=1e-6)
         assert w[BEAMS:2 * BEAMS].abs().sum() == 0  # the sentence without matches reads nothing
         torch.testing.assert_close(w[:BEAMS].sum(-1), torch.ones(BEAMS, 1))
+
+
+@pytest.mark.parametrize("keep_weights", [True, False])
+def test_kernel_reader_step_over_a_float16_cache(keep_weights, counted_kernel):
+    """--memory-cache float16 (the default): the kernel reads keys and values rounded to float16 and
+    computes in float32, so it equals the reference over the same rounded keys and values, and
+    differs from the float32 cache by that rounding only."""
+    g = torch.Generator().manual_seed(5)
+    module = reader(g, keep_weights, cache=torch.float16)
+    memory, padding = padded_memory(g)
+    x = torch.randn(4, SENTENCES * BEAMS, C, generator=g) * 2
+    out, weights = decode(module, x, memory, padding)
+    assert counted_kernel["read_step"] == 3
+    assert module._laid_out[1][0].dtype == module._laid_out[1][1].dtype == torch.float16
+    counted_kernel["off"] = True
+    expected, expected_weights = decode(module, x, memory, padding, round_cache=torch.float16)
+    exact, _ = decode(module, x, memory, padding)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for w, e in zip(weights, expected_weights):
+        assert (w is None) == (e is None) == (not keep_weights)
+        if keep_weights:
+            torch.testing.assert_close(w, e, rtol=1e-5, atol=1e-6)
+    difference = (out - exact).abs().max().item()
+    assert 0 < difference < 1e-3 * exact.abs().max().item()  # the rounding shows, and is small
 
 
 def test_kernel_reader_step_without_padding(counted_kernel):
@@ -200,9 +232,11 @@ def test_kernel_retrieval_scores_equal_scipys(weighting, units, monkeypatch):
     assert np.array_equal(ours, theirs) and (ours > 0).sum() > 10_000
 
 
-def test_the_portable_loops_equal_the_reference_too():
-    """The kernels' loops for CPUs without AVX2 (RELUFORMER_NO_AVX2=1 picks them here): the same
-    kernel-against-reference tests, in a process of their own (the choice is made once a process)."""
+@pytest.mark.parametrize("switch", ["RELUFORMER_NO_AVX2", "RELUFORMER_NO_AVX512"])
+def test_the_portable_loops_equal_the_reference_too(switch):
+    """The kernels' loops for CPUs without AVX2 (RELUFORMER_NO_AVX2=1 picks them here) and the AVX2
+    loops on a CPU with AVX-512 (RELUFORMER_NO_AVX512=1): the same kernel-against-reference tests, in
+    a process of their own (the choice is made once a process)."""
     import os
     import subprocess
     import sys
@@ -212,6 +246,15 @@ def test_the_portable_loops_equal_the_reference_too():
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                           "tests/test_memory_fused.py", "tests/test_knn_fused.py", "-k", "kernel and not portable"],
                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "RELUFORMER_NO_AVX2": "1", "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, switch: "1", "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+def test_the_memory_cache_option_is_checked():
+    from reluformer_mt.inference.guidance import TranslationError
+    from reluformer_mt.inference.options import DecodingOptions
+
+    assert DecodingOptions().memory_cache == "float16" and MemoryReader.step_cache_dtype == torch.float16
+    with pytest.raises(TranslationError, match="--memory-cache bfloat16: expected one of float16, float32"):
+        DecodingOptions(memory_cache="bfloat16")

@@ -481,9 +481,11 @@ def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data
     states, gathered in the beams' order (fairseq's decoding without incremental state). Two
     decoder layers (two readers), the copy distribution on; softmax readers run fairseq's
     attention at the first step and their direct step over the cached keys after it, ReLU readers
-    our own; the copy reads each sentence's table of its memory after the first step."""
+    our own; the copy reads each sentence's table of its memory after the first step. With the
+    float32 cache (--memory-cache float32); the float16 one, the default, gives the scores up to its
+    rounding."""
     from reluformer_mt.inference import DocumentTranslator
-    from reluformer_mt.memory import tm_attention
+    from reluformer_mt.memory import fused, tm_attention
     from reluformer_mt.memory.tm_attention import MemoryReader
 
     save = tmp_path / "ckpt"
@@ -493,7 +495,8 @@ def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data
                           "--tm-fusion", "attention", "--tm-k", "2", "--tm-attn-fn", reader_fn, "--save-dir", save])
     test = read_prepared(memory_data, "test")
     documents = [test.sources[:6], test.sources[6:9], test.sources[9:10]]
-    translator = DocumentTranslator(save / "checkpoint_last.pt", beam=3, max_len_a=0.5, max_len_b=4)
+    translator = DocumentTranslator(save / "checkpoint_last.pt", beam=3, max_len_a=0.5, max_len_b=4,
+                                    memory_cache="float32")
     assert [layer.tm_reader.attn.fn for layer in translator.model.decoder.layers] == [reader_fn] * 2
     direct = {"reader steps": 0, "copy steps": 0}  # the cached paths ran: softmax readers' direct step, the copy table
 
@@ -507,6 +510,16 @@ def test_memory_attention_decodes_the_same_with_the_cache(reader_fn, memory_data
     monkeypatch.setattr(tm_attention, "_log_copy_step", counting("copy steps", tm_attention._log_copy_step))
     cached = translator.translate(documents, scores=True)
     assert direct["copy steps"] > 0 and (direct["reader steps"] > 0) == (reader_fn == "softmax"), direct
+    half = DocumentTranslator(save / "checkpoint_last.pt", beam=3, max_len_a=0.5, max_len_b=4)  # float16, the default
+    half_results = half.translate(documents, scores=True)
+    for kept, reader in ((torch.float32, translator.model.decoder.layers[0].tm_reader),
+                         (torch.float16, half.model.decoder.layers[0].tm_reader)):
+        assert reader.step_cache_dtype == kept
+        if reader_fn == "softmax" and fused.available(torch.zeros(1)):  # the kernel read the cache in that precision
+            assert reader._laid_out[1][0].dtype == kept
+    pairs = [(a, b) for d, e in zip(cached, half_results) for a, b in zip(d, e)]
+    assert sum(a.text == b.text for a, b in pairs) >= 0.8 * len(pairs)
+    assert all(abs(a.score - b.score) < 1e-2 for a, b in pairs if a.text == b.text)
     lengths = []
     original = translator.generate
 

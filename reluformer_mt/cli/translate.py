@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     half = gen.add_mutually_exclusive_group()
     half.add_argument("--fp16", action="store_true", help="half precision (float16) on CUDA; an error on the CPU")
     half.add_argument("--bf16", action="store_true", help="bfloat16 on CUDA; an error on the CPU")
+    gen.add_argument("--memory-cache", choices=("float16", "float32"), default=D["memory_cache"],
+                     help="precision of a memory-attention model's cached memory keys and values in the CPU "
+                          "decoding step: float16 (default) reads half the bytes a step (the step's arithmetic "
+                          "stays float32; docs/TRANSLATION_MEMORY.md#cost), float32 keeps them as computed")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
     tm = p.add_argument_group("translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; "
@@ -454,7 +458,7 @@ def run(args) -> str:
         batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
         segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
         pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
-        fp16=args.fp16, bf16=args.bf16, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
+        fp16=args.fp16, bf16=args.bf16, memory_cache=args.memory_cache, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
         pieces_length_cap=args.pieces_length_cap,
         knn=args.knn, knn_memory=args.knn_memory,
         knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every,

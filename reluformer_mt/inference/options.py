@@ -21,6 +21,9 @@ from reluformer_mt.inference.guidance.pieces import PiecesOptions
 from reluformer_mt.inference.guidance.separators import Separators
 
 
+MEMORY_CACHE_PRECISIONS = ("float16", "float32")
+
+
 @dataclass
 class DecodingOptions:
     """The search: beam 4, the quick demo's decoding (``reluformer-demo``), so its chapter is
@@ -36,6 +39,9 @@ class DecodingOptions:
     spm_model: Optional[str] = None       # MODEL or SRC,TGT; None: prepared.json's
     fp16: bool = False
     bf16: bool = False
+    # the precision of the memory readers' cached keys and values in the C++ decoding step
+    # (MemoryReader.step_cache_dtype): float16 halves the bytes a step reads, float32 keeps them exact
+    memory_cache: str = "float16"
 
     def __post_init__(self):
         if self.beam < 1 or self.batch_size < 1 or self.max_tokens < 1:
@@ -46,6 +52,8 @@ class DecodingOptions:
                                    "--beam hypotheses")
         if self.fp16 and self.bf16:
             raise TranslationError("--fp16 and --bf16: give one of them")
+        if self.memory_cache not in MEMORY_CACHE_PRECISIONS:
+            raise TranslationError(f"--memory-cache {self.memory_cache}: expected one of {', '.join(MEMORY_CACHE_PRECISIONS)}")
 
     @property
     def precision(self) -> str:

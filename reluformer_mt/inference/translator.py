@@ -47,6 +47,7 @@ from reluformer_mt.inference.guidance import (Guidance, GuidanceContext, SourceB
 from reluformer_mt.inference.guidance.separators import SEPARATOR_MODES  # noqa: F401  (re-exported)
 from reluformer_mt.inference.guidance.pieces import PiecesOptions
 from reluformer_mt.inference.options import DecodingOptions, TranslatorOptions
+from reluformer_mt.memory.tm_attention import MemoryReader
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,9 @@ class DocumentTranslator:
             self.models = [m.half() if d.fp16 else m.to(torch.bfloat16) for m in self.models]
             self.model = self.models[0]
         self.max_src = min(int(m.max_positions()[0]) for m in self.models)
+        cache_dtype = torch.float16 if d.memory_cache == "float16" else torch.float32
+        for reader in (r for m in self.models for r in m.modules() if isinstance(r, MemoryReader)):
+            reader.step_cache_dtype = cache_dtype  # --memory-cache
         self._open_segments(res)
         # the model reads its matches (trained with --tm-fusion); any model can be guided by pieces
         self.reads_memory = getattr(self.task.cfg, "tm_fusion", "none") != "none"

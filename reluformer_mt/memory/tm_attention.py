@@ -102,6 +102,12 @@ class MemoryEncoder(nn.Module):
 class MemoryReader(nn.Module):
     """x + g * Attn(LN(x), memory): one memory-attention sublayer with its gate."""
 
+    # the precision of the keys and values that the C++ decoding step reads (reluformer-translate
+    # --memory-cache): float16 halves the bytes each step reads (the readers' step is bound by memory
+    # bandwidth once the batch's memory outgrows the cache), the arithmetic stays float32; float32
+    # keeps them as computed. Training and the PyTorch step always use the model's precision.
+    step_cache_dtype = torch.float16
+
     def __init__(self, cfg, attention_config, heads: int):
         super().__init__()
         dim = cfg.decoder.embed_dim
@@ -137,7 +143,7 @@ class MemoryReader(nn.Module):
         one copy per sentence shared by its beams: the C++ step (:mod:`reluformer_mt.memory.fused`)
         where it serves, else :meth:`_reference_step`."""
         keys, values, bias, kernel_inputs = self._step_keys(incremental_state)  # (kv_bsz x H, D, M), (.., M, D), (.., 1, M)
-        if kernel_inputs is not None and x.dtype == keys.dtype:
+        if kernel_inputs is not None and x.dtype == torch.float32:
             out, weights = fused.read_step(kernel_inputs, x[0], keys, values, bias, self.keep_weights)
             self.weights = None if weights is None else weights.view(x.size(1), 1, -1)
             return out.view_as(x)
@@ -177,7 +183,7 @@ class MemoryReader(nn.Module):
         per step. With them: the C++ step's parameters (:func:`reluformer_mt.memory.fused.reader_inputs`)
         where it serves, else None. The views are kept for the steps after (``_laid_out``) until
         fairseq replaces the cached keys (a reorder, the next decoding): a step then only looks
-        them up."""
+        them up. The kernel's copies are in ``step_cache_dtype``."""
         saved = self.attn._get_input_buffer(incremental_state)
         if self._laid_out is not None and self._laid_out[0] is saved["prev_key"]:
             return self._laid_out[1]
@@ -195,8 +201,10 @@ class MemoryReader(nn.Module):
         k, v, bias = saved["prev_key"], saved["prev_value"], saved["step_bias"]
         groups = k.size(0) * k.size(1)
         keys_t, values = k.transpose(-1, -2).view(groups, k.size(3), k.size(2)), v.view(groups, v.size(2), v.size(3))
-        laid_out = (keys_t, values, None if bias is None else bias.view(groups, 1, k.size(2)),
-                    fused.reader_inputs(self) if fused.available(keys_t, values) else None)
+        kernel_inputs = fused.reader_inputs(self) if fused.available(keys_t, values) else None
+        if kernel_inputs is not None and self.step_cache_dtype != keys_t.dtype:
+            keys_t, values = keys_t.to(self.step_cache_dtype), values.to(self.step_cache_dtype)
+        laid_out = (keys_t, values, None if bias is None else bias.view(groups, 1, k.size(2)), kernel_inputs)
         self._laid_out = (k, laid_out)
         return laid_out
 

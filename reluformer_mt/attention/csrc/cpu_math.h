@@ -5,6 +5,9 @@
 //   * the inner products of up to four query rows with keys stored transposed, the rows' products
 //     kept in registers across the key dimension (a loop that adds into memory stores every product
 //     once per dimension).
+//   * loads of float32 or IEEE half floats (a cache kept in float16) into float32 registers, and
+//     which vector units the CPU has (AVX2 + FMA + F16C; AVX-512 F/BW/VL), with switches that make
+//     the tests reach the narrower loops on a wider CPU.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +17,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define RELUFORMER_AVX2 __attribute__((target("avx2,fma")))
+#define RELUFORMER_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define RELUFORMER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #endif
 
 namespace reluformer {
@@ -64,15 +68,60 @@ RELUFORMER_AVX2 inline __m256 exp_nonpositive8(__m256 x) {  // exp_nonpositive i
 // RELUFORMER_NO_AVX2=1: the portable loops on any CPU (how the tests reach them on one with AVX2)
 inline bool has_avx2() {
   static const bool yes = std::getenv("RELUFORMER_NO_AVX2") == nullptr && __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma");
+                          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return yes;
+}
+
+// RELUFORMER_NO_AVX512=1: the AVX2 loops on a CPU with AVX-512 (how the tests reach them there)
+inline bool has_avx512() {
+  static const bool yes = has_avx2() && std::getenv("RELUFORMER_NO_AVX512") == nullptr &&
+                          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return yes;
+}
+
+RELUFORMER_AVX512 inline __m512 exp_nonpositive16(__m512 x) {  // exp_nonpositive in 16 lanes
+  const __m512 floor = _mm512_set1_ps(-87.3f);
+  const __m512 clamped = _mm512_max_ps(x, floor);
+  const __m512 magic = _mm512_set1_ps(12582912.f);
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ), result);  // -inf, NaN and below: 0
+}
+
+// Keys and values are float32, or IEEE half floats (their bits as uint16_t) where a cache keeps
+// them so (half the bytes a step reads): loaded as float32 in registers either way.
+RELUFORMER_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+RELUFORMER_AVX2 inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+RELUFORMER_AVX2 inline float load1(const float* p) { return *p; }
+RELUFORMER_AVX2 inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+RELUFORMER_AVX512 inline __m512 load16(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
+RELUFORMER_AVX512 inline __m512 load16(const uint16_t* p, __mmask16 lanes) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, p));
+}
+
+// The lanes of the first ``n`` (< 16 allowed, <= 0 none) floats of a 16-float chunk.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // out[j][m] = start[m] (0 where start is null) + q_j . key_m for Rows query rows and the first
 // ``slots`` keys of ``kt`` (dim, key_stride): two chunks of eight slots at a time, so that each
 // broadcast query element serves both.
-template <int Rows>
-RELUFORMER_AVX2 void row_products_avx2(const float* const* q, const float* kt, int64_t key_stride, int64_t dim,
+template <int Rows, typename Key = float>
+RELUFORMER_AVX2 void row_products_avx2(const float* const* q, const Key* kt, int64_t key_stride, int64_t dim,
                                        int64_t slots, const float* start, float* const* out) {
   int64_t m = 0;
   for (; m + 16 <= slots; m += 16) {
@@ -81,8 +130,8 @@ RELUFORMER_AVX2 void row_products_avx2(const float* const* q, const float* kt, i
     const __m256 start_high = start != nullptr ? _mm256_loadu_ps(start + m + 8) : _mm256_setzero_ps();
     for (int j = 0; j < Rows; ++j) low[j] = start_low, high[j] = start_high;
     for (int64_t d = 0; d < dim; ++d) {
-      const __m256 key_low = _mm256_loadu_ps(kt + d * key_stride + m);
-      const __m256 key_high = _mm256_loadu_ps(kt + d * key_stride + m + 8);
+      const __m256 key_low = load8(kt + d * key_stride + m);
+      const __m256 key_high = load8(kt + d * key_stride + m + 8);
       for (int j = 0; j < Rows; ++j) {
         const __m256 a = _mm256_set1_ps(q[j][d]);
         low[j] = _mm256_fmadd_ps(a, key_low, low[j]);
@@ -99,7 +148,7 @@ RELUFORMER_AVX2 void row_products_avx2(const float* const* q, const float* kt, i
     const __m256 first = start != nullptr ? _mm256_loadu_ps(start + m) : _mm256_setzero_ps();
     for (int j = 0; j < Rows; ++j) acc[j] = first;
     for (int64_t d = 0; d < dim; ++d) {
-      const __m256 key = _mm256_loadu_ps(kt + d * key_stride + m);
+      const __m256 key = load8(kt + d * key_stride + m);
       for (int j = 0; j < Rows; ++j) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j][d]), key, acc[j]);
     }
     for (int j = 0; j < Rows; ++j) _mm256_storeu_ps(out[j] + m, acc[j]);
@@ -107,7 +156,7 @@ RELUFORMER_AVX2 void row_products_avx2(const float* const* q, const float* kt, i
   for (; m < slots; ++m) {
     for (int j = 0; j < Rows; ++j) {
       float sum = start != nullptr ? start[m] : 0.f;
-      for (int64_t d = 0; d < dim; ++d) sum += q[j][d] * kt[d * key_stride + m];
+      for (int64_t d = 0; d < dim; ++d) sum += q[j][d] * load1(kt + d * key_stride + m);
       out[j][m] = sum;
     }
   }
@@ -120,6 +169,7 @@ RELUFORMER_AVX2 inline void exp_nonpositive_avx2(float* x, int64_t n) {
 }
 #else
 inline bool has_avx2() { return false; }
+inline bool has_avx512() { return false; }
 #endif
 
 // x[i] = exp(x[i]) in place, for x[i] <= 0 (-inf and anything below -87.3 give 0).
