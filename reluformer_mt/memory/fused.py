@@ -39,7 +39,8 @@ def read_step(inputs: tuple, x: Tensor, keys_t: Tensor, values: Tensor, bias: Op
               keep_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
     """x + g * Attn(LN(x), memory) of the reader whose :func:`reader_inputs` are ``inputs``, for one
     step's rows ``x`` (rows, C), a sentence's beams adjacent, over its cached ``keys_t``
-    (sentences x heads, D, M), ``values`` (.., M, D) and padding ``bias`` (.., 1, M) or None.
+    (sentences x heads, D, M), ``values`` (.., M, D), both float32 or both float16 (read as float32:
+    ``MemoryReader.step_cache_dtype``), and padding ``bias`` (.., 1, M) or None.
     Returns the sublayer's output (rows, C) and the head-averaged weights (rows, M) or None."""
     norm_w, norm_b, eps, q_w, q_b, scaling, out_w, out_b, gate_w, gate_b, heads = inputs
     groups, _, slots = keys_t.shape
