@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--memory-cache", choices=("float16", "float32"), default=D["memory_cache"],
                      help="precision of a memory-attention model's cached memory keys and values in the CPU "
                           "decoding step: float16 (default) reads half the bytes a step (the step's arithmetic "
-                          "stays float32; docs/TRANSLATION_MEMORY.md#cost), float32 keeps them as computed")
+                          "stays float32; docs/TRANSLATION_MEMORY.md#translation-with-memory-attention), float32 keeps them as computed")
     gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
                                                  "machine --threads 1 avoids threads spinning against each other")
     tm = p.add_argument_group("translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; "

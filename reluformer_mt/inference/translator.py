@@ -209,7 +209,7 @@ class DocumentTranslator:
             self.models = [m.half() if d.fp16 else m.to(torch.bfloat16) for m in self.models]
             self.model = self.models[0]
         self.max_src = min(int(m.max_positions()[0]) for m in self.models)
-        cache_dtype = torch.float16 if d.memory_cache == "float16" else torch.float32
+        cache_dtype = getattr(torch, d.memory_cache)  # "float16" or "float32", checked by DecodingOptions
         for reader in (r for m in self.models for r in m.modules() if isinstance(r, MemoryReader)):
             reader.step_cache_dtype = cache_dtype  # --memory-cache
         self._open_segments(res)

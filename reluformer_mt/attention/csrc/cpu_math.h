@@ -26,40 +26,38 @@ namespace reluformer {
 // exp(x) for x <= 0 without a libm call, so that loops of it vectorise:
 // x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite's two-part ln2), exp(r) by its degree-6 Taylor
 // polynomial (relative error below 2e-7), 2^n written into the exponent bits. Below -87.3 the
-// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway).
+// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway). The
+// scalar and vector versions below share these constants and compute the same steps.
+constexpr float kExpFloor = -87.3f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest
+constexpr float kLn2High = 0.693359375f, kLn2Low = 2.12194440e-4f;  // ln2 = high - low
+// Horner's steps of the Taylor polynomial after its leading 1/720
+constexpr float kExpTaylor[] = {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f};
+
 inline float exp_nonpositive(float x) {
-  const float clamped = std::max(x, -87.3f);
-  // round to nearest by the 1.5 * 2^23 trick: no call, no rounding-mode dependence
-  const float n = (clamped * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
+  const float clamped = std::max(x, kExpFloor);
+  // round to nearest by the magic constant: no call, no rounding-mode dependence
+  const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
+  const float r = (clamped - n * kLn2High) + n * kLn2Low;
   float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
+  for (const float c : kExpTaylor) p = p * r + c;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.3f ? 0.f : p * scale;
+  return x < kExpFloor ? 0.f : p * scale;
 }
 
 #if defined(__x86_64__)
 RELUFORMER_AVX2 inline __m256 exp_nonpositive8(__m256 x) {  // exp_nonpositive in 8 lanes
-  const __m256 floor = _mm256_set1_ps(-87.3f);
+  const __m256 floor = _mm256_set1_ps(kExpFloor);
   const __m256 clamped = _mm256_max_ps(x, floor);
-  const __m256 magic = _mm256_set1_ps(12582912.f);
-  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  const __m256 magic = _mm256_set1_ps(kRoundMagic);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(kLog2e)), magic), magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), clamped);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
   __m256 p = _mm256_set1_ps(1.f / 720.f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  for (const float c : kExpTaylor) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
   const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
   return _mm256_and_ps(result, _mm256_cmp_ps(x, floor, _CMP_GE_OQ));  // -inf, NaN and below: 0
@@ -81,19 +79,14 @@ inline bool has_avx512() {
 }
 
 RELUFORMER_AVX512 inline __m512 exp_nonpositive16(__m512 x) {  // exp_nonpositive in 16 lanes
-  const __m512 floor = _mm512_set1_ps(-87.3f);
+  const __m512 floor = _mm512_set1_ps(kExpFloor);
   const __m512 clamped = _mm512_max_ps(x, floor);
-  const __m512 magic = _mm512_set1_ps(12582912.f);
-  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  const __m512 magic = _mm512_set1_ps(kRoundMagic);
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(kLog2e)), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), clamped);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
   __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  for (const float c : kExpTaylor) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ), result);  // -inf, NaN and below: 0

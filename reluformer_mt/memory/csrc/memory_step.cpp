@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -267,32 +268,31 @@ template <typename Elem>
 void attend_group(const float* q, int64_t q_stride, int64_t beams, const Elem* kt, int64_t key_stride,
                   const Elem* values, int64_t dim, int64_t slots, const float* bias, float* e, float* inverse, float* out, int64_t out_stride) {
 #if defined(__x86_64__)
-  if (has_avx512()) {
-    for (int64_t b = 0; b < beams; b += 4) {  // up to four beams at a time share each key and value load
+  // the vector loops take up to four beams at a time (each key and value load serves them all),
+  // their number ``n`` a compile-time constant
+  const auto in_fours = [&](auto attend_beams) {
+    for (int64_t b = 0; b < beams; b += 4) {
       const float* qb = q + b * q_stride;
       float* eb = e + b * slots;
       float* ob = out + b * out_stride;
       switch (std::min<int64_t>(4, beams - b)) {
-        case 4: attend_beams_avx512<4, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-        case 3: attend_beams_avx512<3, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-        case 2: attend_beams_avx512<2, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-        default: attend_beams_avx512<1, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
+        case 4: attend_beams(std::integral_constant<int, 4>(), qb, eb, inverse + b, ob); break;
+        case 3: attend_beams(std::integral_constant<int, 3>(), qb, eb, inverse + b, ob); break;
+        case 2: attend_beams(std::integral_constant<int, 2>(), qb, eb, inverse + b, ob); break;
+        default: attend_beams(std::integral_constant<int, 1>(), qb, eb, inverse + b, ob); break;
       }
     }
+  };
+  if (has_avx512()) {
+    in_fours([&](auto n, const float* qb, float* eb, float* ib, float* ob) {
+      attend_beams_avx512<decltype(n)::value, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, ib, ob, out_stride);
+    });
     return;
   }
   if (has_avx2()) {
-    for (int64_t b = 0; b < beams; b += 4) {  // up to four beams at a time share each key and value load
-      const float* qb = q + b * q_stride;
-      float* eb = e + b * slots;
-      float* ob = out + b * out_stride;
-      switch (std::min<int64_t>(4, beams - b)) {
-        case 4: attend_beams_avx2<4, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-        case 3: attend_beams_avx2<3, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-        case 2: attend_beams_avx2<2, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-        default: attend_beams_avx2<1, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, inverse + b, ob, out_stride); break;
-      }
-    }
+    in_fours([&](auto n, const float* qb, float* eb, float* ib, float* ob) {
+      attend_beams_avx2<decltype(n)::value, Elem>(qb, q_stride, kt, key_stride, values, dim, slots, bias, eb, ib, ob, out_stride);
+    });
     return;
   }
 #endif
