@@ -14,13 +14,17 @@ the explanations in docs/PERFORMANCE.md.
 shared vocabulary, dropout 0.1, padded batches of ~4,096 tokens, Adam with clipping) instead;
 ``--python`` adds a cProfile of the same steps: own and cumulative time of the functions of
 ``reluformer_mt`` (the Python work around the attention operators) and calls per step;
-``--calls`` times one attention call and its parts (softmax's SDPA, our ReLU route, the counts,
+``--counts docs/benchmarks/training-operators.json`` counts, per training step of every family at
+the demo's size and ``*_iwslt_de_en`` (sentences and 1,024-token segments), the operators, the
+host synchronisations, the attention-map-sized tensors per attention call and the bytes allocated
+(issue 64; tests/test_training_operators.py checks the file); ``--calls`` times one attention call and its parts (softmax's SDPA, our ReLU route, the counts,
 the row sums, ReLUFormer's regularisers) in CPU time, at the same shapes.
 """
 import argparse
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -167,11 +171,144 @@ def profile_decoding(model, dictionary, length, sentences, beam, top):
         print(f"  {tt * 1000:8.1f} {ct * 1000:8.1f}  {where}")
 
 
+# ---------------------------------------------------------------------------------- counts (issue 64)
+# Calls that need a value on the host (on a GPU each waits for the queue to drain): ``.item()``,
+# ``bool(t)``, ``float(t)`` all end in _local_scalar_dense; the others have data-dependent shapes;
+# ``Tensor.tolist()`` (no operator) is counted by wrapping it.
+SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::nonzero", "aten::masked_select",
+                      "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::argwhere"})
+# The C++ CPU kernel (attention/fused.py, from 512 keys on) is one call, forward and backward, like
+# SDPA's; the GEMMs it runs per tile and head inside are its own (SDPA's inner BLAS calls are not
+# operators either), so operators nested in its autograd function's ranges are not counted
+KERNEL_RANGES = ("FusedReluAttention",)
+# PyTorch's Adam keeps its step counter as a host tensor (unless capturable / fused), also when
+# training on a GPU: its per-parameter .item() is no device synchronisation, so the optimizer's
+# own range is left out of the sync count (its operators are counted)
+OPTIMIZER_RANGE = "Optimizer."
+
+
+def _inside(event, prefixes, names=()) -> bool:
+    """Whether an enclosing event's name starts with one of ``prefixes`` or is one of ``names``."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(prefixes) or parent.name in names:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+class _MapTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the new tensors (not views, not in-place or out= results) of exactly ``numel``
+    elements that the operators inside the block create, forward and backward."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not any(r.alias_info is not None for r in func._schema.returns):
+            flat = out if isinstance(out, (tuple, list)) else (out,)
+            self.count += sum(isinstance(t, torch.Tensor) and t.numel() == self.numel for t in flat)
+        return out
+
+
+@contextmanager
+def _counting_tolist():
+    """Counts ``Tensor.tolist()`` calls (a copy to the host, which is no operator the profiler sees)."""
+    calls, tolist = [0], torch.Tensor.tolist
+
+    def counted(self):
+        calls[0] += 1
+        return tolist(self)
+    torch.Tensor.tolist = counted
+    try:
+        yield calls
+    finally:
+        torch.Tensor.tolist = tolist
+
+
+def attention_calls(model, step) -> int:
+    """How many attention calls (fairseq MultiheadAttention forwards, ours included) one step makes."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MultiheadAttention)]
+    try:
+        step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls[0]
+
+
+def step_counts(model, step, map_numel: int, steps: int = 2) -> dict:
+    """What one training step does (issue 64): operator calls (every profiler event, nested ones
+    included, as the issue counted them), host synchronisations (``SYNC_OPS`` outside the
+    optimizer's range, nested ones once), tensors of attention-map size (batch x heads x target x
+    source elements) created per attention call, and bytes allocated (CPU allocator), per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):  # Adam's state and the C++ kernel exist from here on
+        step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, _counting_tolist() as lists:
+        for _ in range(steps):
+            step()
+    events = [e for e in prof.events() if e.name != "[memory]" and not _inside(e, KERNEL_RANGES)]
+    syncs = sum(e.name in SYNC_OPS and not _inside(e, (OPTIMIZER_RANGE,), SYNC_OPS) for e in events) + lists[0]
+    allocated = sum(e.nbytes() for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.nbytes() > 0)
+    calls = attention_calls(model, step)
+    with _MapTensors(map_numel) as maps:
+        step()
+    return dict(ops_per_step=round(len(events) / steps), syncs_per_step=round(syncs / steps),
+                attention_map_tensors_per_call=round(maps.count / max(calls, 1), 2),
+                bytes_per_step=round(allocated / steps))
+
+
+def count_rows(configs, settings, steps=2) -> list:
+    """Rows of ``docs/benchmarks/training-operators.json``: every family of each training-speed
+    configuration (training_speed.CONFIGS: the demo's size and ``*_iwslt_de_en``) at each
+    (setting, length), with the benchmark's batches, criterion, clipping and Adam."""
+    import training_speed
+
+    rows = []
+    for name, config in configs.items():
+        for setting, length in settings:
+            built = training_speed.build_variants(config, length, copy=False)
+            batch = max(1, config["tokens"] // length)
+            for family, (model, criterion, dictionary) in built.items():
+                sample = make_sample(dictionary, batch, length, padded=True)
+                step = training_speed.update_step(model, criterion, sample)
+                heads = next(m.num_heads for m in model.modules() if hasattr(m, "num_heads"))
+                counts = step_counts(model, step, batch * heads * length * length, steps)
+                rows.append(dict(family=family, size=name, setting=setting, **counts))
+                print(f"  {name} {setting} {family}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+    return rows
+
+
+def write_counts(path, steps=2, configs=None) -> list:
+    """Count every row and save them as ``{"rows": [...]}`` (the format tests/test_training_operators.py reads)."""
+    import json
+
+    import training_speed
+
+    rows = count_rows(configs or training_speed.CONFIGS, COUNT_SETTINGS, steps)
+    Path(path).write_text(json.dumps({"rows": rows}, indent=1) + "\n", encoding="utf-8")
+    return rows
+
+
+COUNT_SETTINGS = (("sentence", 30), ("segment1024", 1024))
+
+
 DEMO = dict(model_size="2,64,128,4", vocab=2000, length=30, batch=136, extra=["--share-all-embeddings"],
             clip_norm=1.0, padded=True)  # reluformer_mt/experiments/demo.py, preset quick
 
 
-def main(argv=None):
+def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=30)
     p.add_argument("--batch", type=int, default=34)
@@ -187,6 +324,13 @@ def main(argv=None):
     p.add_argument("--calls", action="store_true",
                    help="only the CPU time of one attention call (forward + backward) and its parts, at these shapes")
     p.add_argument("--decode", action="store_true", help="profile beam-4 decoding (cProfile) instead of training")
+    p.add_argument("--counts", metavar="JSON",
+                   help="only count what a training step does (issue 64) for every family, size and setting; save here")
+    return p
+
+
+def main(argv=None):
+    p = options()
     args = p.parse_args(argv)
     extra, clip_norm, padded = [], None, False
     if args.demo:
@@ -196,6 +340,8 @@ def main(argv=None):
                 setattr(args, key, DEMO[key])
         extra, clip_norm, padded = DEMO["extra"], DEMO["clip_norm"], DEMO["padded"]
     torch.set_num_threads(args.threads)
+    if args.counts:
+        return write_counts(args.counts, steps=args.steps)
     layers, embed, ffn, heads = (int(x) for x in args.model_size.split(","))
     dims = ["--encoder-layers", str(layers), "--decoder-layers", str(layers), "--encoder-embed-dim", str(embed),
             "--decoder-embed-dim", str(embed), "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn),

@@ -292,7 +292,8 @@ def build_model(arch, dims, vocab, max_len, extra=()):
     from reluformer_mt.plugin import register
 
     register()  # --user-dir is skipped once the package was imported (by the kernel part): register explicitly
-    criterion = "label_smoothed_cross_entropy" if arch == "transformer" else "reluformer_cross_entropy"
+    # fairseq's own transformers (``transformer``, ``transformer_iwslt_de_en``) train with fairseq's criterion
+    criterion = "label_smoothed_cross_entropy" if arch.startswith("transformer") else "reluformer_cross_entropy"
     argv = ["/nonexistent", "--user-dir", USER_DIR, "--arch", arch, "--task", "translation",
             "--criterion", criterion, "--label-smoothing", "0.1", "--source-lang", "src", "--target-lang", "tgt",
             "--max-source-positions", str(max_len + 8), "--max-target-positions", str(max_len + 8), *dims, *extra]

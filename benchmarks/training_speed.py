@@ -2,6 +2,7 @@
 """Training tokens/s of the models users train: the demo's and ``*_iwslt_de_en``, 1 and 2 threads.
 
     python benchmarks/training_speed.py --configs demo,iwslt_de_en --threads 1,2 --reps 5
+    python benchmarks/training_speed.py --configs demo --settings sentence --threads 1 --counts
 
 ``benchmarks/run.py`` measures its own model sizes; this measures the configurations the
 project's commands train (issue 22), with run.py's builders and its paired method:
@@ -9,10 +10,10 @@ project's commands train (issue 22), with run.py's builders and its paired metho
 - ``demo``: ``make demo``'s model (reluformer_mt/experiments/demo.py, preset ``quick``): 64-dim
   2+2 layers, 4 heads, FFN 128, a 2,000-piece shared vocabulary (``--share-all-embeddings``),
   dropout 0.1, batches of ~4,096 tokens; 30-token sentences (the sentence phase), 128-token
-  segments (its document phase) and 512-token segments (the ``long`` preset);
+  segments (its document phase) and 512-token segments (the ``long`` preset), 1,024-token segments (issue 64);
 - ``iwslt_de_en``: ``<family>_iwslt_de_en`` (fairseq's transformer_iwslt_de_en: 512/1024, 4
   heads, 6+6 layers) on a 10,000-piece shared vocabulary, batches of ~512 tokens (small enough
-  for a shared 2-core machine; the ratios are per token), 30-token sentences and 512-token segments.
+  for a shared 2-core machine; the ratios are per token), 30-token sentences, 512- and 1,024-token segments.
 
 Batches are padded as fairseq batches real data (lengths 3/4 to 1 of the setting's, left-padded
 sources, right-padded targets); one update is forward + backward + gradient clipping (norm 1) +
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import profile_training  # noqa: E402  (the step counts of issue 64)
 import run  # noqa: E402  (the benchmark's builders and paired method)
 
 # name -> model options, vocabulary, target tokens per batch, settings (name, length)
@@ -48,13 +50,15 @@ CONFIGS = {
                        "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
                        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--dropout", "0.1",
                        "--share-all-embeddings"],
-                 settings=[("sentence", 30), ("segment128", 128), ("segment512", 512)]),
+                 settings=[("sentence", 30), ("segment128", 128), ("segment512", 512), ("segment1024", 1024)]),
     "iwslt_de_en": dict(arch="{}_iwslt_de_en", reference="transformer_iwslt_de_en", vocab=10000, tokens=512,
-                        dims=["--share-all-embeddings"], settings=[("sentence", 30), ("segment512", 512)]),
+                        dims=["--share-all-embeddings"], settings=[("sentence", 30), ("segment512", 512),
+                                                                 ("segment1024", 1024)]),
 }
 FAMILIES = ("softmax", "reluformer", "rela")
 REFERENCE, SOFTMAX, SOFTMAX_COPY = "transformer", "softmax", "softmax_copy"
 CLIP_NORM = 1.0
+COUNTS = False  # --counts: also count each variant's step (profile_training.step_counts)
 
 
 def update_step(model, criterion, sample):
@@ -70,12 +74,13 @@ def update_step(model, criterion, sample):
     return step
 
 
-def build_variants(config, max_len):
-    """label -> (model, criterion, dictionary); the softmax copy has the softmax model's weights."""
+def build_variants(config, max_len, copy=True):
+    """label -> (model, criterion, dictionary); the softmax copy (with ``copy``) has the softmax model's weights."""
     built = {REFERENCE: run.build_model(config["reference"], config["dims"], config["vocab"], max_len)}
     for family in FAMILIES:
         built[family] = run.build_model(config["arch"].format(family), config["dims"], config["vocab"], max_len)
-    built[SOFTMAX_COPY] = run.build_model(config["arch"].format("softmax"), config["dims"], config["vocab"], max_len)
+    if copy:
+        built[SOFTMAX_COPY] = run.build_model(config["arch"].format("softmax"), config["dims"], config["vocab"], max_len)
     for model, _, _ in built.values():
         model.train()
     return built
@@ -109,6 +114,11 @@ def measure_setting(name, config, built, threads, clock, setting, length, reps):
     for label, seconds in times.items():
         row = dict(config=name, threads=threads, clock=clock, setting=setting, length=length, batch=batch,
                    model=label, tokens_per_s=tokens / statistics.median(seconds), times_s=seconds)
+        if COUNTS:  # what the step does (issue 64), beside its speed; after the timing, never during it
+            model = built[label][0]
+            heads = next(m.num_heads for m in model.modules() if hasattr(m, "num_heads"))
+            row["counts"] = profile_training.step_counts(model, variants[label], batch * heads * length * length, 1)
+            print(f"    {label}: " + ", ".join(f"{k} {v}" for k, v in row["counts"].items()), flush=True)
         if label != REFERENCE:  # tokens/s ratio = other time / this time, paired per repetition
             row["ratio"] = run.paired_ratio(times[REFERENCE], seconds)
         if label not in (REFERENCE, SOFTMAX):
@@ -147,7 +157,12 @@ def main(argv=None):
                         help="auto: CPU time with 1 thread, wall time with more; cpu: this process's CPU time "
                              "(all threads; the only usable clock on a busy shared machine)")
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--counts", action="store_true",
+                        help="also count each step's operators, host syncs, attention-map-sized tensors and bytes "
+                             "(benchmarks/profile_training.py --counts; issue 64), printed beside the tokens/s")
     args = parser.parse_args(argv)
+    global COUNTS
+    COUNTS = args.counts
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in CONFIGS]
     if unknown:

@@ -15,6 +15,7 @@ what the call asks (same results; ``--attn-impl``, see docs/PERFORMANCE.md).
 What a forward records (counts, regularisers, per-head weights) goes to the recording of
 :mod:`reluformer_mt.attention.recording` active around it, and to nothing when there is none.
 """
+import dataclasses
 from contextlib import contextmanager
 from typing import Dict, Optional, Tuple
 
@@ -68,6 +69,7 @@ class ReluformerAttention(MultiheadAttention):
         for name in F_attn.PARAMETER_NAMES:
             setattr(self, name, made.get(name))
         self._function_params = tuple(made)  # names only: the tensors live on the module
+        self._config_key = dataclasses.astuple(self.config)  # what a row factor kept per mask depends on
 
         self.q_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
         self.k_norm = nn.LayerNorm(self.head_dim) if config.qk_layernorm else None
@@ -114,10 +116,13 @@ class ReluformerAttention(MultiheadAttention):
         """
         padding = self._query_padding
         if padding is None and self.self_attention and key_padding_mask is not None:
-            padding = key_padding_mask[:, -tgt_len:]
+            # the mask itself where it is the queries' (training): the layers then share one entry
+            padding = key_padding_mask if key_padding_mask.size(-1) == tgt_len else key_padding_mask[:, -tgt_len:]
         if padding is None or padding.size(-1) != tgt_len:
             return None
-        return live_query_rows(padding)  # remembered per mask: the layers of a forward share it
+        # remembered per mask: the layers of a forward share it; all True rows count as None would
+        # (the statistics multiply by it), without asking the host whether any row is padding
+        return live_query_rows(padding, always=True)
 
     def _visible_keys(self, tgt_len: int, src_len: int, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], is_causal: bool = False) -> Tuple[Visibility, Optional[Tensor]]:
@@ -185,8 +190,8 @@ class ReluformerAttention(MultiheadAttention):
             out, rows, weights = attend(
                 q, k, v, visible, route=route_arg, activation=function.activation(self.config),
                 scaling=self.scaling if scale_logits else None,
-                row_factor=function.row_factor(n_visible, params, acc),
-                row_bias=function.row_bias(n_visible, params, acc), n_visible=n_visible,
+                row_factor=self._row_part("row_factor", visible, n_visible, params, acc),
+                row_bias=self._row_part("row_bias", visible, n_visible, params, acc), n_visible=n_visible,
                 block_q=self.config.block_size, block_k=self.config.block_size,
                 want_rows=counting, want_weights=want_weights, row_sums=regularised)
             if rows is not None:
@@ -204,6 +209,16 @@ class ReluformerAttention(MultiheadAttention):
             recorder.add_weights(self, weights, keep, n_visible, live_queries)
         out = torch.matmul(self.dropout_module(weights), v)
         return out, (weights if want_weights else None)
+
+    def _row_part(self, what: str, visible: Visibility, n_visible: Tensor, params: F_attn.Params, dtype):
+        """The function's row factor or row bias (``what``). Where it depends on nothing learned
+        (ReLUFormer's fixed gamma), it is computed once per mask and kept on the Visibility, as
+        the counts are: the layers of a forward share it (about ten small operators a call)."""
+        part = getattr(self.function, what)
+        if self._function_params:
+            return part(n_visible, params, dtype)
+        key = (what, self.fn, self._config_key, dtype)
+        return visible._memo(key, n_visible.device, lambda: part(n_visible, params, dtype))
 
     def _output_transform(self, out: Tensor, query: Tensor) -> Tensor:
         """The function's own transform (ReLA's RMSNorm + gate), ReLU-ViT's gated unit, the output

@@ -16,6 +16,7 @@ nothing is visible, unmasked when everything is) and masked by column ranges per
 A pattern the ranges cannot express (padding in the middle of a sentence, a custom bool mask)
 keeps the full mask (``mask``), so every caller stays correct; only such calls pay T x S.
 """
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -82,15 +83,18 @@ class Visibility:
                       extra_mask: Optional[Tensor]) -> "Visibility":
         offset = src_len - tgt_len if causal else None
         starts = ends = None
+        bounds = None
         if key_padding_mask is not None:
-            ranges = padding_ranges(key_padding_mask)
+            ranges = _ranges_and_bounds(key_padding_mask)
             if ranges is None:  # padding inside a sentence: keep the mask
                 keep = ~key_padding_mask.bool().view(-1, 1, 1, src_len)
                 vis = Visibility(tgt_len, src_len, causal_offset=offset)
                 mask = vis.dense(keep.device) & keep
                 return vis._with_mask(mask if extra_mask is None else mask & ~extra_mask.view(1, 1, tgt_len, src_len))
-            starts, ends = ranges
+            (starts, ends), bounds = ranges
         vis = Visibility(tgt_len, src_len, starts, ends, offset)
+        if bounds is not None:  # copied to the host with the range check already
+            object.__setattr__(vis, "_bounds_cache", bounds)
         if extra_mask is not None:
             return vis._with_mask(vis.dense(extra_mask.device) & ~extra_mask.view(1, 1, tgt_len, src_len))
         return vis
@@ -225,6 +229,12 @@ def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
 
     Remembered per mask tensor (as the causal check is): incremental decoding hands the
     cross-attention the same encoder padding mask at every step."""
+    found = _ranges_and_bounds(key_padding_mask)
+    return None if found is None else found[0]
+
+
+def _ranges_and_bounds(key_padding_mask: Tensor):
+    """(``padding_ranges``, the ranges as Python lists: a Visibility's host bounds), or None."""
     found = _recall(_RANGE_CHECKS, key_padding_mask)
     if found is _MISSING:
         found = _padding_ranges(key_padding_mask)
@@ -232,18 +242,66 @@ def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
     return found
 
 
-def live_query_rows(padding: Tensor) -> Optional[Tensor]:
+def live_query_rows(padding: Tensor, always: bool = False) -> Optional[Tensor]:
     """(B, 1, T) bool, True at the real query positions of a (B, T) padding mask (True =
-    padding); None when no position is padding. Remembered per mask tensor, as the ranges are:
-    one host sync per forward instead of one per sublayer."""
-    found = _recall(_LIVE_ROWS, padding)
+    padding); None when no position is padding (``always``: the mask then too, without asking the
+    host whether any position is padding). Remembered per mask tensor, as the ranges are."""
+    found = _recall(_LIVE_ROWS, padding, (always,))
     if found is _MISSING:
-        found = ~padding.bool().view(padding.size(0), 1, padding.size(-1)) if bool(padding.any()) else None
-        _remember(_LIVE_ROWS, padding, (), found)
+        found = ~padding.bool().view(padding.size(0), 1, padding.size(-1))
+        if not always and not bool(padding.any()):
+            found = None
+        _remember(_LIVE_ROWS, padding, (always,), found)
     return found
 
 
 _MISSING = object()
+# Inside ``one_batch()`` (a model's whole forward), a mask whose entry was computed or compared in the
+# block is trusted by place, layout and version for the rest of it: fairseq builds each padding mask
+# once per forward and writes none, so the layers' later calls need no comparison (``torch.equal``
+# waits for the values: one host synchronisation per attention call, issue 64). A padding mask the
+# block has not seen is a new batch's: its entries are computed afresh, not compared. The block's
+# end forgets everything; a causal mask kept across forwards is compared once per forward (issue 34).
+_TRUSTED: Optional[dict] = None
+
+
+@contextmanager
+def one_batch():
+    """Masks compared once are trusted for the rest of the block (see ``_TRUSTED``); nests."""
+    global _TRUSTED
+    outer = _TRUSTED
+    _TRUSTED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _TRUSTED = outer
+
+
+_KNOWN_CAUSAL: dict = {}  # a namespace of ``_TRUSTED``: masks built causal in this forward
+
+
+def known_causal(mask: Tensor) -> Tensor:
+    """``mask``, just built as the causal pattern by the caller: for the rest of ``one_batch``,
+    ``is_causal_mask`` answers True for it without comparing any value."""
+    _trust(_KNOWN_CAUSAL, _tensor_key(mask, ()), mask)
+    return mask
+
+
+def in_one_batch() -> bool:
+    return _TRUSTED is not None
+
+
+def _trust(cache: dict, key: tuple, t: Optional[Tensor]) -> None:
+    """``cache``'s entry ``key`` holds ``t``'s values: trusted for the rest of ``one_batch``."""
+    if _TRUSTED is not None and t is not None and not t.is_inference():
+        _TRUSTED[(id(cache), key)] = (t, t._version)  # the reference keeps t's id from being reused
+
+
+def _trusted(cache: dict, key: tuple, t: Tensor) -> bool:
+    """By place, layout and version, not identity: fairseq hands each layer a fresh slice of its
+    future-mask buffer; the kept reference holds the memory, so the place is the same tensor's."""
+    entry = None if _TRUSTED is None else _TRUSTED.get((id(cache), key))
+    return entry is not None and not t.is_inference() and entry[1] == t._version
 
 
 def _tensor_key(t: Optional[Tensor], extra: tuple) -> tuple:
@@ -257,12 +315,19 @@ def _recall(cache: dict, t: Optional[Tensor], extra: tuple = ()):
     """What was remembered for tensor ``t`` (and ``extra``), or _MISSING: an entry serves only a
     tensor holding the values it was computed from (one comparison of a B x S mask per call;
     the version counter is not enough, see the caches' comment)."""
-    entry = cache.get(_tensor_key(t, extra))
+    key = _tensor_key(t, extra)
+    entry = cache.get(key)
     if entry is None:
         return _MISSING
     snapshot, value = entry
-    if t is not None and not torch.equal(snapshot, t):
-        return _MISSING
+    if t is not None and not _trusted(cache, key, t):
+        if _TRUSTED is not None and cache is not _CAUSAL_CHECKS and not t.is_inference():
+            # inside a forward, a padding mask not yet seen in it is a new batch's: recomputing
+            # takes one sync, comparing first took one more whenever the batch differs
+            return _MISSING
+        if not torch.equal(snapshot, t):
+            return _MISSING
+        _trust(cache, key, t)
     return value
 
 
@@ -271,10 +336,12 @@ def _remember(cache: dict, t: Optional[Tensor], extra: tuple, value) -> None:
         return
     if len(cache) >= _CACHE_MAX:
         cache.pop(next(iter(cache)))
-    cache[_tensor_key(t, extra)] = (None if t is None else t.clone(), value)
+    key = _tensor_key(t, extra)
+    cache[key] = (None if t is None else t.clone(), value)
+    _trust(cache, key, t)  # its values are the snapshot's
 
 
-def _padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
+def _padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tuple[Tensor, Tensor], tuple]]:
     padding = key_padding_mask.bool()
     S = padding.size(1)
     n_pad = padding.sum(1)
@@ -283,11 +350,14 @@ def _padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]
     right = positions >= (S - n_pad).view(-1, 1)
     is_left = (padding == left).all(1)
     is_right = (padding == right).all(1)
-    if not bool((is_left | is_right).all()):
-        return None
     starts = torch.where(is_left, n_pad, torch.zeros_like(n_pad))
     ends = torch.where(is_left, torch.full_like(n_pad, S), S - n_pad)
-    return starts, ends
+    # the check and the bounds the tiles need on the host in one copy (one wait on a GPU, not two)
+    host = torch.cat([starts, ends, (is_left | is_right).all().view(1)]).tolist()
+    if not host[-1]:
+        return None
+    B = starts.numel()
+    return (starts, ends), (host[:B], host[B:2 * B])
 
 
 def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
@@ -296,6 +366,8 @@ def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:
     temporary) once per mask buffer, then remembered."""
     if attn_mask.dim() != 2 or attn_mask.shape != (tgt_len, src_len):
         return False
+    if _trusted(_KNOWN_CAUSAL, _tensor_key(attn_mask, ()), attn_mask):
+        return True
     found = _recall(_CAUSAL_CHECKS, attn_mask)
     if found is not _MISSING:
         return found
@@ -331,4 +403,5 @@ def as_visibility(keep) -> Visibility:
     return keep if isinstance(keep, Visibility) else Visibility.from_mask(keep)
 
 
-__all__ = ["Visibility", "as_visibility", "count_visible", "is_causal_mask", "live_query_rows", "padding_ranges"]
+__all__ = ["Visibility", "as_visibility", "count_visible", "in_one_batch", "is_causal_mask", "known_causal",
+           "live_query_rows", "one_batch", "padding_ranges"]

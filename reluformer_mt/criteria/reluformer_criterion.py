@@ -128,19 +128,22 @@ class ReluformerCriterion(LabelSmoothedCrossEntropyCriterion):
         totals.update(record.totals())
 
         reg_loss = 0.0
-        if torch.is_tensor(totals["reg_rows"]) and totals["reg_rows"] > 0:
+        if torch.is_tensor(totals["reg_rows"]):
+            # no branch on the row count (a host synchronisation per update, issue 64): with no
+            # regularised row both sums are 0, and so is what is added
             rows = totals["reg_rows"].clamp(min=1)
             reg = (self.norm_loss_weight * totals["norm_loss"] + self.entropy_margin_weight * totals["entropy_margin"]) / rows
             # the CE is a sum over the sample; the regulariser is a per-row mean: scale alike
             loss = loss + reg * sample_size
-            reg_loss = float(reg.detach()) * sample_size
+            reg_loss = reg.detach() * sample_size
         loss = self._add_key_loss(model, sample, loss, sample_size, logging_output)
         # the logged loss is the optimised one (see the module docstring)
         logging_output["loss"] = loss.data
+        # tensors, as fairseq logs its own loss: the trainer reads them once per update, after the step
         logging_output["attn_reg_loss"] = reg_loss
         for k in STAT_KEYS:
             v = totals[k]
-            logging_output[f"attn_{k}"] = float(v.detach()) if torch.is_tensor(v) else float(v)
+            logging_output[f"attn_{k}"] = v.detach() if torch.is_tensor(v) else float(v)
         return loss, sample_size, logging_output
 
     def _add_key_loss(self, model, sample, loss, sample_size, logging_output):

@@ -23,6 +23,8 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf
 
 from reluformer_mt.attention import FUNCTIONS, AttentionOptionError, ReluformerAttention, routes
+from reluformer_mt.attention.multihead import causal_float_mask
+from reluformer_mt.attention.visibility import in_one_batch, known_causal, one_batch
 from reluformer_mt.cpu_memory import keep_freed_memory
 from reluformer_mt.attention.config import (SUBLAYERS, add_attention_args, config_from_args as attention_config,
                                             fill_attention_defaults, validate_attention_args)
@@ -206,6 +208,15 @@ class ReluformerDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(ReluformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
+    def buffered_future_mask(self, tensor):
+        """Inside a model forward, a causal mask built for it (the values of fairseq's buffer) and
+        known causal to the attention, which otherwise compares fairseq's buffer, kept across
+        forwards, with its copy once per forward (a host synchronisation, issue 64)."""
+        if not in_one_batch():
+            return super().buffered_future_mask(tensor)
+        dim = tensor.size(0)
+        return known_causal(causal_float_mask(dim, dim, tensor))
+
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.search_alignment = bool(need_attn)
 
@@ -331,12 +342,14 @@ class ReluformerModel(TransformerModel):
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer=None, alignment_heads=None, memory_tokens=None):
-        """fairseq's forward, with the translation memory's tokens (``--tm-fusion attention``)."""
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
-                                   memory_tokens=memory_tokens)
-        return self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
-                            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
-                            return_all_hiddens=return_all_hiddens)
+        """fairseq's forward, with the translation memory's tokens (``--tm-fusion attention``). Its
+        padding masks are checked once for the whole forward, not once per layer (``one_batch``)."""
+        with one_batch():
+            encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
+                                       memory_tokens=memory_tokens)
+            return self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                                alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
 
     def attention_modules(self):
         """Every ReluformerAttention of the model, with its name."""
