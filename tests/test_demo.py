@@ -163,6 +163,8 @@ def test_every_command_line_option_reaches_the_demo_options():
             argv, expected = [action.option_strings[0], value], value
         elif action.dest == "train_args":
             argv, expected = ["--train-args=--relu-no-length-scale"], ["--relu-no-length-scale"]
+        elif action.dest == "train_lengths":
+            argv, expected = ["--train-lengths", "sentence,512"], ["sentence", "512"]
         else:
             kind = action.type or str
             value = "256" if kind is str else kind("0.5" if action.dest in ("dropout", "pieces_floor") else "7")

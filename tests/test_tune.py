@@ -7,6 +7,24 @@ import pytest
 from reluformer_mt.experiments import tune
 
 
+@pytest.fixture(scope="module")
+def bible_corpus(tmp_path_factory):
+    """The demo's prepared corpus (sentences and 128-token segments), prepared once for the toy
+    searches below, which copy it into their OUT/data (its step stamps make them skip preparing)."""
+    pytest.importorskip("bible_alignments")
+    from reluformer_mt.experiments.demo import DemoOptions, prepare_corpus
+
+    out = tmp_path_factory.mktemp("tune_corpus")
+    prepare_corpus(DemoOptions(out=out, families=["softmax"]))
+    return out / "data"
+
+
+def copy_corpus(corpus, out):
+    import shutil
+
+    shutil.copytree(corpus, out / "data")
+
+
 def test_every_family_gets_the_shared_knobs_and_its_own():
     for family in tune.SHARED_FAMILIES:
         names = [k.name for k in tune.knobs_of(family)]
@@ -89,7 +107,7 @@ def test_a_killed_trial_is_queued_again_and_does_not_use_budget(tmp_path):
     assert again.remaining() == 1
 
 
-def test_a_search_end_to_end_at_toy_scale(tmp_path):
+def test_a_search_end_to_end_at_toy_scale(tmp_path, bible_corpus):
     """Two trials of ReLA on the bible corpus (a 16-dim model, 8 updates each, one validation
     chapter): each trains both phases and translates validation only; a second call trains
     nothing; the presets are written only when every family finished."""
@@ -100,6 +118,7 @@ def test_a_search_end_to_end_at_toy_scale(tmp_path):
 
     options = tune.TuneOptions(out=tmp_path / "tune", families=("rela",), trials=2, total_updates=8, jobs=1,
                                startup_trials=1, valid_chapters=1)
+    copy_corpus(bible_corpus, options.out)
     base = DemoOptions(out=options.out, families=["rela"], embed_dim=16, ffn_dim=32, layers=1, heads=2, beam=2,
                        eval_chapters=1, validations=1, max_tokens=2048)
     lines = []
@@ -286,3 +305,62 @@ def test_every_family_tries_the_quick_preset_once(tmp_path):
                       "rela_gain_init": 1.0}
     search.study.tell(trial, 1.0)
     assert search.ask()[1] != params and tune.FamilySearch(options, "rela").remaining() == 2
+
+
+def test_the_recipe_space_reaches_the_model_the_flags_and_the_presets(tmp_path):
+    names = [k.name for k in tune.knobs_of("softmax", "recipe")]
+    assert {"embed_dim", "label_smoothing", "target_word_dropout", "decoder_layerdrop", "max_tokens"} <= set(names)
+    assert names[:len(tune.SHARED_KNOBS)] == [k.name for k in tune.SHARED_KNOBS]
+    with pytest.raises(ValueError, match="--space: got 'big'"):
+        tune.knobs_of("softmax", "big")
+    params = {**{k: tune.PRESET_PARAMS[k] for k in names}, "embed_dim": 128, "ffn_ratio": 4, "layers": 3,
+              "label_smoothing": 0.3, "target_word_dropout": 0.1}
+    flags = tune.fairseq_flags("softmax", params)
+    assert flags[flags.index("--label-smoothing") + 1] == "0.3" and "--target-word-dropout" in flags
+    assert tune.fairseq_flags("softmax", {k.name: tune.PRESET_PARAMS[k.name] for k in tune.knobs_of("softmax")}) == []
+    from reluformer_mt.experiments.demo import DemoOptions, family_options
+
+    o = tune.trial_options(DemoOptions(out=tmp_path, families=["softmax"]), "softmax", params, 2500, tmp_path)
+    assert (o.embed_dim, o.ffn_dim, o.layers, o.max_tokens) == (128, 512, 3, 4096)
+    summary = {"command": "c", "families": {"softmax": {"finished": True, "budget": {"updates_per_trial": 2500},
+                                                         "best": {"params": params, "valid_s_bleu": 9.0, "number": 3}}}}
+    preset = tune.chosen_presets(summary)["families"]["softmax"]
+    demo = family_options(DemoOptions(out=tmp_path, families=["softmax"], family_settings={"softmax": preset}), "softmax")
+    assert (demo.embed_dim, demo.ffn_dim, demo.layers) == (128, 512, 3) and "--label-smoothing" in demo.train_args
+    override = tune.hydra_overrides("softmax", preset, "c")
+    assert "encoder_embed_dim: 128" in override and "label_smoothing: 0.3" in override and "target_word_dropout" in override
+
+
+def test_a_trial_behind_its_rung_stops_there(tmp_path, bible_corpus):
+    """Successive halving with Optuna's pruner: two finished trials scored 40 at the first rung (2
+    sentence updates); the preset trial trains 2 updates, reports its greedy valid s-BLEU and is
+    stopped there, counted in the budget and in the table; a second call trains nothing."""
+    pytest.importorskip("bible_alignments")
+    import optuna
+
+    from reluformer_mt.experiments.demo import DemoOptions
+
+    options = tune.TuneOptions(out=tmp_path / "tune", families=("softmax",), trials=3, total_updates=100, jobs=1,
+                               startup_trials=10, valid_chapters=1, space="recipe", first_rung=2, rung_factor=2)
+    copy_corpus(bible_corpus, options.out)
+    search = tune.FamilySearch(options, "softmax")
+    for _ in range(2):
+        # as Optuna's pruner records a trial that reached the first rung
+        search.study.add_trial(optuna.trial.create_trial(value=40.0, params={}, distributions={},
+                                                         intermediate_values={2: 40.0},
+                                                         system_attrs={"completed_rung_0": 40.0}))
+    # fairseq's validation at the rung on one batch of verses (the test is about the control flow)
+    base = DemoOptions(out=options.out, families=["softmax"], beam=2, eval_chapters=1, validations=1,
+                       train_args=["--max-valid-steps", "1"])
+    lines = []
+    summary = tune.run_search(options, base, report=lines.append)
+    stopped = [tr for tr in summary["families"]["softmax"]["trials"] if tr["state"] == "PRUNED"]
+    assert len(stopped) == 1 and stopped[0]["pruned_at"] == 2 and stopped[0]["rung_valid_s_bleu"] < 40
+    assert stopped[0]["params"]["embed_dim"] == 64  # the preset trial, at the quick preset's size
+    assert any("stopped at 2 updates" in line for line in lines)
+    trial_dir = next((options.out / "softmax").glob("trial-*"))
+    assert json.loads((trial_dir / "rungs.json").read_text()) == {"2": stopped[0]["rung_valid_s_bleu"]}
+    assert not (trial_dir / "checkpoints" / "softmax" / "document").exists()  # the document phase never ran
+    assert "stopped at 2 updates" in (options.out / "tuning.md").read_text()
+    again = tune.run_search(options, base, report=lines.append)
+    assert again["families"]["softmax"]["trials"] == summary["families"]["softmax"]["trials"]

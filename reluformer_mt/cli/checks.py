@@ -160,6 +160,21 @@ def segment_tokens(text) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def segment_lengths(text) -> list:
+    """``--train-lengths``: comma-separated segment lengths (each as ``--segment-tokens`` reads it)."""
+    parts = [part.strip() for part in str(text).split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated lengths like sentence,128,512,document, got {text!r}")
+    return [segment_tokens(part) for part in parts]
+
+
+def segment_length_names(text) -> list:
+    """``--train-lengths`` of the demo and the tuner: checked as reluformer-prepare checks it, kept
+    as the names given (they name the prepared folder)."""
+    segment_lengths(text)
+    return [part.strip() for part in str(text).split(",")]
+
+
 class _SpmModels(argparse.Action):
     """``--spm-model MODEL`` or ``--spm-model SRC_MODEL,TGT_MODEL`` -> a tuple of one or two
     paths; the old space-separated ``SRC_MODEL TGT_MODEL`` still works, with a note."""

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
-                                     check_input_folder, check_output_folder, import_quietly, non_negative_float,
-                                     non_negative_int, positive_int, segment_tokens, resolve_device, unit_interval)
+                                     check_input_file, check_input_folder, check_output_folder, import_quietly,
+                                     non_negative_float, non_negative_int, positive_int, resolve_device, segment_length_names,
+                                     segment_tokens, unit_interval)
 from reluformer_mt.cli.run_options import add_run_options
 # the options alone (no torch, no fairseq): a bad option is answered before the stages are imported
 from reluformer_mt.experiments.demo_options import DEFAULT_FAMILIES, PRESETS, DemoOptions, split_family
@@ -22,10 +23,23 @@ from reluformer_mt.families import FAMILIES
 PRESET_DEFAULT = " (default: the preset's)"
 
 
+
 def segment_tokens_text(text) -> str:
     """``--segment-tokens`` checked as reluformer-prepare checks it, kept as the text given."""
     segment_tokens(text)
     return text.strip()
+
+
+def preset_help(values: dict) -> str:
+    """A preset's values, with the training's total: max_update counts the document phase only,
+    which read alone hid the sentence phase's updates."""
+    def item(key, value):
+        if key == "max_update" and values.get("sentence_updates"):
+            total = values["sentence_updates"] + value
+            return (f"{key}={value} ({total:,} updates in all: {values['sentence_updates']:,} on verses, then "
+                    f"{value:,} on document segments)")
+        return f"{key}={value}"
+    return ", ".join(item(k, v) for k, v in values.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="working and report folder")
     p.add_argument("--preset", default="quick", choices=list(PRESETS),
                    help="defaults of every option below left unset: " + "; ".join(
-                       f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items()) for name, values in PRESETS.items()))
+                       f"{name}: {preset_help(values)}" for name, values in PRESETS.items()))
     p.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
                    help="comma-separated model families (see the README's table; every registered family works); "
                         "FAMILY+tm adds a translation memory with --tm-fusion (FAMILY+concat, FAMILY+attention name one)")
@@ -61,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-tokens", type=segment_tokens_text,
                    help="document segment length N in subword tokens" + PRESET_DEFAULT)
     p.add_argument("--vocab-size", type=positive_int, help="joint SentencePiece vocabulary size" + PRESET_DEFAULT)
+    p.add_argument("--extra-target", default=None, metavar="web|FILE",
+                   help="a second English translation joined by verse: more training targets and a second reference "
+                        "(multi-reference s-/d-BLEU in the report); as reluformer-prepare --extra-target (docs/USAGE.md)")
+    p.add_argument("--train-lengths", type=segment_length_names, default=[], metavar="L,L,...",
+                   help="the document phase trains on every chapter cut at each length (sentence, N tokens, document), "
+                        "e.g. sentence,128,512,document; evaluation stays at --segment-tokens")
     # the training run's options (reluformer_mt.cli.run_options): None = the preset's
     add_run_options(p, dict(embed_dim=None, ffn_dim=None, layers=None, heads=None, sentence_updates=None,
                             max_update=None, budget_minutes=DemoOptions.budget_minutes, max_tokens=None, lr=None,
@@ -93,8 +113,8 @@ def tuned_settings(args) -> dict:
 
     if args.untuned or args.preset != "quick" or args.budget_minutes or not TUNED_PRESETS.exists():
         return {}
-    given = {name for name in ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update")
-             if getattr(args, name, None) is not None}
+    given = {name for name in ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update", "embed_dim",
+                               "ffn_dim", "layers", "heads", "max_tokens") if getattr(args, name, None) is not None}
     try:
         families = json.loads(TUNED_PRESETS.read_text(encoding="utf-8"))["families"]
         return {family: {k: v for k, v in settings.items() if k not in given} for family, settings in families.items()}
@@ -117,6 +137,7 @@ def options_from_args(args, families) -> DemoOptions:
                        pieces_floor=args.pieces_floor, knn=args.knn, knn_memory_k=args.knn_memory_k,
                        tune_chapters=args.tune_chapters, no_progress=args.no_progress,
                        force=args.force, device=args.device, train_args=list(args.train_args),
+                       extra_target=args.extra_target, train_lengths=list(args.train_lengths),
                        family_settings=tuned_settings(args), **values)
 
 
@@ -133,6 +154,9 @@ def family_list(text: str) -> list:
     if unknown or not families:
         raise ValueError(f"--families: unknown {', '.join(unknown) or '(none given)'}; "
                          f"expected some of {', '.join(FAMILIES)}")
+    repeated = sorted({f for f in families if families.count(f) > 1})
+    if repeated:  # one run folder per family: a second would train over the first
+        raise ValueError(f"--families: {', '.join(repeated)} given twice; give each family once")
     return families
 
 
@@ -142,6 +166,12 @@ def check_args(args) -> None:
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
     args.device = resolve_device(args.device)  # the runs below see cpu or cuda
+    memory = [f for f in args.families if split_family(f)[1]]
+    for option, value in (("--extra-target", args.extra_target), ("--train-lengths", args.train_lengths)):
+        if value and memory:  # the memory would retrieve a verse's own copy / read a sentence once per length
+            raise ValueError(f"{option} does not go with the memory families ({', '.join(memory)}); run them apart")
+    if args.extra_target and args.extra_target != "web":
+        check_input_file(args.extra_target, "--extra-target")
     if args.size is None:  # the preset's dimensions: the width must split into the heads
         preset = PRESETS[args.preset]
         embed_dim = args.embed_dim or preset["embed_dim"]

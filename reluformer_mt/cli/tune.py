@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_input_folder, check_output_folder, non_negative_int, positive_int)
+                                     check_input_file, check_input_folder, check_output_folder, non_negative_int,
+                                     positive_int, segment_length_names)
 
 FAMILIES = ("reluformer", "rela", "softmax")  # the families with knobs of their own (experiments/tune.py)
 
@@ -28,6 +29,7 @@ def comma_list(choices) -> callable:
 
 
 family_list = comma_list(FAMILIES)
+
 
 
 def run_command(call) -> int:
@@ -52,6 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=positive_int, default=8, help="trials per family")
     p.add_argument("--tune-updates", type=positive_int, default=2500,
                    help="training updates of every trial (sentence + document phase; the quick preset's 1,500 + 1,000)")
+    p.add_argument("--space", choices=("shared", "recipe"), default="shared",
+                   help="what is searched: the shared settings (lr, warm-up, dropout, sentence share) and each family's "
+                        "own; 'recipe' adds the low-resource recipe's (model size, tokens per batch, attention and "
+                        "activation dropout, label smoothing, word dropout, decoder layer-drop; docs/FAMILIES.md)")
+    p.add_argument("--extra-target", default=None, metavar="web|FILE",
+                   help="train every trial with a second English translation too (reluformer-demo --extra-target)")
+    p.add_argument("--train-lengths", type=segment_length_names, default=[], metavar="L,L,...",
+                   help="every trial's document phase trains on chapters cut at each length (reluformer-demo --train-lengths)")
+    p.add_argument("--first-rung", type=non_negative_int, default=0, metavar="UPDATES",
+                   help="successive halving: report each trial's greedy valid s-BLEU after UPDATES sentence updates, "
+                        "then UPDATES x --rung-factor, ...; trials outside the best 1/factor at a rung stop there "
+                        "(0: every trial trains its full budget)")
+    p.add_argument("--rung-factor", type=positive_int, default=3, help="successive halving's reduction factor (>= 2)")
     p.add_argument("--jobs", type=positive_int, default=2, help="trials at once, one thread each")
     p.add_argument("--startup-trials", type=positive_int, default=4,
                    help="random proposals per family before TPE models the finished trials")
@@ -70,6 +85,10 @@ def check_args(args) -> None:
     """--out and --bible-root before any work (the length study's too)."""
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
+    if getattr(args, "extra_target", None) not in (None, "web"):
+        check_input_file(args.extra_target, "--extra-target")
+    if getattr(args, "rung_factor", 3) < 2:
+        raise ValueError(f"--rung-factor: got {args.rung_factor}, expected an integer >= 2")
 
 
 def main(argv=None) -> int:
@@ -82,7 +101,9 @@ def main(argv=None) -> int:
     options = tune.TuneOptions(out=Path(args.out), families=args.tune, trials=args.trials,
                                total_updates=args.tune_updates, jobs=args.jobs, startup_trials=args.startup_trials,
                                sampler_seed=args.sampler_seed, bible_root=args.bible_root,
-                               valid_chapters=args.valid_chapters)
+                               valid_chapters=args.valid_chapters, space=args.space, first_rung=args.first_rung,
+                               rung_factor=args.rung_factor, extra_target=args.extra_target,
+                               train_lengths=args.train_lengths)
     def search():
         if args.report_only:
             summary = tune.report_from_journals(options)

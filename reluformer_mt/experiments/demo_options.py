@@ -86,6 +86,12 @@ class DemoOptions:
     no_progress: bool = False
     # families trained at once on a CPU, one thread each (see training_jobs)
     jobs: int = 2
+    # the low-resource recipe's data (reluformer-prepare's options of the same names, docs/USAGE.md): a
+    # second English translation joined by verse ("web" or a file), and the document phase's training
+    # split cut at several lengths (e.g. ["sentence", "128", "512", "document"]); valid and test stay
+    # at segment_tokens
+    extra_target: Optional[str] = None
+    train_lengths: List[str] = field(default_factory=list)
     # each family's tuned settings over the ones above ({family: {lr, warmup_updates, dropout,
     # sentence_updates, max_update, train_args}}: reluformer-study --tune, tuned_presets.json)
     family_settings: Dict[str, dict] = field(default_factory=dict)

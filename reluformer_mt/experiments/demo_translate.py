@@ -200,7 +200,8 @@ def tm_first_mode(tuned: Optional[dict], results: Dict[str, dict], best_mode: st
         start += len(verses)
     refs = [references[c] for c in docs]
     copied = sum(1 for m in matches[:start] if m["copy"] is not None and at_least(m["fuzzy"], threshold))
-    return {**{k: v for k, v in base.items() if k not in ("s_bleu", "d_bleu", "hypotheses")},
+    # the second reference's scores are the base mode's: not carried over to the copied outputs
+    return {**{k: v for k, v in base.items() if k not in ("s_bleu", "d_bleu", "s_bleu_2ref", "d_bleu_2ref", "hypotheses")},
             "s_bleu": corpus_sbleu([v for d in docs.values() for v in d], [v for d in refs for v in d]).score,
             "d_bleu": corpus_dbleu(list(docs.values()), refs).score, "hypotheses": docs,
             "tm_first": {"threshold": threshold, "over": best_mode, "verses_copied": copied,

@@ -27,6 +27,7 @@ class Phase:
     level: str = "sentence"  # "sentence", or the document segments' length in subword tokens
     updates: int = 0  # 0: no limit but the run's budget_minutes
     lr: Optional[float] = None  # peak learning rate (None: the run's)
+    max_tokens: Optional[int] = None  # tokens per batch (None: the run's)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def train_args(run: TrainingRun, phase: Phase, data: Path, save_dir: Path, log_f
     argv += ["--criterion", "reluformer_cross_entropy", "--label-smoothing", str(run.label_smoothing),
              "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
              "--lr", str(phase.lr or run.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(run.warmup_updates),
-             "--max-tokens", str(run.max_tokens), "--seed", str(run.seed), "--num-workers", "0",
+             "--max-tokens", str(phase.max_tokens or run.max_tokens), "--seed", str(run.seed), "--num-workers", "0",
              "--save-dir", str(save_dir), "--no-epoch-checkpoints"]
     if run.eval_bleu:
         argv += ["--eval-bleu", "--eval-bleu-args", '{"beam": 1}']

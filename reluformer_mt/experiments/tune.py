@@ -20,9 +20,12 @@ Choices where the methods leave one open (each an option):
 - The budget is counted in updates, not minutes: every trial of every family trains the same
   number of updates (the demo compares families at equal updates too), so the search is
   reproducible on any machine; the CPU minutes each family spent are printed beside it.
-- No pruning: a successive-halving rung compares trials at the same step, but trials with a
-  different sentence/document split are in different phases (sentences vs segments) at any step,
-  so their intermediate scores do not compare. Every trial runs its full budget.
+- Two search spaces: ``shared`` (the settings above) and ``recipe`` (those and the low-resource
+  recipe's: model size, tokens per batch, attention and activation dropout, label smoothing, word
+  dropout, decoder layer-drop; :mod:`.recipe`).
+- Pruning is off by default (every trial runs its full budget); ``first_rung`` turns on successive
+  halving over the sentence phase (:mod:`.recipe`): rungs end inside every trial's sentence phase,
+  so trials with different sentence/document splits still compare at the same step, on verses.
 - The sampler is Optuna's TPE (Bergstra et al. 2011), seeded per family and per trial number: a
   search interrupted and resumed proposes the same trials as one that ran through.
 - One training seed per trial; the length study runs the chosen settings over several seeds.
@@ -38,6 +41,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
+
+from reluformer_mt.experiments.recipe import RECIPE_PRESET, recipe_knobs, size_settings
 
 TUNED_PRESETS = Path(__file__).with_name("tuned_presets.json")  # the chosen settings the demo reads
 DEMO_CONFIGS = Path(__file__).parents[2] / "configs" / "demo"  # the hydra presets of a checkout (tuned/FAMILY.yaml)
@@ -68,6 +73,9 @@ class Knob:
             return "{" + ", ".join(str(c) for c in self.choices) + "}"
         return f"[{self.low:g}, {self.high:g}]" + (" log" if self.log else "") + (f" step {self.step:g}" if self.step else "")
 
+
+SPACES = ("shared", "recipe")
+RECIPE_KNOBS = recipe_knobs(Knob)  # the low-resource recipe's knobs (experiments/recipe.py)
 
 # Shared by every family; the ranges bracket the quick preset's values (lr 5e-3, warm-up 200,
 # dropout 0.1, 60 % of the updates on sentences)
@@ -100,19 +108,23 @@ FAMILY_KNOBS: Dict[str, tuple] = {
 # defaults): every family's search tries them once
 PRESET_PARAMS = {"lr": 5e-3, "warmup_updates": 200, "dropout": 0.1, "sentence_share": 0.6, "relu_gamma": 1.0,
                  "relu_gamma_mode": "fixed", "relu_length_scale": True, "norm_loss_weight": 0.1,
-                 "entropy_margin_weight": 0.1, "rela_variant": "gated", "rela_gain_init": 1.0}
+                 "entropy_margin_weight": 0.1, "rela_variant": "gated", "rela_gain_init": 1.0, **RECIPE_PRESET}
 
 
-def knobs_of(family: str) -> tuple:
+def knobs_of(family: str, space: str = "shared") -> tuple:
     if family not in FAMILY_KNOBS:
         raise ValueError(f"--tune: unknown family {family!r}; expected some of {', '.join(FAMILY_KNOBS)}")
-    return SHARED_KNOBS + FAMILY_KNOBS[family]
+    if space not in SPACES:
+        raise ValueError(f"--space: got {space!r}, expected one of {', '.join(SPACES)}")
+    return SHARED_KNOBS + (RECIPE_KNOBS if space == "recipe" else ()) + FAMILY_KNOBS[family]
 
 
 def fairseq_flags(family: str, params: dict) -> List[str]:
-    """The family knobs of ``params`` as fairseq-train options."""
+    """The knobs of ``params`` that are fairseq-train options (the family's own, and the recipe's
+    when ``params`` holds them), as arguments."""
     argv = []
-    for knob in FAMILY_KNOBS[family]:
+    recipe = tuple(k for k in RECIPE_KNOBS if k.flag) if "embed_dim" in params else ()
+    for knob in recipe + FAMILY_KNOBS[family]:
         value = params[knob.name]
         if knob.name == "relu_length_scale":  # a negated flag: given only to turn the factor off
             argv += [] if value else [knob.flag]
@@ -131,7 +143,7 @@ def trial_options(base, family: str, params: dict, total_updates: int, out: Path
     """The demo's options (:class:`reluformer_mt.experiments.demo.DemoOptions`) of one trial."""
     sentence, document = split_updates(total_updates, params["sentence_share"])
     return replace(base, out=out, families=[family], lr=params["lr"], warmup_updates=int(params["warmup_updates"]),
-                   dropout=params["dropout"], sentence_updates=sentence, max_update=document,
+                   dropout=params["dropout"], sentence_updates=sentence, max_update=document, **size_settings(params),
                    train_args=list(base.train_args) + fairseq_flags(family, params), knn=False, pieces_weight=0.0)
 
 
@@ -142,16 +154,49 @@ def settings_key(params: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ one trial
-def run_trial(base, family: str, params: dict, total_updates: int, trial_dir: Path, dirs: Dict[str, Path]) -> dict:
+@dataclass(frozen=True)
+class Halving:
+    """Where a worker finds its Optuna trial to report rungs to (successive halving is on)."""
+
+    journal: Path
+    study: str
+    trial_id: int
+    first_rung: int
+    factor: int
+
+    def open_trial(self):
+        import optuna
+
+        from reluformer_mt.experiments.recipe import pruner
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.load_study(study_name=self.study, storage=_storage(self.journal),
+                                  pruner=pruner(self.first_rung, self.factor))
+        return optuna.trial.Trial(study, self.trial_id)
+
+
+def run_trial(base, family: str, params: dict, total_updates: int, trial_dir: Path, dirs: Dict[str, Path],
+              halving: Optional[Halving] = None) -> dict:
     """Train one trial as the demo trains a family, then translate the validation chapters;
-    ``result.json`` in ``trial_dir`` (a finished trial is read back, not rerun)."""
+    ``result.json`` in ``trial_dir`` (a finished trial is read back, not rerun). With ``halving``
+    the sentence phase climbs its rungs first and may stop at one (``pruned_at``)."""
     from reluformer_mt.experiments.demo import bleu_of_model, process_cpu_seconds, train_family
+    from reluformer_mt.experiments.recipe import climb_rungs, rungs
 
     done = trial_dir / "result.json"
     if done.exists():
         return json.loads(done.read_text(encoding="utf-8"))
     o = trial_options(base, family, params, total_updates, trial_dir)
     cpu_start, start = process_cpu_seconds(), time.time()
+    if halving is not None:
+        ends = rungs(halving.first_rung, halving.factor, o.sentence_updates)
+        stopped = climb_rungs(o, family, dirs, halving.open_trial(), ends, trial_dir)
+        if stopped:
+            result = {"family": family, "params": params, "valid_s_bleu": None, "rung_valid_s_bleu": stopped["score"],
+                      "pruned_at": stopped["pruned_at"], "cpu_seconds": round(process_cpu_seconds() - cpu_start, 1),
+                      "wall_seconds": round(time.time() - start, 1)}
+            _write_atomic(done, json.dumps(result, indent=1) + "\n")
+            return result
     trained = train_family(o, family, dirs)
     valid = bleu_of_model(o, trained["checkpoint"], dirs["doc"], split="valid")
     result = {"family": family, "params": params, "valid_s_bleu": valid["s_bleu"], "valid_d_bleu": valid["d_bleu"],
@@ -183,6 +228,11 @@ class TuneOptions:
     bible_root: Optional[str] = None
     device: str = "cpu"
     valid_chapters: int = 0  # validation chapters a trial translates (0: all)
+    space: str = "shared"  # SPACES: the shared settings, or those and the low-resource recipe's
+    first_rung: int = 0  # successive halving's first rung in sentence updates (0: no pruning)
+    rung_factor: int = 3  # successive halving's reduction factor
+    extra_target: Optional[str] = None  # the recipe's data (DemoOptions): a second translation ...
+    train_lengths: Sequence[str] = ()  # ... and the document phase's training lengths
 
 
 def _storage(path: Path):
@@ -214,6 +264,7 @@ class FamilySearch:
         self.storage = _storage(self.dir / "journal.log")
         self.study = optuna.create_study(study_name=family, storage=self.storage, direction="maximize",
                                          load_if_exists=True)
+        self.journal = self.dir / "journal.log"
         if resume:  # not while reading the journals of a search that may still be running
             self._requeue_interrupted()
             self._queue_the_preset()
@@ -231,7 +282,7 @@ class FamilySearch:
     def _queue_the_preset(self) -> None:
         """The quick preset's own settings (:data:`PRESET_PARAMS`) are one of every family's trials,
         so the search ends at least where the shared preset stands (queued once, at the next ask)."""
-        preset = {knob.name: PRESET_PARAMS[knob.name] for knob in knobs_of(self.family)}
+        preset = {knob.name: PRESET_PARAMS[knob.name] for knob in knobs_of(self.family, self.t.space)}
         if not any(tr.params == preset or tr.system_attrs.get("fixed_params") == preset
                    for tr in self.study.get_trials(deepcopy=False)):
             self.study.enqueue_trial(preset, user_attrs={"preset": "quick"})
@@ -241,7 +292,8 @@ class FamilySearch:
         from optuna.trial import TrialState
 
         return [tr for tr in self.study.get_trials(deepcopy=False)
-                if tr.state == TrialState.COMPLETE or (tr.state == TrialState.FAIL and not tr.user_attrs.get("interrupted"))]
+                if tr.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                or (tr.state == TrialState.FAIL and not tr.user_attrs.get("interrupted"))]
 
     def remaining(self) -> int:
         return max(0, self.t.trials - len(self.counted()))
@@ -249,8 +301,13 @@ class FamilySearch:
     def ask(self):
         self.study.sampler = _sampler(self.t, self.family, len(self.study.trials))
         trial = self.study.ask()
-        params = {knob.name: knob.suggest(trial) for knob in knobs_of(self.family)}
+        params = {knob.name: knob.suggest(trial) for knob in knobs_of(self.family, self.t.space)}
         return trial, params
+
+    def halving(self, trial) -> Optional[Halving]:
+        if not self.t.first_rung:
+            return None
+        return Halving(self.journal, self.family, trial._trial_id, self.t.first_rung, self.t.rung_factor)
 
     def trial_dir(self, params: dict) -> Path:
         return self.dir / f"trial-{settings_key(params)}"
@@ -273,9 +330,10 @@ def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) 
 
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     base = base or DemoOptions(out=t.out, families=list(t.families), bible_root=t.bible_root, device=t.device,
-                               eval_chapters=t.valid_chapters)
+                               eval_chapters=t.valid_chapters, extra_target=t.extra_target,
+                               train_lengths=list(t.train_lengths))
     for family in t.families:
-        knobs_of(family)  # unknown names fail before any work
+        knobs_of(family, t.space)  # unknown names fail before any work
     dirs = prepare_data(t, base)
     searches = {family: FamilySearch(t, family) for family in t.families}
     report(f"tune: {', '.join(t.families)}: {t.trials} trials each of {t.total_updates} updates, {t.jobs} at a time; "
@@ -288,7 +346,7 @@ def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) 
                 trial, params = searches[family].ask()
                 trial_dir = searches[family].trial_dir(params)
                 future = pool.submit(run_in_worker, trial_dir / "trial.log", run_trial, base, family, params,
-                                     t.total_updates, trial_dir, dirs)
+                                     t.total_updates, trial_dir, dirs, searches[family].halving(trial))
                 running[future] = (family, trial, params)
                 report(f"tune: {family} trial {trial.number} started: {describe_params(params)}")
             if not running:
@@ -317,6 +375,13 @@ def _tell(search: FamilySearch, trial, future, report, started: float) -> None:
     except Exception as error:  # a trial that failed by itself uses its budget; the search goes on
         search.study.tell(trial, state=TrialState.FAIL)
         report(f"tune: {search.family} trial {trial.number} FAILED: {str(error).splitlines()[0] if str(error) else error!r}")
+        return
+    if result.get("pruned_at"):
+        for key in ("pruned_at", "rung_valid_s_bleu", "cpu_seconds"):
+            trial.set_user_attr(key, result[key])
+        search.study.tell(trial, state=TrialState.PRUNED)
+        report(f"tune: {search.family} trial {trial.number} ({len(search.counted())}/{search.t.trials}): stopped at "
+               f"{result['pruned_at']} updates (greedy valid s-BLEU {result['rung_valid_s_bleu']:.2f})")
         return
     for key in ("valid_d_bleu", "valid_fallbacks", "cpu_seconds", "sentence_updates", "document_updates"):
         trial.set_user_attr(key, result[key])
@@ -347,12 +412,16 @@ def family_summary(t: TuneOptions, search: FamilySearch) -> dict:
     best = max(complete, key=lambda tr: tr["valid_s_bleu"]) if complete else None
     return {"trials": trials, "budget": {"trials": t.trials, "updates_per_trial": t.total_updates,
                                          "cpu_minutes": round(sum(tr.get("cpu_seconds", 0) for tr in trials) / 60, 1)},
-            "search_space": {k.name: k.describe() for k in knobs_of(search.family)},
+            "search_space": {k.name: k.describe() for k in knobs_of(search.family, t.space)},
             "finished": len(trials) >= t.trials, "best": best}
 
 
 def write_summary(t: TuneOptions, searches: Dict[str, FamilySearch]) -> dict:
     command = "reluformer-study --tune " + ",".join(t.families) + f" --trials {t.trials} --tune-updates {t.total_updates}"
+    command += (f" --extra-target {t.extra_target}" if t.extra_target else "") + (
+        f" --train-lengths {','.join(t.train_lengths)}" if t.train_lengths else "")
+    command += (f" --space {t.space}" if t.space != "shared" else "") + (
+        f" --first-rung {t.first_rung} --rung-factor {t.rung_factor}" if t.first_rung else "")
     summary = {"command": command, "objective": "s-BLEU of the validation chapters (document translator, beam search)",
                "baseline": validation_baseline(t), "families": {f: family_summary(t, s) for f, s in searches.items()}}
     _write_atomic(t.out / "tuning.json", json.dumps(summary, indent=1) + "\n")
@@ -388,13 +457,16 @@ def render(summary: dict) -> str:
     lines += ["", "Search space:", ""]
     for family, f in summary["families"].items():
         lines.append(f"- {family}: " + "; ".join(f"{k} {v}" for k, v in f["search_space"].items()))
-    lines += ["", "Every trial:", "", "| family | trial | valid s-BLEU | valid d-BLEU | CPU min | settings |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "Every trial (numbered 1 to N per family; an interrupted trial is run again under a new journal "
+              "number, so the journal's own numbers, in brackets, can skip):", "",
+              "| family | trial | valid s-BLEU | valid d-BLEU | CPU min | settings |", "|---|---|---|---|---|---|"]
     for family, f in summary["families"].items():
-        for tr in f["trials"]:
+        for position, tr in enumerate(f["trials"], 1):
             score = "failed" if tr["valid_s_bleu"] is None else f"{tr['valid_s_bleu']:.2f}"
+            if tr.get("pruned_at"):
+                score = f"stopped at {tr['pruned_at']} updates (greedy {tr['rung_valid_s_bleu']:.2f})"
             d = tr.get("valid_d_bleu")
-            lines.append(f"| {family} | {tr['number']} | {score} | {'' if d is None else format(d, '.2f')} | "
+            lines.append(f"| {family} | {position} [{tr['number']}] | {score} | {'' if d is None else format(d, '.2f')} | "
                          f"{tr.get('cpu_seconds', 0) / 60:.1f} | {describe_params(tr['params'])} |")
     return "\n".join(lines) + "\n"
 
@@ -407,7 +479,7 @@ def chosen_presets(summary: dict) -> dict:
             p = f["best"]["params"]
             sentence, document = split_updates(f["budget"]["updates_per_trial"], p["sentence_share"])
             presets[family] = {"lr": p["lr"], "warmup_updates": int(p["warmup_updates"]), "dropout": p["dropout"],
-                               "sentence_updates": sentence, "max_update": document,
+                               "sentence_updates": sentence, "max_update": document, **size_settings(p),
                                "train_args": fairseq_flags(family, p), "valid_s_bleu": f["best"]["valid_s_bleu"],
                                "trial": f["best"]["number"]}
     return {"command": summary["command"], "families": presets}
@@ -432,13 +504,23 @@ def write_presets(summary: dict, path: Path = TUNED_PRESETS, configs: Optional[P
 HYDRA_KEYS = {"--relu-gamma": "model.relu_gamma", "--relu-gamma-mode": "model.relu_gamma_mode",
               "--relu-no-length-scale": "model.relu_no_length_scale", "--rela-variant": "model.rela_variant",
               "--rela-gain-init": "model.rela_gain_init", "--norm-loss-weight": "criterion.norm_loss_weight",
-              "--entropy-margin-weight": "criterion.entropy_margin_weight"}
+              "--entropy-margin-weight": "criterion.entropy_margin_weight",
+              "--attention-dropout": "model.attention_dropout", "--activation-dropout": "model.activation_dropout",
+              "--label-smoothing": "criterion.label_smoothing", "--target-word-dropout": "task.target_word_dropout",
+              "--source-word-dropout": "task.source_word_dropout", "--decoder-layerdrop": "model.decoder_layerdrop"}
+# the recipe's size fields in a hydra config (both sides of the model alike)
+HYDRA_SIZES = {"embed_dim": ("model.encoder_embed_dim", "model.decoder_embed_dim"),
+               "ffn_dim": ("model.encoder_ffn_embed_dim", "model.decoder_ffn_embed_dim"),
+               "layers": ("model.encoder_layers", "model.decoder_layers"),
+               "heads": ("model.encoder_attention_heads", "model.decoder_attention_heads"),
+               "max_tokens": ("dataset.max_tokens",)}
 
 
 def hydra_overrides(family: str, preset: dict, command: str) -> str:
     """A ``# @package _global_`` file with a family's tuned settings, merged after base/setup.yaml."""
     values = {"optimization.lr": [preset["lr"]], "lr_scheduler.warmup_updates": preset["warmup_updates"],
               "model.dropout": preset["dropout"]}
+    values.update({key: preset[field] for field, keys in HYDRA_SIZES.items() if field in preset for key in keys})
     argv = preset["train_args"]
     for i, flag in enumerate(argv):
         if flag.startswith("--"):

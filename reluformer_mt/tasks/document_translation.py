@@ -79,9 +79,35 @@ class DocumentTranslationConfig(TranslationConfig):
         "help": "kNN-MT: the Meta-k network beside the datastore picks k and the share per step (adaptive kNN-MT, "
                 "Zheng et al. 2021; trained by reluformer-memory tune); default: as tuned"})
     knn_readout: Optional[str] = field(default=None, metadata={"help": "kNN-MT: softmax, relu, sparsemax or entmax15"})
+    # word dropout (Sennrich & Zhang, ACL 2019, "Revisiting Low-Resource Neural Machine Translation";
+    # G-Transformer's token masking, Bao et al. 2021): in training, each token of the source / of the
+    # decoder's input is replaced by <unk> with this probability (the loss still reads every target)
+    source_word_dropout: float = field(default=0.0, metadata={
+        "help": "training only: probability of replacing each source token by <unk> (0 = off)"})
+    target_word_dropout: float = field(default=0.0, metadata={
+        "help": "training only: probability of replacing each token of the decoder's input (the shifted "
+                "target) by <unk> (0 = off; Sennrich & Zhang 2019 use 0.1-0.3)"})
     guidance: Optional[str] = field(default=None, metadata={
         "help": "further decoding guidance at generation, by the name its kind is registered under: "
                 "'NAME:option=value,...', several joined by ';' (reluformer_mt.inference.guidance)"})
+
+
+def check_word_dropout(cfg) -> None:
+    for option, value in (("--source-word-dropout", cfg.source_word_dropout),
+                          ("--target-word-dropout", cfg.target_word_dropout)):
+        if not 0 <= value < 1:
+            raise ValueError(f"{option}: got {value}, expected a probability in [0, 1)")
+
+
+def drop_words(tokens: torch.Tensor, p: float, unk: int, keep) -> torch.Tensor:
+    """``tokens`` with each token not in ``keep`` (padding, </s>, separators) replaced by ``unk``
+    with probability ``p``; the global torch generator draws (fairseq seeds it per update)."""
+    if p <= 0:
+        return tokens
+    drop = torch.rand(tokens.shape, device=tokens.device) < p
+    for index in keep:
+        drop &= tokens != index
+    return tokens.masked_fill(drop, unk)
 
 
 def check_key_options(cfg) -> None:
@@ -150,6 +176,7 @@ class DocumentTranslationTask(TranslationTask):
         if cfg.tm_k < 1:
             raise ValueError(f"--tm-k: got {cfg.tm_k}, expected >= 1")
         check_key_options(cfg)
+        check_word_dropout(cfg)
         for name, d in (("source", task.src_dict), ("target", task.tgt_dict)):
             if d.index(cfg.separator) == d.unk():
                 raise ValueError(f"{data_dir}: the {name} dictionary has no {cfg.separator!r} entry, so segments cannot "
@@ -176,6 +203,21 @@ class DocumentTranslationTask(TranslationTask):
             dataset = self.datasets[split] = self._with_memory(data_dir, split, dataset, infos)
             self._check_lengths(split, dataset, infos, (self.cfg.max_source_positions, self.cfg.max_target_positions))
         self._split_of_dataset[id(dataset)] = split
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        return super().train_step(self.with_word_dropout(sample), model, criterion, optimizer, update_num, ignore_grad)
+
+    def with_word_dropout(self, sample):
+        """The sample with word dropout on its source and decoder input (a copy; the targets kept)."""
+        p_src, p_tgt = self.cfg.source_word_dropout, self.cfg.target_word_dropout
+        if not (p_src or p_tgt) or sample is None or "net_input" not in sample:
+            return sample
+        net_input = dict(sample["net_input"])
+        for name, p, d in (("src_tokens", p_src, self.src_dict), ("prev_output_tokens", p_tgt, self.tgt_dict)):
+            if p and name in net_input:
+                keep = (d.pad(), d.eos(), d.bos(), d.index(self.cfg.separator))
+                net_input[name] = drop_words(net_input[name], p, d.unk(), keep)
+        return {**sample, "net_input": net_input}
 
     # ------------------------------------------------------------ translation memory
 
