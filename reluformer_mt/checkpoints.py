@@ -360,6 +360,19 @@ def _stored_data(cfg) -> Optional[Path]:
     return Path(stored) if stored else None
 
 
+def is_recorded_data(directory, cfg) -> bool:
+    """Whether ``directory`` is the training data the configuration records by a relative path
+    (``task.data``) that does not resolve from the current folder: its resolved path ends with the
+    recorded one (a run's folder addressed from elsewhere, as the rekey of a demo run does)."""
+    stored = _stored_data(cfg)
+    if stored is None or stored.is_absolute() or not Path(directory).is_dir():
+        return False
+    recorded = [part for part in stored.parts if part not in (".", "")]
+    if not recorded or ".." in recorded:
+        return False
+    return list(Path(directory).resolve().parts[-len(recorded):]) == recorded
+
+
 def _not_found(opened: "OpenedCheckpoint") -> str:
     """Why a checkpoint's own vocabulary cannot be found, and what to do."""
     src, tgt = opened.data.src_lang, opened.data.tgt_lang
@@ -377,6 +390,8 @@ def check_data_vocabulary(opened: "OpenedCheckpoint", option: str = "--data") ->
 
     data = opened.data
     reference = trained_vocabulary(opened)
+    if reference is None and is_recorded_data(data.path, opened.cfg):
+        return  # the very training data it records, given by a path that works from here
     if reference is None:
         raise VocabularyError(f"{option} {data.path}: cannot check that it holds the vocabulary of {opened.path}: "
                               + _not_found(opened))

@@ -14,6 +14,11 @@ Who calls it:
 """
 import logging
 
+# fairseq's speech task logs an install hint for tensorboardX when fairseq is first imported; it is
+# noise for MT. Set here, on the package's import, because a Python user's first import of fairseq
+# (e.g. through DocumentTranslator's module) comes before any register() call.
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+
 _registered = False
 
 
@@ -22,8 +27,6 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    # fairseq's speech task logs an install hint for tensorboardX at import; it is noise for MT
-    logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
     from reluformer_mt import fairseq_compat
 
     fairseq_compat.apply()  # before any checkpoint is loaded or any batch is made

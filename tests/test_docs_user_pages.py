@@ -38,3 +38,23 @@ def test_history_lives_apart_and_the_user_pages_link_it():
 def test_performance_page_stays_short():
     lines = (REPO / "docs" / "PERFORMANCE.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 300, f"docs/PERFORMANCE.md has {lines} lines: move measurement history to docs/history/"
+
+
+def test_no_anchor_file_name_or_internal_path_names_an_issue_or_a_machine():
+    """Anchors, file names and paths count too (code and links included): an issue number in a
+    link's anchor or a test file's name, or a folder of the machine a measurement ran on."""
+    named = re.compile(r"issue[-_ ]?\d+|/work/|/home/|/root/", re.I)
+    found = [f"{page.relative_to(REPO)}: {m.group(0)!r}" for page in USER_PAGES
+             for m in named.finditer(re.sub(r"github\.com/[\w./-]*/issues/\d+", "", page.read_text(encoding="utf-8")))]
+    assert found == []
+    assert sorted(p.name for p in (REPO / "tests").glob("*issue*")) == []
+
+
+def test_user_pages_state_no_internal_target():
+    """What was measured, not the project's internal goals ("target <= 1.3: missed")."""
+    target = re.compile(r"\btargets? *(?:<=|>=|≤|≥|asks|is met|are met|met\b)|the project aims|\*\*missed\*\*|: missed\b"
+                        r"|not reached", re.I)
+    found = [f"{page.relative_to(REPO)}: {m.group(0)!r}" for page in USER_PAGES
+             for m in target.finditer(prose(page.read_text(encoding="utf-8")))]
+    assert found == []
+    assert target.search("x1.71 (target <= 1.3: missed)") and target.search("the 3 points the project aims for")

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_hardening_issue34 import one_line
+from test_hardening_outputs_and_rekeying import one_line
 from test_translate import FAST, translate_main
 
 

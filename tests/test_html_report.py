@@ -136,6 +136,28 @@ def test_markdown_table_escapes_pipes_and_right_aligns_numbers():
         "| model | BLEU |", "|:---|---:|", "| a\\|b | 1.23 |", "| c | n/a |"]
 
 
+def test_the_results_carry_the_readmes_columns(tmp_path):
+    """The page's Results hold the README's table of the run (pieces, kNN-MT, TM-first, the chosen
+    mode in bold), from the run's summary.json: the README's run, rendered as a page."""
+    from reluformer_mt.evaluation.html_report import build_page
+    from reluformer_mt.evaluation.reports import write_json
+    from reluformer_mt.experiments.readme_table import SUMMARY_COPY, render
+
+    summary = json.loads(SUMMARY_COPY.read_text(encoding="utf-8"))
+    write_json(tmp_path / "summary.json", summary)
+    write_json(tmp_path / "table.json", {"headers": TABLE_HEADERS, "rows": [], "notes": []})
+    page = build_page(tmp_path)
+    start = page.index('<h2 id="results">')
+    end = page.find("<h2", start + 1)
+    results = page[start:end if end > 0 else len(page)]
+    readme = [line.strip("| ").split(" | ") for line in render(summary).splitlines()]
+    for label in ("+ pieces", "+ kNN-MT", "+ kNN-MT (per-input)", "TM-first (best mode)"):
+        assert label in readme[0] and f"<th>{label}</th>" in results
+    for row in readme[2:]:  # every cell of every row, bold where the README's is
+        cells = [f"<b>{c.strip('*')}</b>" if c.startswith("**") else c.replace("&", "&amp;") for c in row]
+        assert "".join(f"<td>{c}</td>" for c in cells) in results.replace("&#x27;", "'"), row
+
+
 # ---------------------------------------------------------------------------------------------- browser
 
 def browser():

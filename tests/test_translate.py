@@ -170,7 +170,7 @@ class EchoGenerator:
     def __init__(self, translator):
         self.t, self.round = translator, 0
 
-    def __call__(self, sources, progress=None, matches=None, pieces=None):
+    def __call__(self, sources, progress=None, matches=None, pieces=None, on_batch=None):
         self.round += 1
         out = []
         for src in sources:
@@ -178,6 +178,8 @@ class EchoGenerator:
             if (ids == self.t.sep_src).any() and (self.round == 1 or int(ids[0]) % 2):
                 ids = ids[ids != self.t.sep_src]
             out.append({"tokens": ids.clone(), "positional_scores": torch.full((len(ids) + 1,), -1.0), "attention": None})
+        if on_batch is not None:  # one batch of every source (the translator counts its finished sentences)
+            on_batch(list(range(len(out))), out)
         return out
 
 

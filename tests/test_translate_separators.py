@@ -167,15 +167,16 @@ def test_real_documents_constrained_never_fall_back_below_the_length_limit(doc_c
 @needs_shared_data
 def test_free_is_the_plain_beam_search(doc_checkpoint):
     """--separators free decodes exactly as fairseq's own beam search, which is what the translator
-    did before the option: same texts, scores and fallbacks as with a SequenceGenerator built by hand."""
-    from fairseq.search import BeamSearch
+    did before the option: same texts, scores and fallbacks as with a SequenceGenerator built by hand.
+    Its search has no guidance parts, only each source's own length limit (here the same for all)."""
     from fairseq.sequence_generator import SequenceGenerator
 
     from reluformer_mt.inference import DocumentTranslator
+    from reluformer_mt.inference.guidance import GuidedBeamSearch
 
     docs = real_docs(2, max_sentences=12)
     free = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")
-    assert type(free.generator.search) is BeamSearch and free.search is None
+    assert type(free.generator.search) is GuidedBeamSearch and free.search.parts == []
     plain = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")
     plain.generator = SequenceGenerator([plain.model], plain.tgt_dict, beam_size=2, max_len_a=0, max_len_b=6)
     got, expected = free.translate(docs, scores=True), plain.translate(docs, scores=True)

@@ -4,6 +4,7 @@ and its options are the Python API's parameters with the same defaults."""
 import inspect
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -254,3 +255,36 @@ def test_every_device_option_defaults_to_auto():
                                              "reluformer-eval contrastive", "reluformer-eval cxmi", "reluformer-eval memory",
                                              "reluformer-memory rekey", "reluformer-demo", "reluformer-study"}
     assert all(default == "auto" for _, default in found), found
+
+
+def test_a_pipe_and_a_file_give_the_same_bytes_with_fallbacks(doc_checkpoint, tmp_path):
+    """Five talks of different lengths, the output length limit growing with the source (a > 0),
+    an untrained model that runs into it (so segments fall back to halves and single sentences):
+    a file batches segments across talks, a pipe translates talk by talk, and fairseq's generator
+    takes one limit per batch from its longest source, so a segment's output (and whether it fell
+    back) depended on the segments batched with it. Each source now has its own limit."""
+    docs = [d[:n] for d, n in zip(real_docs(5), (14, 3, 9, 1, 6))]
+    write_docmt(tmp_path / "in.txt", docs)
+    search = ["--beam", "2", "--max-len-a", "0.6", "--max-len-b", "2", "--no-progress", "--threads", "1"]
+    piped = run_subprocess(["reluformer-translate", "-c", doc_checkpoint, *search],
+                           input=(tmp_path / "in.txt").read_text(encoding="utf-8"), timeout=300)
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    rc, _ = translate_main(["-c", doc_checkpoint, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt", *search])
+    assert rc == 0
+    fallbacks = int(re.search(r"fallbacks: ([\d,]+)", piped.stderr).group(1).replace(",", ""))
+    assert fallbacks > 0, piped.stderr
+    assert piped.stdout == (tmp_path / "out.txt").read_text(encoding="utf-8")
+
+
+def test_a_documents_translation_does_not_depend_on_its_batch(doc_checkpoint):
+    """The Python API: documents translated together, one at a time, or one segment per batch
+    give the same results (the length limit is each source's own, not its batch's)."""
+    from reluformer_mt.inference import DocumentTranslator
+
+    docs = [d[:n] for d, n in zip(real_docs(3), (8, 2, 5))]
+    search = dict(beam=2, max_len_a=0.6, max_len_b=2, device="cpu")
+    together = DocumentTranslator(doc_checkpoint, **search)
+    alone = DocumentTranslator(doc_checkpoint, batch_size=1, **search)
+    expected = together.translate_text(docs)
+    assert [alone.translate_text([d])[0] for d in docs] == expected
+    assert together.stats["fallbacks: segment retranslated as halves"] > 0

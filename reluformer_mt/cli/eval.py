@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
-                                     add_spm_model_option, check_checkpoint_file, check_distinct_files, check_output_file,
+                                     add_spm_model_option, check_checkpoint_file, check_distinct_files, check_input_file,
+                                     check_output_file,
                                      non_negative_int, percent, percent_list, positive_int, quiet_logging, resolve_device, write_error)
 from reluformer_mt.data.documents import FORMAT as DOCMT
 from reluformer_mt.data.wording import counted
@@ -627,6 +628,8 @@ class Tee(io.TextIOBase):
 
 INPUT_OPTIONS = ("hyp", "ref", "hyp_doc_ids", "ref_doc_ids", "segments", "gold", "pred", "lengths", "src", "tgt",
                  "pairs", "checkpoint")
+# the single-file inputs checked for existence up front (bleu checks its hypotheses and references itself)
+FILE_OPTIONS = ("hyp_doc_ids", "ref_doc_ids", "segments", "gold", "pred", "lengths", "src", "tgt", "pairs")
 
 
 def input_files(args) -> List[Tuple[str, str]]:
@@ -659,6 +662,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             args.device = resolve_device(args.device)
         if args.command == "bleu":
             check_tokenizer(args.tokenize)
+        for option in FILE_OPTIONS:  # every missing file named before any file is read (gold before pred)
+            value = getattr(args, option, None)
+            for path in value if isinstance(value, list) else [value]:
+                check_input_file(path, "--" + option.replace("_", "-"))
         check_distinct_files([("--" + o.replace("_", "-"), getattr(args, o, None))
                               for o in ("json", "plot", "write_pred", "output", "html")], input_files(args))
         if checkpoints:  # subcommands that load models: the entry point registers

@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=8000, help="tokens per force-decoding batch")
     add_device_option(b, help="torch device of the force-decoding: " + DEVICE_HELP)
     b.add_argument("--force", action="store_true", help="rebuild a datastore that is already there")
+    b.add_argument("--drop-nonfinite", action="store_true",
+                   help="leave out the entries whose keys hold NaN or inf (counted); without it such keys are refused")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     i = ds_sub.add_parser("info", help="what a datastore holds")
     i.add_argument("directory")
@@ -104,14 +106,20 @@ def run_datastore(args) -> str:
     from reluformer_mt.knn.datastore import Datastore, build_datastore
 
     if args.action == "info":
-        store = Datastore.load(args.directory)
+        store = Datastore.load(args.directory, check_keys=False)
         tuned = store.meta.get("tuned", {}).get("full")
-        return store.describe() + (f"\n  tuned: {tuned}" if tuned else "\n  not tuned (reluformer-memory tune)")
+        bad = store.nonfinite_keys()
+        keys = (f"\n  keys: {bad:,} of {store.size:,} hold NaN or inf; refused by --knn (rebuild it with --force "
+                "--drop-nonfinite)" if bad else "\n  keys: all finite")
+        return store.describe() + keys + (f"\n  tuned: {tuned}" if tuned else "\n  not tuned (reluformer-memory tune)")
     store = build_datastore(args.checkpoint, args.out, data=args.data, split=args.split, max_tokens=args.max_tokens,
-                            index=args.index, device=args.device, progress=not args.quiet, force=args.force)
+                            index=args.index, device=args.device, progress=not args.quiet, force=args.force,
+                            drop_nonfinite=args.drop_nonfinite)
     m = store.meta
     return (store.describe() + f"\n  built in {m['build_seconds']} s; {m['bytes'] / 2**20:.1f} MiB on disk"
-            + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else ""))
+            + (f"; resumed {m['resumed_shards']} finished shard(s)" if m["resumed_shards"] else "")
+            + (f"; left out {m['dropped_nonfinite']:,} entries whose keys held NaN or inf"
+               if m["dropped_nonfinite"] else ""))
 
 
 def data_of(checkpoint, data) -> Path:
@@ -125,6 +133,11 @@ def data_of(checkpoint, data) -> Path:
 def run_tune(args) -> str:
     from reluformer_mt.experiments.knn_tune import format_report, tune
 
+    if args.knn:  # the tuned values and the adaptive network are written into the datastore's folder
+        from reluformer_mt.knn.adaptive import FILE_NAME
+        from reluformer_mt.knn.datastore import META_NAME, refuse_links
+
+        refuse_links("--knn", Path(args.knn), [Path(args.knn) / META_NAME, Path(args.knn) / FILE_NAME])
     if args.json:  # never over what the tuning reads (the data folder's path needs the checkpoint's config)
         check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--knn", args.knn))
         check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))

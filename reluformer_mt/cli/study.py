@@ -20,8 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = OneLineParser(prog="reluformer-study", description=__doc__.split("\n\n")[0],
                       formatter_class=DefaultsHelpFormatter,
-                      epilog="The family tuner and the length study: reluformer-study --tune FAMILY,... --help; "
+                      epilog="Each mode lists its own options: reluformer-study --tune FAMILY,... --help; "
                              "reluformer-study --lengths LENGTH,... --help (docs/USAGE.md).")
+    add_mode_options(p)
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
     add_run_options(p, dict(budget_minutes=20, update_limit=0, threads=1))
@@ -40,8 +41,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_mode_options(p) -> None:
+    """The other modes, listed so that --help shows them; main() hands a command with --tune or
+    --lengths to its own parser before this one parses."""
+    from reluformer_mt.cli.lengths import LENGTHS
+    from reluformer_mt.cli.tune import FAMILIES, build_parser as tune_parser
+
+    modes = p.add_argument_group("other modes (reluformer-study --tune X --help, --lengths X --help: their options)")
+    modes.add_argument("--tune", metavar="FAMILY,...",
+                       help="the family tuner: the same search budget for each of " + ", ".join(FAMILIES)
+                            + f" on the validation chapters (with --trials N per family, default "
+                              f"{tune_parser().get_default('trials')}; --tune-updates, "
+                              "--jobs, --write-presets)")
+    modes.add_argument("--lengths", metavar="LENGTH,...",
+                       help="the length study: each family at its tuned settings, several seeds, trained at each of "
+                            + ", ".join(LENGTHS) + " (with --seeds, --tune-families, --jobs)")
+    modes.add_argument("--trials", metavar="N", help="trials per family of --tune (only with --tune)")
+
+
 def check_args(args) -> None:
     """Checks that need more than one option or the machine, before any work (ValueError)."""
+    if args.trials is not None:  # --tune is handed to its own parser before this one: here it is missing
+        raise ValueError("--trials goes with --tune FAMILY,... (the family tuner)")
     if args.budget_minutes <= 0 and args.max_update <= 0:
         raise ValueError("--budget-minutes or --max-update must be > 0")
     check_output_folder(args.out, "--out")

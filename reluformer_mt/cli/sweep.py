@@ -19,8 +19,7 @@ for _noisy in ("fairseq.tasks.text_to_speech", "matplotlib"):
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_input_folder,
                                      check_output_folder, percent_list, positive_int, positive_int_list)
 from reluformer_mt.cli.run_options import add_run_options
-from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, SweepOptions, run_sweep, sweep_training
-from reluformer_mt.memory.ffn import FFN_VARIANTS
+from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, FFN_VARIANTS, SweepOptions, run_sweep, sweep_training
 
 
 def variant_list(text) -> list:

@@ -11,7 +11,8 @@ segments, fallbacks, time) goes to standard error.
 Streaming: a pipe or terminal input (not a regular file) in the lines or docmt format is
 translated one document at a time, and each document's output is written and flushed as soon as
 it is done, so the command can sit in a pipe as fairseq-interactive does. A regular file is read
-whole and its segments batched across documents.
+whole and its segments batched across documents; the two give the same bytes, as every segment has
+its own output length limit, whatever it is batched with.
 """
 import argparse
 import ast
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Iterator, List
 
-from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, add_spm_model_option,
+from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
+                                     add_spm_model_option,
                                      check_checkpoint_file, check_device, check_distinct_files, check_input_file,
                                      check_input_folder, check_no_repeats, check_output_file, no_gpu_visible,
                                      match_score_names, non_negative_float, non_negative_int, segment_tokens, unit_interval,
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     D = translator_defaults()
 
-    p = argparse.ArgumentParser(
+    p = OneLineParser(  # a bad option is one line, as every other error
         prog="reluformer-translate", formatter_class=DefaultsHelpFormatter,
         description="Translate documents with a reluformer checkpoint: documents are cut into segments of the "
                     "trained length, translated with beam search and split back into exactly one sentence per "
@@ -267,6 +269,9 @@ def check_paths(args) -> None:
         if args.pieces_weight > 0:
             raise ValueError(f"--pieces-weight {args.pieces_weight:g}: translation pieces come from the memory, "
                              "which --memory none withholds; drop one of the two")
+        if args.match_score is not None:
+            raise ValueError(f"--match-score {args.match_score}: ranks the memory's matches, which --memory none "
+                             "withholds; drop one of the two")
     memory_file = args.memory if args.memory and args.memory != "none" and Path(args.memory).is_file() else None
     checkpoints = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]  # several: an ensemble
     inputs = [("--checkpoint", c) for c in checkpoints] + [("--memory", memory_file), ("--input", args.input),
@@ -436,6 +441,18 @@ def _render_chunk(parsed, texts, first: bool, one_per_line: bool = False) -> Lis
     return lines if first or parsed.fmt != "lines" else [""] + lines
 
 
+def nbest_lines(results, first: int) -> List[str]:
+    """``SENTENCE ||| TEXT ||| SCORE`` of every sentence's hypotheses, sentences numbered from ``first``."""
+    lines = []
+    for sentence, r in enumerate((r for doc in results for r in doc), first):
+        for h in [r] + r.alternatives:
+            # an empty sentence is not translated: its one (empty) output is certain, log 1 = 0;
+            # a TM-first copy is the memory's, not the model's: no score (nan)
+            score = "nan" if h.tm_copy else f"{h.score if h.score is not None else 0.0:.4f}"
+            lines.append(f"{sentence} ||| {h.text} ||| {score}")
+    return lines
+
+
 def run(args) -> str:
     """Translate as ``args`` say; returns the summary."""
     from reluformer_mt.inference import DocumentTranslator
@@ -479,7 +496,7 @@ def run(args) -> str:
         return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
 
     sides = [(option, path, fn) for option, path, fn in (
-        ("--scores", args.scores, lambda r: "" if r.score is None else f"{r.score:.4f}"),
+        ("--scores", args.scores, lambda r: "nan" if r.tm_copy else "" if r.score is None else f"{r.score:.4f}"),
         ("--alignments", args.alignments, lambda r: " ".join(f"{i}-{j}" for i, j in (r.alignment or []))),
         ("--memory-matches", args.memory_matches, match_line)) if path]
     stream = open_output(args.output)
@@ -494,12 +511,8 @@ def run(args) -> str:
                                            else None)
             with writing("standard output" if stream is sys.stdout else args.output):
                 if args.nbest > 1:
-                    lines = []
-                    for r in (r for doc in results for r in doc):
-                        for h in [r] + r.alternatives:
-                            # an empty sentence is not translated: its one (empty) output is certain, log 1 = 0
-                            lines.append(f"{sentence} ||| {h.text} ||| {h.score if h.score is not None else 0.0:.4f}")
-                        sentence += 1
+                    lines = nbest_lines(results, sentence)
+                    sentence += sum(len(doc) for doc in results)
                 else:
                     lines = _render_chunk(parsed, [[r.text for r in doc] for doc in results], first)
                 stream.write("".join(line + "\n" for line in lines))
@@ -518,7 +531,7 @@ def run(args) -> str:
         for _, path, f, _ in files:
             with writing(path):
                 f.close()
-    summary = translator.summary()
+    summary = "\n".join([translator.summary()] + [f"  {line}" for line in translator.kernels_used()])
     fmt = (last.fmt if last is not None else source.fmt)
     detected = source.detected or (last.detected if last is not None else None)
     fmt += f" (detected: {detected}; --format chooses)" if detected else ""

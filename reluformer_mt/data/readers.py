@@ -7,7 +7,9 @@ Formats:
   - ``xml``: IWSLT / WIT3 mteval XML pairs, joined by (docid, seg id);
   - ``docids``: line-aligned sentence files plus a file with one document id per line;
   - ``doclines``: one document per line, sentences separated by a separator string;
-  - ``plain``: sentence-level parallel files (each line its own document, or one document).
+  - ``plain``: sentence-level parallel files (each line its own document, or one document);
+  - ``lines``: line-aligned files, one sentence a line, a blank line between documents: the
+    layout reluformer-translate reads and writes with ``--format lines`` and reluformer-eval reads.
 
 Policy for bad input: structural disagreement between the two sides (line counts, document
 markers, sentence counts) is an error naming both files; local damage (BOM, CRLF, an empty
@@ -296,7 +298,32 @@ def read_plain(src_path, tgt_path, report: Report, one_document: bool = False, n
     return [doc for i, p in enumerate(pairs) if (doc := _pairs_to_document(f"{name}.{i}", [p], report)) is not None]
 
 
-FORMATS = (DOCMT, "xml", "docids", "doclines", "plain", "plain-onedoc")
+def read_blank_separated(src_path, tgt_path, report: Report, name: Optional[str] = None) -> List[Document]:
+    """Line-aligned files with a blank line between documents, on the same lines on both sides
+    (reluformer-translate's ``lines`` layout: each further blank line is an empty document, which
+    is skipped and counted)."""
+    src_lines, tgt_lines = read_lines(src_path, report), read_lines(tgt_path, report)
+    _check_same_count(src_path, len(src_lines), tgt_path, len(tgt_lines))
+    name = name or corpus_name(src_path, tgt_path)
+    documents, pairs = [], []
+    for i, (s, t) in enumerate(zip(src_lines, tgt_lines), 1):
+        src_blank, tgt_blank = not strip_edges(s)[0], not strip_edges(t)[0]
+        if src_blank != tgt_blank:
+            blank, other = (src_path, tgt_path) if src_blank else (tgt_path, src_path)
+            raise ValueError(f"line {i} is blank in {blank} but not in {other}; documents must end on the same lines")
+        if src_blank:
+            documents.append(pairs)
+            pairs = []
+        else:
+            pairs.append((s, t, f"{src_path}:{i}", f"{tgt_path}:{i}"))
+    if src_lines:  # the text after the last blank line (as reluformer-translate reads it)
+        documents.append(pairs)
+    docs = [_pairs_to_document(f"{name}.{k}", p, report) for k, p in enumerate(documents)]
+    return [d for d in docs if d is not None]
+
+
+LINES = "lines"
+FORMATS = (DOCMT, "xml", "docids", "doclines", "plain", "plain-onedoc", LINES)
 
 
 def read_corpus(fmt: str, files: Sequence[str], report: Report, separator: str = SEPARATOR) -> List[Document]:
@@ -313,6 +340,8 @@ def read_corpus(fmt: str, files: Sequence[str], report: Report, separator: str =
         docs = read_docids(files[0], files[1], files[2], report)
     elif fmt == "doclines":
         docs = read_doclines(files[0], files[1], report, separator=separator)
+    elif fmt == LINES:
+        docs = read_blank_separated(files[0], files[1], report)
     elif fmt in ("plain", "plain-onedoc"):
         docs = read_plain(files[0], files[1], report, one_document=fmt == "plain-onedoc")
     else:

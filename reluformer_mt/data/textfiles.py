@@ -56,7 +56,9 @@ def read_lines(path, strip_bom: bool = True, missing: str = "file not found") ->
 def replace_atomically(path, write) -> Path:
     """Write ``path`` through ``write(binary_file)`` into a temporary file beside it, then rename it
     over ``path``: a reader or a run killed half-way sees the old file or the new one, never half
-    of one (issue 34). Special files (/dev/null, a FIFO) are written directly: no rename there."""
+    of one (issue 34). Special files (/dev/null, a FIFO) are written directly: no rename there. A
+    symbolic link is replaced by the new file, never written through: what it points to (a
+    checkpoint, another run's file) stays as it was."""
     import os
 
     path = Path(path)
@@ -65,12 +67,11 @@ def replace_atomically(path, write) -> Path:
             with open(path, "wb") as f:
                 write(f)
             return path
-        target = path.resolve() if path.is_symlink() else path
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         try:
             with open(partial, "wb") as f:
                 write(f)
-            os.replace(partial, target)
+            os.replace(partial, path)  # over a link: the link is replaced, its target untouched
         finally:
             if partial.exists():
                 partial.unlink()

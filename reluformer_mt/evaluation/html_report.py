@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
 from reluformer_mt.data.textfiles import write_text_atomically
+from reluformer_mt.evaluation.mode_table import mode_table
 from reluformer_mt.evaluation.significance import verdict
 
 PLOT_CAPTIONS = {
@@ -254,7 +255,7 @@ document.body.dataset.ready = "1";
 # ------------------------------------------------------------------------------------ helpers
 # what the page reads of each report file (a file without it is one line, not a KeyError)
 REQUIRED_KEYS = {"table.json": ("headers", "rows"), "metrics.json": ("bootstrap", "systems", "definition")}
-REPORT_FILES = ("report.json", "table.json", "metrics.json", "sentences.json", "alignments.json")
+REPORT_FILES = ("report.json", "table.json", "metrics.json", "sentences.json", "alignments.json", "seeds.json")
 
 
 def _read_json(path: Path) -> Optional[dict]:
@@ -312,7 +313,20 @@ def row_class(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ sections
-def results_section(table: Optional[dict], report: Optional[dict]) -> str:
+def modes_table(summary: Optional[dict]) -> str:
+    """The README's table of the run (``summary.json``): s-BLEU of every decoding mode (translation
+    pieces, kNN-MT, TM-first ...), the mode chosen on the validation chapters in bold."""
+    if not summary or not any(f.get("modes") for f in (summary.get("families") or {}).values()):
+        return ""
+    header, rows = mode_table(summary, bold=lambda text: Raw(f"<b>{html.escape(text)}</b>"))
+    return ('<h3 id="modes">Every decoding mode</h3><p>The README\'s table of this run: s-BLEU over the held-out '
+            "verses of the same checkpoint decoded by the document translator, verse by verse and guided by the "
+            "memory (translation pieces, kNN-MT over the model's datastore and over per-input datastores, TM-first); "
+            "<b>bold</b>: the mode chosen on the validation chapters, whose d-BLEU follows.</p>"
+            + html_table(header, rows, [row_class(str(r[0])) for r in rows], "modes-table"))
+
+
+def results_section(table: Optional[dict], report: Optional[dict], summary: Optional[dict] = None) -> str:
     parts = ['<h2 id="results">Results</h2>']
     if table:
         names = [str(r[0]) for r in table["rows"]]
@@ -327,6 +341,7 @@ def results_section(table: Optional[dict], report: Optional[dict]) -> str:
         return ""
     for note in (table or {}).get("aer_references", []):
         parts.append(f"<p>{html.escape(note)}</p>")
+    parts.append(modes_table(summary))
     definitions = (report or {}).get("definitions") or (table or {}).get("definitions")
     if definitions:
         parts.append("<details><summary>What the columns mean</summary><ul>" + "".join(
@@ -497,7 +512,7 @@ def build_page(report_dir: Path, extra_sections: Sequence[str] = ()) -> str:
     data = {"sentences": sentences if metrics else None, "metrics": metrics, "alignments": alignments,
             "diagonal_aer": diagonal, "eflomal_aer": eflomal, "nearest_name": "nearest training verse"}
     seeds = _read_json(report_dir / "seeds.json")
-    sections = [results_section(table, report), metrics_section(metrics), seeds_section(seeds), *extra_sections,
+    sections = [results_section(table, report, _read_json(report_dir / "summary.json")), metrics_section(metrics), seeds_section(seeds), *extra_sections,
                 plots_section(report_dir),
                 sentences_section(sentences, metrics), alignments_section(alignments)]
     body = "\n".join(s for s in sections if s)

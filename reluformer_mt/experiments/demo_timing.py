@@ -15,6 +15,7 @@ A finished run writes what it measured into its ``report.json`` (``stage_seconds
 """
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from statistics import mean
@@ -211,20 +212,44 @@ def keep_unmeasured(timing: dict, previous: dict) -> dict:
     return merged
 
 
+def check_report(report) -> None:
+    """A ValueError saying which field is not what a finished run's report.json holds: a JSON object
+    with ``options``, ``stage_seconds``, ``versions`` and ``models`` objects, each model an object
+    with a ``job_seconds`` object."""
+    if not isinstance(report, dict):
+        raise ValueError(f"a JSON object, got a {type(report).__name__}")
+    for field in ("options", "models", "stage_seconds", "versions"):
+        if not isinstance(report.get(field), dict):
+            raise ValueError(f"{field}: an object, got {type(report.get(field)).__name__}")
+    for family, model in report["models"].items():
+        if not isinstance(model, dict) or not isinstance(model.get("job_seconds", {}), dict):
+            raise ValueError(f"models.{family}: an object with a job_seconds object")
+
+
 def main(argv=None) -> int:
+    from reluformer_mt.data.textfiles import write_text_atomically
+
     p = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.demo_timing",
                                 description="the demo's time model (demo_timing.json) from a finished run's report.json")
     p.add_argument("report", help="a finished run's report.json (runs/demo/report/report.json)")
     p.add_argument("--write", action="store_true", help=f"store it as {TIMING_FILE.name} (the demo's estimates)")
     args = p.parse_args(argv)
     try:
-        timing = keep_unmeasured(timing_from_report(json.loads(Path(args.report).read_text(encoding="utf-8"))),
-                                 load_timing())
-    except (OSError, ValueError, KeyError, StopIteration) as e:
-        p.error(f"{args.report}: expected a finished demo run's report.json: {e!r}")
-    text = json.dumps(timing, indent=1) + "\n"
-    if args.write:
-        TIMING_FILE.write_text(text, encoding="utf-8")
+        folder = TIMING_FILE.parent
+        if args.write and not (folder.is_dir() and os.access(folder, os.W_OK)):  # before any work
+            raise OSError(f"--write: cannot write {TIMING_FILE}: {folder} is not a writable folder")
+        report = json.loads(Path(args.report).read_text(encoding="utf-8"))
+        check_report(report)
+        timing = keep_unmeasured(timing_from_report(report), load_timing())
+        text = json.dumps(timing, indent=1) + "\n"
+        if args.write:
+            write_text_atomically(TIMING_FILE, text)  # a killed write leaves the old file whole
+    except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as e:
+        print(f"demo_timing: error: {args.report}: expected a finished demo run's report.json: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"demo_timing: error: {e}", file=sys.stderr)
+        return 2
     print(text, end="")
     return 0
 

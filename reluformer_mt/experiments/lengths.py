@@ -96,8 +96,7 @@ def run_family_seed(base, family: str, seed: int, lengths: Sequence[str], dirs: 
     positions = max(Prepared.load(d).positions for d in dirs.values())  # one budget: every length fine-tunes it
     sentence_dir = root / "sentence"
     cell_dirs = {length: sentence_dir if length == "sentence" else root / f"doc{length}" for length in lengths}
-    cells = {length: json.loads((d / "cell.json").read_text(encoding="utf-8"))
-             for length, d in cell_dirs.items() if (d / "cell.json").exists()}
+    cells = {length: read_cell(d / "cell.json") for length, d in cell_dirs.items() if (d / "cell.json").exists()}
     if len(cells) == len(lengths):  # finished before (or restored from a saved copy): no checkpoint needed
         return cells
     sentence_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +129,7 @@ def score_cell(o, checkpoint: Path, data_dir: Path, length: str, cell_dir: Path)
     """Every measure of one (family, seed, length) on the test chapters; ``cell.json`` keeps it."""
     done = cell_dir / "cell.json"
     if done.exists():
-        return json.loads(done.read_text(encoding="utf-8"))
+        return read_cell(done)
     from reluformer_mt.evaluation.align import run_align
     from reluformer_mt.evaluation.attn_stats import run_attn_stats
     from reluformer_mt.evaluation.cxmi import run_cxmi
@@ -242,8 +241,25 @@ def finished_cells(t: LengthOptions) -> Dict[str, Dict[int, dict]]:
             for length in t.lengths:
                 done = root / ("sentence" if length == "sentence" else f"doc{length}") / "cell.json"
                 if done.exists():
-                    results.setdefault(family, {}).setdefault(seed, {})[length] = json.loads(done.read_text("utf-8"))
+                    results.setdefault(family, {}).setdefault(seed, {})[length] = read_cell(done)
     return results
+
+
+def read_cell(path: Path) -> dict:
+    """A finished cell's ``cell.json``, checked: a JSON object whose measures are numbers (or null);
+    a ValueError naming the file otherwise (truncated, not UTF-8, edited), before any summary."""
+    try:
+        cell = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not readable JSON ({e}); delete it to score the cell again") from None
+    if not isinstance(cell, dict):
+        raise ValueError(f"{path}: expected a JSON object (a finished cell), got a {type(cell).__name__}; "
+                         "delete it to score the cell again")
+    for key in [k for k, _, _ in MEASURES] + ["train_seconds", "train_cpu_seconds", "cpu_seconds_scoring"]:
+        value = cell.get(key)
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            raise ValueError(f"{path}: {key} {json.dumps(value)}: expected a number; delete it to score the cell again")
+    return cell
 
 
 MEASURES = (("s_bleu", "s-BLEU (document translator)", True), ("d_bleu", "d-BLEU (document translator)", True),

@@ -17,58 +17,22 @@ from pathlib import Path
 
 from reluformer_mt.data.outputs import check_distinct_files
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+from reluformer_mt.evaluation.mode_table import mode_table
 from reluformer_mt.experiments.summaries import SummaryError, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SUMMARY_COPY = ROOT / "docs" / "benchmarks" / "demo_summary.json"
 BEGIN, END = "<!-- demo-table:begin", "<!-- demo-table:end -->"
-NAMES = {"reluformer": "ReLUFormer", "rela": "ReLA", "softmax": "softmax", "softmax+tm": "softmax + translation memory"}
-MODE_COLUMNS = (("constrained", "s-BLEU"), ("sentence", "verse by verse"), ("pieces", "+ pieces"),
-                ("knn", "+ kNN-MT"), ("knn-memory", "+ kNN-MT (per-input)"), ("knn+pieces", "+ kNN-MT + pieces"),
-                ("tm-first", "TM-first (best mode)"))
-
-
-def _name(family: str) -> str:
-    family_name, _, memory = family.partition("+")
-    return NAMES.get(family, NAMES.get(family_name, family_name) + (f" + {memory}" if memory else ""))
 
 
 def render(summary: dict) -> str:
-    """The Markdown table of a summary: every family in every decoding mode, the mode chosen on the
-    validation chapters in bold with its d-BLEU, AER, sparsity, training cost; then the baselines."""
-    families = summary["families"]
-    columns = [(m, label) for m, label in MODE_COLUMNS if any(m in f.get("modes", {}) for f in families.values())]
-    header = ["model"] + [label for _, label in columns] + ["d-BLEU (chosen mode)", "AER (head average)",
-                                                            "exact zeros in cross-attention", "training CPU s/update"]
+    """The Markdown table of a summary (:func:`reluformer_mt.evaluation.mode_table.mode_table`):
+    every family in every decoding mode, the mode chosen on the validation chapters in bold with its
+    d-BLEU, AER, sparsity, training cost; then the baselines."""
+    header, rows = mode_table(summary, bold=lambda text: f"**{text}**")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-
-    def number(value, digits=2):
-        return "" if value is None else f"{value:.{digits}f}"
-
-    for family, f in families.items():
-        modes, best = f.get("modes", {}), f.get("best_mode", "constrained")
-        cells = []
-        for mode, _ in columns:
-            value = modes.get(mode, {}).get("s_bleu", f["s_bleu"] if mode == "constrained" else None)
-            text = number(value)
-            cells.append(f"**{text}**" if mode == best and text else text)
-        chosen = modes.get(best, {}).get("d_bleu", f["d_bleu"])
-        sparsity = f.get("cross_sparsity")
-        cells += [number(chosen), number(f["aer_head_average"]), "" if sparsity is None else f"{sparsity:.0%}".replace("%", " %"),
-                  number(f.get("cpu_seconds_per_update"), 3)]
-        lines.append("| " + " | ".join([_name(family)] + cells) + " |")
-    base = summary.get("baselines", {})
-    blank = [""] * (len(columns) - 1)
-    for key, label in (("nearest_verse", "baseline: copy the nearest training verse"),
-                       ("tm_copy", "baseline: copy the memory's best match")):
-        if key in base:
-            lines.append("| " + " | ".join([label, number(base[key]["s_bleu"])] + blank
-                                           + [number(base[key]["d_bleu"]), "", "", ""]) + " |")
-    if "diagonal" in base:
-        lines.append("| " + " | ".join(["baseline: diagonal alignment", ""] + blank
-                                       + ["", number(base["diagonal"]["aer"]), "", ""]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def block(summary: dict) -> str:

@@ -31,7 +31,6 @@ from reluformer_mt.data.prepared import Prepared
 from reluformer_mt.data.prepare import PrepareConfig, prepare
 from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation import aer as aer_lib
-from reluformer_mt.evaluation.align import run_align
 from reluformer_mt.evaluation.baselines import diagonal_aer as diagonal
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.curves import read_learning_curve
@@ -133,6 +132,8 @@ def train(run: StudyRun, data_dir: Path, run_dir: Path, budget_minutes: float, t
 
 def alignment_curve(run_dir: Path, data_dir: Path, device: str = "cpu") -> List[dict]:
     """AER of every kept checkpoint's cross-attention on the validation chapters' gold links."""
+    from reluformer_mt.evaluation.align import run_align  # torch: imported here, so the study's --help is instant
+
     points = []
     checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint_*_*.pt"),
                          key=lambda p: int(p.stem.rsplit("_", 1)[1]))

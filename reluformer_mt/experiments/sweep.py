@@ -30,11 +30,13 @@ from reluformer_mt.data.textfiles import write_text_atomically
 from reluformer_mt.evaluation.bleu import corpus_sbleu, read_fairseq_generate, read_lines
 from reluformer_mt.evaluation.reports import format_table, write_json
 from reluformer_mt.experiments.run import PACKAGE_DIR, Phase, TrainingRun, train_args
-from reluformer_mt.memory.ffn import FFN_VARIANTS, MemoryOptionError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = Path(os.environ.get("RELUFORMER_SHARED_DATA", REPO.parent / "shared" / "data")) / "docmt_ende" / "IWSLT2017"
 USER_DIR = str(PACKAGE_DIR)
+# reluformer_mt.memory.ffn.FFN_VARIANTS without its torch import, so that reluformer-sweep --help and
+# a bad option answer at once (tests/test_cli_help_speed.py compares the two)
+FFN_VARIANTS = ("relu", "softmax", "softmax_ln")
 
 
 def sweep_training(arch: str = "softmax_tiny", max_update: int = 2000, **fields) -> TrainingRun:
@@ -69,6 +71,8 @@ class SweepOptions:
         return self.training.phases[0].updates
 
     def check(self) -> None:
+        from reluformer_mt.memory.ffn import MemoryOptionError
+
         for v in self.variants:
             if v not in FFN_VARIANTS:
                 raise MemoryOptionError(f"--variants: got {v!r}, expected a comma list of {', '.join(FFN_VARIANTS)}")

@@ -80,6 +80,9 @@ class MemoryOptions:
                                    "threshold above which the match's target is the output)")
         if self.tm_first is not None and self.withheld:
             raise TranslationError("--tm-first copies the translation memory's matches, but --memory is none")
+        if self.match_score is not None and self.withheld:
+            raise TranslationError(f"--match-score {self.match_score}: ranks the translation memory's matches, but "
+                                   "--memory is none; drop one of the two")
 
     @property
     def withheld(self) -> bool:

@@ -29,7 +29,7 @@ import logging
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as replace_fields
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -62,6 +62,7 @@ class SentenceResult:
     match: Optional[Tuple[int, float]] = None  # translation memory: best entry id and its fuzzy-match score
     # nbest > 1: the 2nd..Nth best hypotheses of the sentence's segment, split back, each with its score
     alternatives: List["SentenceResult"] = field(default_factory=list)
+    tm_copy: bool = False  # TM-first: the text is the memory match's target (no model score), not the model's
 
     def __str__(self) -> str:  # print(result) shows the translation, as a user expects
         return self.text
@@ -259,7 +260,7 @@ class DocumentTranslator:
         gen_args = argparse.Namespace(beam=d.beam, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
                                       min_len=1, unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
         generator = self.task.build_generator(self.models, gen_args)
-        return generator, install_guidance(generator, self.tgt_dict, self.guidance)
+        return generator, install_guidance(generator, self.tgt_dict, self.guidance, always=True)
 
     def part(self, kind: type) -> Optional[Guidance]:
         """The guidance part of a kind (e.g. ``KnnMixture``), None if the decoding has none."""
@@ -413,21 +414,24 @@ class DocumentTranslator:
         return length_batches(lengths, self.max_tokens, self.batch_size)
 
     @torch.no_grad()
-    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, units=None) -> List[dict]:
+    def generate(self, sources: Sequence[torch.Tensor], progress=None, matches=None, units=None,
+                 on_batch=None) -> List[dict]:
         """Best hypothesis of every source (token ids ending in </s>): dict with ``tokens``
         (target ids without the final </s>), ``positional_scores`` (one per token and the
         final </s>), ``attention`` ((target tokens + 1) x source tokens, or None),
         ``at_length_limit`` (the hypothesis has the most tokens the generator allows) and ``nbest``
         (the other hypotheses). ``matches``: the translation memory's tokens of each source (models
         trained with a memory); ``units``: each source's (document, unit) keys, whose matches the
-        guidance parts read (translation pieces, per-input datastores)."""
+        guidance parts read (translation pieces, per-input datastores); ``progress``: counts the
+        sources as their batches finish; ``on_batch(indices, results)``: called after each batch."""
         from fairseq import utils
 
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
         if matches is not None:
             dataset = self.task.dataset_with_matches(dataset, self._fit_matches(sources, matches))
+        limits = [self._length_limit(len(s)) for s in sources]
         if self.search is not None:  # the parts' tables of these sources, indexed by sample["id"]
-            self.search.start(SourceBatch(sources, units, self._matches, self._unit_words), self.device)
+            self.search.start(SourceBatch(sources, units, self._matches, self._unit_words), self.device, limits)
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
             sample = dataset.collater([dataset[i] for i in batch])
@@ -435,15 +439,20 @@ class DocumentTranslator:
                 sample = utils.move_to_cuda(sample, device=torch.device(self.device))
             hypos = self.task.inference_step(self.generator, self.models, sample)
             src_tokens = sample["net_input"]["src_tokens"]
-            # SequenceGenerator's length limit for this batch (padded source length)
-            g = self.generator
-            limit = min(int(g.max_len_a * src_tokens.size(1) + g.max_len_b), g.max_len - 1)
             for b, idx in enumerate(sample["id"].tolist()):
-                found = [self._hypothesis(hypo, src_tokens[b], limit) for hypo in hypos[b][:self.nbest]]  # best first
+                found = [self._hypothesis(hypo, src_tokens[b], limits[idx]) for hypo in hypos[b][:self.nbest]]  # best first
                 results[idx] = dict(found[0], nbest=found[1:])
             if progress is not None:
                 progress.update(len(batch))
+            if on_batch is not None:
+                on_batch(batch, results)
         return results
+
+    def _length_limit(self, source_length: int) -> int:
+        """The most tokens a source's output may have: the generator's rule on the source's own
+        length (fairseq's applies it to the batch's padded length; the search applies this one)."""
+        g = self.generator
+        return min(int(g.max_len_a * source_length + g.max_len_b), g.max_len - 1)
 
     def _hypothesis(self, hypo: dict, src_tokens: torch.Tensor, limit: int) -> dict:
         tokens = hypo["tokens"].cpu()
@@ -536,6 +545,11 @@ class DocumentTranslator:
                 r.alternatives.append(a)
         return results
 
+    def _splits_back(self, seg: _Segment, tokens: torch.Tensor) -> bool:
+        """Whether a hypothesis gives the segment's sentences (one sentence always does)."""
+        parts = self._split_hypothesis(tokens)
+        return len(seg.sentences) == 1 or (len(parts) == len(seg.sentences) and all(parts))
+
     def _split_results(self, seg: _Segment, hyp: dict, src_pieces: List[str], scores: bool, alignments: bool,
                        count: bool = True):
         n = len(seg.sentences)
@@ -548,9 +562,9 @@ class DocumentTranslator:
                 self.stats["stray separators dropped from single-sentence outputs"] += len(parts) - 1
             positions = [p for part in parts for p in part]
             return [self._sentence_result(hyp, positions, end_of_hyp, src_pieces, spans[0], 1, scores, alignments)]
-        parts = self._split_hypothesis(hyp["tokens"])
-        if len(parts) != n or any(not part for part in parts):
+        if not self._splits_back(seg, hyp["tokens"]):
             return None
+        parts = self._split_hypothesis(hyp["tokens"])
         results = []
         for k, part in enumerate(parts):
             end = part[-1] + 1  # the separator after the sentence, or the final </s>
@@ -593,15 +607,18 @@ class DocumentTranslator:
         self.stats["segments"] += len(pending)
         self._warn_about_input(self.stats - before)
         # progress None: for long inputs (>= 50 segments) a bar on stderr when it is a terminal, else a
-        # line every 30 s (retranslations included: they can take longer than the first pass)
-        first_pass = len(pending)
-        bar = Progress(first_pass, "translate", "segments", enabled=progress if progress is not None else first_pass >= 50)
+        # line every 30 s. It counts sentences whose translation is final, a total that retranslations
+        # do not change (counting segments, each retranslation grew the total and reset the time left)
+        bar = Progress(sum(len(seg.sentences) for seg in pending), "translate", "sentences",
+                       enabled=progress if progress is not None else len(pending) >= 50)
         self._look_up_matches(documents, encoded, owners)
+        retranslated = 0
         while pending:
             pending = self._translate_segments(pending, encoded, out, bar, scores, alignments)
-            bar.add(len(pending))
+            retranslated += len(pending)
             if pending:
-                bar.set_postfix(f"{bar.total - first_pass:,} retranslations (outputs that did not split into their sentences)")
+                bar.set_postfix(f"{retranslated:,} segments retranslated as halves or sentence by sentence "
+                                "(outputs that did not split into their sentences)")
         bar.close()
         for part in self.guidance:  # the parts' counts join the summary
             self.stats.update(part.stats)
@@ -617,16 +634,25 @@ class DocumentTranslator:
         target as its translation, as a CAT tool offers a high fuzzy match before any MT; the others
         keep the model's. The model still translated the whole segment, so the other sentences
         of a segment keep their context (and the speed is the model's alone)."""
-        from reluformer_mt.memory.tm import at_least
+        from reluformer_mt.memory.tm import at_least, copyable_target
 
         threshold = self.options.memory.tm_first
         if threshold is None or self.memory is None:
             return documents
         for doc in documents:
             for i, r in enumerate(doc):
-                if r.match is not None and r.match[0] >= 0 and at_least(r.match[1], threshold):
-                    doc[i] = SentenceResult(self.memory.target(r.match[0]), context=r.context, match=r.match)
-                    self.stats[f"TM-first: sentences translated by their match (score >= {threshold:g})"] += 1
+                if r.match is None or r.match[0] < 0 or not at_least(r.match[1], threshold):
+                    continue
+                target = self.memory.target(r.match[0])
+                if not copyable_target(target, self.resources.separator):
+                    self.stats["TM-first: matches left to the model (a control character, the separator or a "
+                               "document marker in their target)"] += 1
+                    continue
+                # the model's hypotheses stay the n-best's alternatives; the copy has no model score
+                model = replace_fields(r, alternatives=[])
+                doc[i] = SentenceResult(target, context=r.context, match=r.match, tm_copy=True,
+                                        alternatives=([model] + r.alternatives)[:self.nbest - 1])
+                self.stats[f"TM-first: sentences translated by their match (score >= {threshold:g})"] += 1
         return documents
 
     def _warn_about_input(self, new: Counter) -> None:
@@ -652,7 +678,10 @@ class DocumentTranslator:
         sources = [self._source_ids(encoded, seg) for seg in pending]
         matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
         units = [[(seg.doc, i) for i in seg.sentences] for seg in pending]
-        hyps = self.generate([s for s, _ in sources], bar, matches, units)
+        def count_final(batch, hyps):  # the sentences of the segments whose output splits back
+            bar.update(sum(len(pending[i].sentences) for i in batch if self._splits_back(pending[i], hyps[i]["tokens"])))
+
+        hyps = self.generate([s for s, _ in sources], None, matches, units, on_batch=count_final)
         retry = []
         for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
             results = self._resolve(seg, hyp, src_pieces, scores, alignments)
@@ -714,3 +743,26 @@ class DocumentTranslator:
             if key not in ("documents", "sentences", "segments", "seconds") and s[key]:
                 lines.append(f"  {key}: {s[key]:,}")
         return "\n".join(lines)
+
+    def kernels_used(self) -> list:
+        """What ran the memory readers' and the kNN-MT steps: the C++ loops (AVX-512, AVX2 or
+        portable) and the memory cache's dtype, or the PyTorch code."""
+        from reluformer_mt.knn import fused as knn_fused
+        from reluformer_mt.memory import fused as memory_fused
+
+        lines = []
+        readers = [r for m in self.models for r in m.modules() if isinstance(r, MemoryReader)]
+        memories = sum(r.kernel_memories for r in readers)
+        if memories and memory_fused.KERNEL.module is not None:
+            wide = sum(r.cache_fallbacks for r in readers)
+            cache = str(readers[0].step_cache_dtype).replace("torch.", "")
+            kept = f" ({wide:,} of {memories:,} memories kept in float32: beyond float16's range)" if wide else ""
+            lines.append(f"memory step: C++ {memory_fused.KERNEL.module.cpu_loops()} loops, cache {cache}{kept}")
+        elif readers:
+            lines.append("memory step: PyTorch")
+        mixers = [part.mixer for part in self.guidance if getattr(part, "mixer", None) is not None]
+        if mixers:
+            module = knn_fused.KERNEL.module
+            in_cpp = module is not None and any(m.cpp_steps for m in mixers)
+            lines.append(f"kNN-MT step: C++ {module.cpu_loops()} loops" if in_cpp else "kNN-MT step: PyTorch")
+        return lines

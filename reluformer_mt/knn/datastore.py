@@ -21,8 +21,8 @@ trained with memory attention is force-decoded with the training neighbours it w
 import hashlib
 import json
 import logging
+import os
 import time
-import zipfile
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -125,8 +125,10 @@ class Datastore:
         return self.keys.shape[1]
 
     @classmethod
-    def load(cls, directory, fingerprint: Optional[str] = None, checkpoint: Optional[str] = None) -> "Datastore":
-        """Open ``directory``; with ``fingerprint``, refuse a datastore built with other weights."""
+    def load(cls, directory, fingerprint: Optional[str] = None, checkpoint: Optional[str] = None,
+             check_keys: bool = True) -> "Datastore":
+        """Open ``directory``; with ``fingerprint``, refuse a datastore built with other weights;
+        with ``check_keys``, one whose keys hold NaN or inf (``datastore info`` counts them instead)."""
         directory = Path(directory)
         meta_path = directory / META_NAME
         if not meta_path.is_file():
@@ -157,7 +159,16 @@ class Datastore:
         if len(values) and int(values.min()) < 0:
             raise DatastoreError(f"{directory / 'values.npy'}: negative token id {int(values.min())}; expected the "
                                  "ids of the target dictionary; rebuild it")
-        return cls(directory, meta, keys, values)
+        store = cls(directory, meta, keys, values)
+        bad = store.nonfinite_keys() if check_keys else 0
+        if bad:  # an IVF or HNSW index keeps its own copy of the keys: checked here, not by the search
+            raise DatastoreError(f"{directory / 'keys.npy'}: {bad:,} of {store.size:,} keys hold NaN or inf; rebuild "
+                                 "it (reluformer-memory datastore build --force --drop-nonfinite leaves them out)")
+        return store
+
+    def nonfinite_keys(self) -> int:
+        """How many entries' keys hold a NaN or an infinity (read in chunks: the keys are memory-mapped)."""
+        return int(nonfinite_rows(self.keys).sum())
 
     def check_model(self, vocab: int, state_dim: int) -> "Datastore":
         """Refuse a datastore whose token ids lie outside a model's ``vocab`` target ids or whose keys
@@ -181,6 +192,24 @@ class Datastore:
             raise DatastoreError(f"{path}: {len(pairs)} sentence-pair hashes, {META_NAME} says the entries come from "
                                  f"{self.meta['source']['sentences']} sentences; rebuild the datastore")
         return pairs
+
+    def check_source_unchanged(self) -> None:
+        """Refuse, in one line naming the text files, a datastore whose data directory was prepared
+        again since the build (its sentence pairs differ from ``pairs.npy``): entry i's sentence
+        would no longer be memory entry i."""
+        from reluformer_mt.data.prepared import Prepared
+
+        source = self.meta["source"]
+        prepared = Prepared.load(source["data"])
+        sources, targets = split_pairs(source["data"], source["split"], prepared.src_lang, prepared.tgt_lang,
+                                       prepared.separator)
+        stored, now = self.pairs(), pair_hashes(sources, targets)
+        changed = len(now) if len(now) != len(stored) else int((now != stored).sum())
+        if changed:
+            text = Path(source["data"]) / "text" / f"{source['split']}.{{{prepared.src_lang},{prepared.tgt_lang}}}"
+            raise DatastoreError(f"{text}: {changed:,} of {len(stored):,} sentence pairs differ from "
+                                 f"{self.directory / 'pairs.npy'} (the data was prepared again after the datastore "
+                                 "was built); rebuild the datastore")
 
     def sentence_entries(self) -> Tuple[np.ndarray, np.ndarray]:
         """(first entry, entry count) of every sentence of the source split, from ``sentences.npy``
@@ -304,6 +333,14 @@ class Datastore:
         return (f"datastore {self.directory}: {self.size:,} entries of dim {self.dim} from {m['source']['data']} "
                 f"({m['source']['split']}, {m['source']['sentences']:,} sentences), {m['index']['kind']} index, "
                 f"checkpoint {m['checkpoint']} (fingerprint {m['fingerprint']})")
+
+
+def nonfinite_rows(keys: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+    """(rows,) True where a key holds a NaN or an infinity."""
+    bad = np.zeros(len(keys), dtype=bool)
+    for start in range(0, len(keys), chunk):
+        bad[start:start + chunk] = ~np.isfinite(np.asarray(keys[start:start + chunk])).all(axis=1)
+    return bad
 
 
 def load_array(path: Path, kinds: str, ndim: int, mmap: bool = False) -> np.ndarray:
@@ -446,43 +483,173 @@ def first_sentences(targets_per_segment: Sequence[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else counts
 
 
+def shard_checksum(keys: np.ndarray, values: np.ndarray, sentences: np.ndarray) -> str:
+    """sha256 of a shard's three arrays (dtype, shape and bytes): a rerun trusts a shard only when
+    its arrays still give the checksum it was written with."""
+    digest = hashlib.sha256()
+    for array in (keys, values, sentences):
+        digest.update(f"{array.dtype.str}:{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
 def _resumable_shard(path: Path):
     """(keys, values, sentences) of a shard a killed build left, or None when there is none or it cannot be
-    trusted (truncated, edited, another dtype or shape): that shard is then computed again, so a
-    damaged intermediate file costs its batches, never a wrong datastore."""
+    trusted (truncated, edited, zeroed, another dtype or shape: its checksum no longer matches): that
+    shard is then computed again, so a damaged intermediate file costs its batches, never a wrong
+    datastore."""
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as saved:
             keys, values, sentences = saved["keys"], saved["values"], saved["sentences"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            checksum = str(saved["sha256"])
+    except Exception:  # noqa: BLE001 -- whatever a damaged zip raises (zlib, CRC, header), it is recomputed
         return None
     if (keys.dtype != np.float16 or keys.ndim != 2 or values.ndim != 1 or values.dtype.kind not in "iu"
             or len(keys) != len(values) or not len(values) or sentences.shape != values.shape):
         return None
+    if checksum != shard_checksum(keys, values, sentences):
+        return None
     return keys, values, sentences
 
 
-def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens: int = 8000, index: str = "auto",
-                    device: str = "cpu", progress: bool = True, force: bool = False) -> Datastore:
-    """Force-decode ``split`` of the checkpoint's data directory (or ``data``, prepared with the same
-    dictionaries) and write the datastore to ``out``; resumes an unfinished build of the same
-    checkpoint and data."""
-    from fairseq.data import data_utils
-    from reluformer_mt.console import Progress
+def refuse_links(option: str, folder: Path, paths) -> None:
+    """Refuse, before any work, a link among ``paths`` that a command writes into ``folder``: writing
+    would go through it, onto whatever it points to (a checkpoint, another datastore's keys)."""
+    for path in paths:
+        if path.is_symlink():
+            raise DatastoreError(f"{option} {folder}: {path.relative_to(folder)} is a symbolic link (to "
+                                 f"{os.readlink(path)}); the command writes its own files, never through a link: "
+                                 "remove it")
 
-    from reluformer_mt.checkpoints import load_model, pick_device
-    from reluformer_mt.memory.neighbours import save_array
 
-    device = pick_device(device)
+def check_output_links(out: Path) -> None:
+    """:func:`refuse_links` for what a build writes into ``--out``: its arrays, index, description, shards."""
+    shards = out / "shards"
+    paths = [out / name for name in OUTPUT_NAMES] + [shards]
+    if shards.is_dir() and not shards.is_symlink():
+        paths += sorted(shards.iterdir())
+    refuse_links("--out", out, paths)
+
+
+def _start_plan(shard_dir: Path, plan: dict) -> None:
+    """Keep the shards of a killed build of the same plan (checkpoint, data, batches); remove them
+    otherwise, or when ``plan.json`` cannot be read (counted in the log: they are computed again)."""
+    path = shard_dir / "plan.json"
+    if path.is_file():
+        try:
+            same = json.loads(path.read_text(encoding="utf-8")) == plan
+        except (ValueError, UnicodeDecodeError) as e:
+            logger.warning("%s: unreadable (%s); its shards are computed again", path, e)
+            same = False
+        if not same:
+            for stale in shard_dir.glob("*.npz"):  # another checkpoint or data: start over
+                stale.unlink()
+    write_text_atomically(path, json.dumps(plan) + "\n")
+
+
+def _compute_shard(path: Path, chunk, dataset, model, device: str, first_sentence, sep, pad, bar):
+    """Force-decode one shard's batches and write it (whole or not at all, with its checksum)."""
+    keys, values, owners = [], [], []
+    for batch in chunk:
+        sample = dataset.collater([dataset[int(i)] for i in batch])
+        if device != "cpu":
+            from fairseq import utils
+
+            sample = utils.move_to_cuda(sample, device=torch.device(device))
+        k, v = forced_states(model, sample)
+        keys.append(k.to(torch.float16).cpu().numpy())
+        values.append(v.to(torch.int32).cpu().numpy())
+        owners.append(entry_sentences(sample, first_sentence, sep, pad))
+        bar.update(1)
+    shard = {"keys": np.concatenate(keys), "values": np.concatenate(values), "sentences": np.concatenate(owners)}
+    shard["sha256"] = np.array(shard_checksum(shard["keys"], shard["values"], shard["sentences"]))
+    replace_atomically(path, lambda f: np.savez(f, **shard))
+    return shard["keys"], shard["values"], shard["sentences"]
+
+
+def _drop_nonfinite(keys, values, owners, drop: bool, split: str):
+    """The entries whose keys are finite: a float16 key beyond +-65504 is inf, a NaN state NaN.
+    Refused in one line unless ``drop`` (then counted); returns (keys, values, owners, dropped)."""
+    bad = nonfinite_rows(keys)
+    dropped = int(bad.sum())
+    if dropped and not drop:
+        raise DatastoreError(f"{dropped:,} of {len(keys):,} decoder states of {split} hold NaN or inf (in float16, "
+                             "beyond +-65504); give --drop-nonfinite to leave those entries out (the finished shards "
+                             "are kept: the rerun resumes)")
+    if dropped:
+        logger.warning("left out %d of %d entries whose keys hold NaN or inf", dropped, len(keys))
+        keys, values, owners = keys[~bad], values[~bad], owners[~bad]
+    return keys, values, owners, dropped
+
+
+def _check_out(out: Path, force: bool, max_tokens: int, index: str) -> None:
+    """The options a build can check before loading anything."""
     if max_tokens < 1:
         raise DatastoreError(f"--max-tokens: expected a positive number of tokens per batch, got {max_tokens}")
     choose_index(index, 0)
-    out = Path(out)
     if out.exists() and not out.is_dir():
         raise DatastoreError(f"--out {out}: exists and is not a directory")
     if (out / META_NAME).is_file() and not force:
         raise DatastoreError(f"--out {out}: a datastore is already there (give --force to rebuild it)")
+    check_output_links(out)
+
+
+def _batches(task, split: str, max_tokens: int, data_dir):
+    """(dataset, batches) of ``split`` in a fixed order; one line when a segment exceeds ``max_tokens``."""
+    from fairseq.data import data_utils
+
+    try:
+        task.load_dataset(split)
+    except FileNotFoundError as e:
+        raise DatastoreError(f"{data_dir}: cannot read the {split} split ({e})") from None
+    dataset = task.dataset(split)
+    order = length_order(dataset)
+    longest = max((int(dataset.num_tokens(int(i))) for i in order), default=0)
+    if longest > max_tokens:  # fairseq's batching would fail on an assertion
+        raise DatastoreError(f"--max-tokens {max_tokens}: below the longest segment of {split} ({longest} tokens); "
+                             f"give at least {longest}")
+    return dataset, data_utils.batch_by_size(order, dataset.num_tokens, max_tokens=max_tokens)
+
+
+def _entries(out: Path, plan: dict, batches, dataset, model, device, first_sentence, sep, pad, progress):
+    """Every shard's (keys, values, sentences), resumed where a killed build left a trusted one;
+    returns (keys, values, owners, resumed shards)."""
+    from reluformer_mt.console import Progress
+
+    shard_dir = out / "shards"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    _start_plan(shard_dir, plan)
+    n_shards = (len(batches) + SHARD_BATCHES - 1) // SHARD_BATCHES
+    bar = Progress(len(batches), "datastore", "batches", enabled=progress)  # a line every 30 s off a terminal
+    resumed, parts = 0, []
+    for s in range(n_shards):
+        path = shard_dir / f"{s:05d}.npz"
+        chunk = batches[s * SHARD_BATCHES:(s + 1) * SHARD_BATCHES]
+        shard = _resumable_shard(path)
+        if shard is not None:
+            resumed += 1
+            bar.update(len(chunk))
+        else:
+            shard = _compute_shard(path, chunk, dataset, model, device, first_sentence, sep, pad, bar)
+        parts.append(shard)
+    bar.close()
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3)) + (resumed,)
+
+
+def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens: int = 8000, index: str = "auto",
+                    device: str = "cpu", progress: bool = True, force: bool = False,
+                    drop_nonfinite: bool = False) -> Datastore:
+    """Force-decode ``split`` of the checkpoint's data directory (or ``data``, prepared with the same
+    dictionaries) and write the datastore to ``out``; resumes an unfinished build of the same
+    checkpoint and data. Keys holding NaN or inf are refused, or left out with ``drop_nonfinite``."""
+    from reluformer_mt.checkpoints import load_model, pick_device
+    from reluformer_mt.memory.neighbours import save_array
+
+    device = pick_device(device)
+    out = Path(out)
+    _check_out(out, force, max_tokens, index)
     loaded = load_model(checkpoint, data, device=device, check_data=True)  # --data of the model's vocabulary
     check_distinct_files([("--out", out / name) for name in OUTPUT_NAMES],
                          [("--checkpoint", checkpoint)] + folder_files("--data", loaded.data_dir))
@@ -496,71 +663,25 @@ def build_datastore(checkpoint, out, data=None, split: str = "train", max_tokens
     first_sentence = first_sentences(segment_sentence_counts(loaded.data_dir, split, loaded.tgt_lang, loaded.separator))
     sep = task.tgt_dict.index(loaded.separator)
     sep = None if sep == task.tgt_dict.unk() else sep
-    try:
-        task.load_dataset(split)
-    except FileNotFoundError as e:
-        raise DatastoreError(f"{loaded.data_dir}: cannot read the {split} split ({e})") from None
-    dataset = task.dataset(split)
-    order = length_order(dataset)
-    longest = max((int(dataset.num_tokens(int(i))) for i in order), default=0)
-    if longest > max_tokens:  # fairseq's batching would fail on an assertion
-        raise DatastoreError(f"--max-tokens {max_tokens}: below the longest segment of {split} ({longest} tokens); "
-                             f"give at least {longest}")
-    batches = data_utils.batch_by_size(order, dataset.num_tokens, max_tokens=max_tokens)
-    shard_dir = out / "shards"
-    shard_dir.mkdir(parents=True, exist_ok=True)
+    dataset, batches = _batches(task, split, max_tokens, loaded.data_dir)
     plan = {"fingerprint": fingerprint, "source": source, "max_tokens": max_tokens, "batches": len(batches)}
-    plan_path = shard_dir / "plan.json"
-    if plan_path.is_file() and json.loads(plan_path.read_text()) != plan:
-        for stale in shard_dir.glob("*.npz"):  # another checkpoint or data: start over
-            stale.unlink()
-    write_text_atomically(plan_path, json.dumps(plan) + "\n")
-    n_shards = (len(batches) + SHARD_BATCHES - 1) // SHARD_BATCHES
-    bar = Progress(len(batches), "datastore", "batches", enabled=progress)  # a line every 30 s off a terminal
-    resumed, parts = 0, []
-    for s in range(n_shards):
-        path = shard_dir / f"{s:05d}.npz"
-        chunk = batches[s * SHARD_BATCHES:(s + 1) * SHARD_BATCHES]
-        shard = _resumable_shard(path)
-        if shard is not None:
-            resumed += 1
-            parts.append(shard)
-            bar.update(len(chunk))
-            continue
-        keys, values, owners = [], [], []
-        for batch in chunk:
-            sample = dataset.collater([dataset[int(i)] for i in batch])
-            if device != "cpu":
-                from fairseq import utils
-
-                sample = utils.move_to_cuda(sample, device=torch.device(device))
-            k, v = forced_states(model, sample)
-            keys.append(k.to(torch.float16).cpu().numpy())
-            values.append(v.to(torch.int32).cpu().numpy())
-            owners.append(entry_sentences(sample, first_sentence, sep, task.tgt_dict.pad()))
-            bar.update(1)
-        # whole or not at all: written atomically, and read back checked by a rerun
-        shard = {"keys": np.concatenate(keys), "values": np.concatenate(values), "sentences": np.concatenate(owners)}
-        replace_atomically(path, lambda f: np.savez(f, **shard))
-        parts.append((shard["keys"], shard["values"], shard["sentences"]))
-    bar.close()
-    keys = np.concatenate([p[0] for p in parts])
-    values = np.concatenate([p[1] for p in parts])
-    owners = np.concatenate([p[2] for p in parts])
+    keys, values, owners, resumed = _entries(out, plan, batches, dataset, model, device, first_sentence, sep,
+                                             task.tgt_dict.pad(), progress)
     if len(owners) and (int(owners.max()) >= len(sources) or np.bincount(owners).min() == 0):
         # the binarized segments and the text disagree: a sentence beyond the text, or one without entries
         raise DatastoreError(f"{loaded.data_dir}: the {split} split's binarized segments do not split into the "
                              f"{len(sources)} sentences of its text; re-prepare it with reluformer-prepare")
+    keys, values, owners, dropped = _drop_nonfinite(keys, values, owners, drop_nonfinite, split)
     save_array(out / "keys.npy", keys)
     save_array(out / "values.npy", values)
     save_array(out / "pairs.npy", pair_hashes(sources, targets))
     save_array(out / "sentences.npy", owners)
-    kind = choose_index(index, len(values))
-    index_meta = build_index(kind, keys, out / "index.faiss")
+    index_meta = build_index(choose_index(index, len(values)), keys, out / "index.faiss")
     meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(checkpoint), "fingerprint": fingerprint,
             "arch": getattr(loaded.cfg.model, "arch", "?"), "size": int(len(values)), "dim": int(keys.shape[1]),
-            "source": source, "index": index_meta,
-            "dtype": "float16", "build_seconds": round(time.time() - started, 1), "resumed_shards": resumed}
+            "source": source, "index": index_meta, "dtype": "float16", "build_seconds": round(time.time() - started, 1),
+            "resumed_shards": resumed, "dropped_nonfinite": dropped}
+    shard_dir = out / "shards"
     for f in shard_dir.glob("*"):
         f.unlink()
     shard_dir.rmdir()

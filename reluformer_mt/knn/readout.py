@@ -38,6 +38,7 @@ class ReadoutError(ValueError):
 # the most neighbours a step may read (faiss's GPU search stops at 2048; a step's read-out and
 # mixture grow with k): a larger --knn-k is refused before the datastore is opened
 MAX_K = 2048
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 OPTION_NAMES = {"k": "--knn-k", "lam": "--knn-lambda", "temperature": "--knn-temperature", "radius": "--knn-radius",
                 "readout": "--knn-readout", "adaptive": "--knn-adaptive"}
 
@@ -63,6 +64,10 @@ def check_search_values(values: dict, name: Callable[[str], str] = OPTION_NAMES.
     for field in ("temperature", "radius"):
         if field in values and not (_number(values[field]) and 0 < values[field] < math.inf):
             raise ReadoutError(f"{name(field)}: expected a positive number, got {values[field]!r}")
+    # the read-outs divide float32 distances by T: below float32's smallest normal number 1 / T overflows
+    if "temperature" in values and values["temperature"] < MIN_TEMPERATURE:
+        raise ReadoutError(f"{name('temperature')}: expected a positive number of at least {MIN_TEMPERATURE:.4g} "
+                           f"(float32's smallest normal number), got {values['temperature']!r}")
     if "adaptive" in values and not isinstance(values["adaptive"], bool):
         raise ReadoutError(f"{name('adaptive')}: expected true or false, got {values['adaptive']!r}")
 

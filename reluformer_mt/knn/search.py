@@ -157,6 +157,8 @@ class PerInputDatastores:
             products, norms = torch.einsum("rd,rnd->rn", states, self.keys[units]), self.norms.index_select(0, units)
         # the negated distances' largest: topk's smallest is slower on the CPU
         closeness = (2 * products - norms - (states ** 2).sum(-1, keepdim=True)).clamp_max(0)
+        # a NaN (a NaN or inf key) is farthest of all: topk would rank it first
+        closeness = closeness.masked_fill_(closeness.isnan(), float("-inf"))
         closest, at = torch.topk(closeness, min(k, closeness.size(1)), dim=1)
         nearest = closest.neg_()
         # only the k chosen slots of each row's unit are read: one gather from the flat tables
@@ -229,6 +231,7 @@ class KnnMixer:
         self.adaptive: Optional[MetaK] = None  # with options.adaptive: the full datastore's Meta-k network
         self.skip_confident = 1.0  # rows whose best token is more probable skip the search (1: none)
         self.stats: Counter = Counter()
+        self.cpp_steps = 0  # steps mixed by the C++ step (the translator's summary names its loops)
 
     def use_datastore(self, datastore) -> "KnnMixer":
         """Search ``datastore`` (a loaded :class:`reluformer_mt.knn.datastore.Datastore`); with
@@ -284,6 +287,7 @@ class KnnMixer:
             values = torch.where(values == eos, eos_as.cpu().unsqueeze(1).to(values.dtype), values)
         # the C++ step where it serves (knn/fused.py): read-out, share and mixture in one loop
         in_cpp = rows is not None or (fused.available(lprobs, distances) and lprobs.is_contiguous())
+        self.cpp_steps += in_cpp
         if in_cpp and self.adaptive is None and o.readout in fused.READOUTS:
             counts = fused.mix_readout(lprobs, rows, distances, values, trust, top, o.lam, o.readout, o.temperature,
                                        o.radius, MODEL_SHARE)

@@ -525,13 +525,25 @@ def at_least(score, bound: float):
     return score >= bound - BAND_TOLERANCE
 
 
+def copyable_target(target: Optional[str], separator: str = "<sep>") -> bool:
+    """Whether a match's target can be an output line: no control character but tabs (a NUL, a line
+    break), no reserved ``separator``, not a document marker (read back as a document break), not blank."""
+    from reluformer_mt.data.documents import is_doc_marker
+
+    if not target or not target.strip():
+        return False
+    control = any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in target)
+    return not control and separator not in target and not is_doc_marker(target)
+
+
 def memory_first(outputs: Sequence[str], copies: Sequence[Optional[str]], scores: Sequence[float],
                  threshold: Optional[float]) -> List[str]:
     """TM-first: each output replaced by its best match's target (``copies``; None = no match) where
-    the match scores >= ``threshold`` (None: off), as a CAT tool offers a high match before any MT."""
+    the match scores >= ``threshold`` (None: off) and the target can be an output line
+    (:func:`copyable_target`), as a CAT tool offers a high match before any MT."""
     if threshold is None:
         return list(outputs)
-    return [c if c is not None and at_least(s, threshold) else o for o, c, s in zip(outputs, copies, scores)]
+    return [c if copyable_target(c) and at_least(s, threshold) else o for o, c, s in zip(outputs, copies, scores)]
 
 
 def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4, 16)) -> dict:
@@ -540,5 +552,5 @@ def recall_at_k(scores: np.ndarray, best: np.ndarray, ks: Sequence[int] = (1, 4,
     return {f"recall@{k}": float(np.mean(scores[:, :k].max(1) >= best - 1e-6)) for k in ks if k <= scores.shape[1]}
 
 
-__all__ = ["DEFAULT_MATCH_SCORE", "LEGACY_MATCH_SCORE", "FUZZY_BANDS", "MATCH_SCORES", "score_parts", "at_least", "match_units", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "fuzzy_score", "memory_first", "fuzzy_scores",
+__all__ = ["DEFAULT_MATCH_SCORE", "LEGACY_MATCH_SCORE", "FUZZY_BANDS", "MATCH_SCORES", "score_parts", "at_least", "match_units", "text_encoding", "MemoryEntries", "TranslationMemoryError", "Retriever", "TfidfKeys", "band_of", "copyable_target", "fuzzy_score", "memory_first", "fuzzy_scores",
            "read_memory", "read_prepared", "read_tmx", "read_tsv", "recall_at_k"]

@@ -24,6 +24,7 @@ form are ours; EMAT fuses its values into the encoder, which for MT would make t
 encoder k times longer.
 """
 import dataclasses
+import logging
 import math
 from typing import Optional
 
@@ -34,6 +35,8 @@ from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from reluformer_mt.attention import ATTENTION_FUNCTIONS, AttentionOptionError, ReluformerAttention
 from reluformer_mt.memory import fused
+
+logger = logging.getLogger(__name__)
 
 # no memory encoder layer by default: with the previous-token feature and the copy distribution a
 # 1-layer encoder learned no faster (docs/TRANSLATION_MEMORY.md) and costs k times a source encoder
@@ -107,6 +110,9 @@ class MemoryReader(nn.Module):
     # bandwidth once the batch's memory outgrows the cache), the arithmetic stays float32; float32
     # keeps them as computed. Training and the PyTorch step always use the model's precision.
     step_cache_dtype = torch.float16
+    kernel_memories = 0  # memories the C++ step read (laid out for it), per reader
+    cache_fallbacks = 0  # of those, kept in float32 because float16 could not hold them
+    _fallback_said = False
 
     def __init__(self, cfg, attention_config, heads: int):
         super().__init__()
@@ -202,11 +208,26 @@ class MemoryReader(nn.Module):
         groups = k.size(0) * k.size(1)
         keys_t, values = k.transpose(-1, -2).view(groups, k.size(3), k.size(2)), v.view(groups, v.size(2), v.size(3))
         kernel_inputs = fused.reader_inputs(self) if fused.available(keys_t, values) else None
-        if kernel_inputs is not None and self.step_cache_dtype != keys_t.dtype:
-            keys_t, values = keys_t.to(self.step_cache_dtype), values.to(self.step_cache_dtype)
+        if kernel_inputs is not None:
+            self.kernel_memories += 1
+            if self.step_cache_dtype != keys_t.dtype:
+                keys_t, values = self._cache_copies(keys_t, values)
         laid_out = (keys_t, values, None if bias is None else bias.view(groups, 1, k.size(2)), kernel_inputs)
         self._laid_out = (k, laid_out)
         return laid_out
+
+    def _cache_copies(self, keys_t, values):
+        """The keys and values in ``step_cache_dtype``; a memory with a value beyond float16's range
+        (+-65504: inf there, NaN or wrong weights after) is kept in float32, counted in
+        ``cache_fallbacks`` and said once per process."""
+        if self.step_cache_dtype == torch.float16 and not (_fits_half(keys_t) and _fits_half(values)):
+            self.cache_fallbacks += 1
+            if not MemoryReader._fallback_said:
+                MemoryReader._fallback_said = True
+                logger.warning("memory cache: a memory's keys or values exceed float16's range (+-65504): "
+                               "kept in float32 (counted in the summary)")
+            return keys_t, values
+        return keys_t.to(self.step_cache_dtype), values.to(self.step_cache_dtype)
 
     def reorder_incremental_state(self, incremental_state, new_order):
         """fairseq's reorder of this reader's cache when sentences finish (each remaining sentence's
@@ -283,6 +304,11 @@ class MemoryReader(nn.Module):
     def cached(self, incremental_state) -> bool:
         """Whether this reader holds the memory's keys and values in ``incremental_state``."""
         return "prev_key" in self.attn._get_input_buffer(incremental_state)
+
+
+def _fits_half(x: torch.Tensor) -> bool:
+    """Whether every element is finite within float16's range (a NaN does not fit either)."""
+    return x.numel() == 0 or bool(x.abs().amax() <= torch.finfo(torch.float16).max)
 
 
 def _copyable(tokens: torch.Tensor, ignore) -> torch.Tensor:

@@ -26,8 +26,8 @@ namespace reluformer {
 // exp(x) for x <= 0 without a libm call, so that loops of it vectorise:
 // x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite's two-part ln2), exp(r) by its degree-6 Taylor
 // polynomial (relative error below 2e-7), 2^n written into the exponent bits. Below -87.3 the
-// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway). The
-// scalar and vector versions below share these constants and compute the same steps.
+// result would be subnormal: 0 (softmax gives those weights 0 to float precision anyway); NaN
+// gives NaN. The scalar and vector versions below share these constants and compute the same steps.
 constexpr float kExpFloor = -87.3f;
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to nearest
@@ -60,7 +60,9 @@ RELUFORMER_AVX2 inline __m256 exp_nonpositive8(__m256 x) {  // exp_nonpositive i
   for (const float c : kExpTaylor) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
   const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
-  return _mm256_and_ps(result, _mm256_cmp_ps(x, floor, _CMP_GE_OQ));  // -inf, NaN and below: 0
+  // -inf and below the floor: 0; NaN stays NaN, as in the scalar version and torch.exp
+  const __m256 kept = _mm256_andnot_ps(_mm256_cmp_ps(x, floor, _CMP_LT_OQ), result);
+  return _mm256_blendv_ps(kept, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 // RELUFORMER_NO_AVX2=1: the portable loops on any CPU (how the tests reach them on one with AVX2)
@@ -89,7 +91,9 @@ RELUFORMER_AVX512 inline __m512 exp_nonpositive16(__m512 x) {  // exp_nonpositiv
   for (const float c : kExpTaylor) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ), result);  // -inf, NaN and below: 0
+  // -inf and below the floor: 0; NaN stays NaN, as in the scalar version and torch.exp
+  const __m512 kept = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_NLT_UQ), result);
+  return _mm512_mask_mov_ps(kept, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
 // Keys and values are float32, or IEEE half floats (their bits as uint16_t) where a cache keeps
@@ -165,7 +169,7 @@ inline bool has_avx2() { return false; }
 inline bool has_avx512() { return false; }
 #endif
 
-// x[i] = exp(x[i]) in place, for x[i] <= 0 (-inf and anything below -87.3 give 0).
+// x[i] = exp(x[i]) in place, for x[i] <= 0 (-inf and anything below -87.3 give 0, NaN NaN).
 inline void exp_nonpositive_inplace(float* x, int64_t n) {
 #if defined(__x86_64__)
   if (has_avx2()) {

@@ -11,6 +11,7 @@ gives them to fairseq's generator as a :class:`GuidedBeamSearch`. reluformer-tra
 build their decoder's guidance this way.
 """
 import dataclasses
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -176,24 +177,41 @@ def parse_guidance(spec: Optional[str]) -> list:
 class GuidedBeamSearch(BeamSearch):
     """fairseq's beam search with the guidance parts applied, in order, before every step.
     A part with ``separator_ids`` (source, target) keeps the segments' separators: then
-    :meth:`start` counts each source's separators (what :attr:`BeamStep.required` reads)."""
+    :meth:`start` counts each source's separators (what :attr:`BeamStep.required` reads).
+    With ``limits`` (reluformer-translate), each source's own length limit: fairseq's generator
+    computes one limit per batch from the padded source length, so a source's output (and whether
+    it falls back) would depend on the sources batched with it."""
 
     def __init__(self, tgt_dict, parts: Sequence[Guidance]):
         super().__init__(tgt_dict)
         self.parts = list(parts)
         self.separators = next((p.separator_ids for p in self.parts if getattr(p, "separator_ids", None)), None)
         self.required: Optional[Tensor] = None
+        self.limits: Optional[Tensor] = None
 
-    def start(self, batch: SourceBatch, device: str = "cpu") -> None:
+    def start(self, batch: SourceBatch, device: str = "cpu", limits: Optional[Sequence[int]] = None) -> None:
+        """``limits``: each source's length limit (the step from which only EOS may follow), by sample["id"]."""
         if self.separators is not None:  # looked up by sample["id"], i.e. the index into the sources
             self.required = torch.tensor([int((s == self.separators[0]).sum()) for s in batch.sources], device=device)
+        self.limits = None if limits is None else torch.tensor(list(limits), device=device)
         for part in self.parts:
             part.start(batch)
+
+    def _limit_lengths(self, step: int, lprobs: Tensor, original_batch_idxs: Tensor) -> None:
+        """Only EOS for the sentences at their own limit, as fairseq's generator does at the batch's
+        (and, like it, before the parts act)."""
+        if self.limits is None:
+            return
+        over = self.limits[original_batch_idxs.to(self.limits.device)].to(lprobs.device) <= step
+        if bool(over.any()):
+            lprobs[over, :, :self.eos] = -math.inf
+            lprobs[over, :, self.eos + 1:] = -math.inf
 
     def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
              original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
         assert original_batch_idxs is not None and prev_output_tokens is not None
         bsz, beam_size, vocab_size = lprobs.size()
+        self._limit_lengths(step, lprobs, original_batch_idxs)
         separator = self.separators[1] if self.separators is not None else None
         view = BeamStep(lprobs.view(bsz * beam_size, vocab_size), prev_output_tokens, original_batch_idxs, beam_size,
                         self.eos, separator, self.required if separator is not None else None)
@@ -202,10 +220,11 @@ class GuidedBeamSearch(BeamSearch):
         return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
 
 
-def install_guidance(generator, tgt_dict, parts: Sequence[Guidance]) -> Optional[GuidedBeamSearch]:
+def install_guidance(generator, tgt_dict, parts: Sequence[Guidance], always: bool = False) -> Optional[GuidedBeamSearch]:
     """Give ``generator`` (fairseq's SequenceGenerator) a :class:`GuidedBeamSearch` of ``parts``;
-    nothing to guide keeps fairseq's own beam search. Returns the search object (or None)."""
-    if not parts or not hasattr(generator, "search"):
+    nothing to guide keeps fairseq's own beam search unless ``always`` (reluformer-translate: its
+    per-source length limits). Returns the search object (or None)."""
+    if (not parts and not always) or not hasattr(generator, "search"):
         return None
     generator.search = GuidedBeamSearch(tgt_dict, parts)
     return generator.search

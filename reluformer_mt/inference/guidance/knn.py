@@ -306,9 +306,9 @@ def open_datastore(directory: str, context: GuidanceContext):
 
 def check_restriction(datastore, memory, option: str, way_out: str) -> None:
     """A search among the memory matches' entries (``--knn-restrict M``, ``--knn-memory-keys``) needs
-    the memory to be the datastore's own corpus (memory entry i = the datastore's sentence i) and the
-    datastore to know each entry's sentence: one line otherwise (naming ``option`` and ending with
-    ``way_out``), before decoding."""
+    the memory to be the datastore's own corpus (memory entry i = the datastore's sentence i), unchanged
+    since the build (``pairs.npy``), and the datastore to know each entry's sentence: one line
+    otherwise (naming ``option`` and ending with ``way_out``), before decoding."""
     from pathlib import Path
 
     from reluformer_mt.knn.datastore import DatastoreError
@@ -321,6 +321,7 @@ def check_restriction(datastore, memory, option: str, way_out: str) -> None:
         raise DatastoreError(f"{option}: the memory ({memory.entries.origin}, {len(memory.entries)} "
                              f"entries) is not the corpus {datastore.directory} was built from ({source['data']}, "
                              f"{source['split']}, {source['sentences']} sentences); {way_out}")
+    datastore.check_source_unchanged()  # the same path prepared again: its sentences in another order
     datastore.sentence_entries()
 
 

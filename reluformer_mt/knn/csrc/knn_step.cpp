@@ -20,6 +20,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace {
@@ -178,13 +179,17 @@ std::vector<torch::Tensor> unit_neighbours(torch::Tensor states, torch::Tensor u
         float q2 = 0.f;
         for (int64_t d = 0; d < dim; ++d) q2 += q[g][d] * q[g][d];
         float* distance = p[g];  // in place of the products
-        for (int64_t j = 0; j < m; ++j) distance[j] = std::max(q2 + nu[j] - 2.f * distance[j], 0.f);
+        for (int64_t j = 0; j < m; ++j) {
+          // a NaN (a NaN or inf key) is farthest of all, as in the Python search: inf, no neighbour
+          const float dj = q2 + nu[j] - 2.f * distance[j];
+          distance[j] = dj > 0.f ? dj : dj <= 0.f ? 0.f : kInf;
+        }
         float* row_d = od + r * kk;
         int64_t* row_v = ov + r * kk;
         float* row_t = ot + r * kk;
         auto emit = [&](int64_t i, int64_t j) {
           row_d[i] = distance[j];
-          row_v[i] = value[unit * n + j];
+          row_v[i] = std::isinf(distance[j]) ? -1 : value[unit * n + j];
           row_t[i] = tr[unit * n + j];
         };
         if (take == m && !ordered) {  // every entry, in slot order
@@ -352,8 +357,15 @@ std::vector<int64_t> mix_readout(torch::Tensor lprobs, torch::Tensor rows, torch
         float nearest = kInf;
         for (int64_t j = 0; j < k; ++j) nearest = std::min(nearest, d[j]);
         if (std::isfinite(nearest)) {
-          const float inverse_temperature = 1.f / static_cast<float>(temperature);
-          for (int64_t j = 0; j < k; ++j) w[j] = std::isfinite(d[j]) ? (nearest - d[j]) * inverse_temperature : -kInf;
+          // 1 / T overflows for T below ~2.9e-39 (0 * inf: NaN at the nearest): divide there, as the reference
+          const float t = static_cast<float>(temperature), inverse_temperature = 1.f / t;
+          const bool multiply = std::isfinite(inverse_temperature);
+          for (int64_t j = 0; j < k; ++j) {
+            const float gap = nearest - d[j];
+            w[j] = !std::isfinite(d[j]) ? -kInf
+                   : multiply          ? gap * inverse_temperature
+                                       : static_cast<float>(static_cast<double>(gap) / temperature);
+          }
           reluformer::exp_nonpositive_inplace(w.data(), k);  // the exponentials in vector lanes
           for (int64_t j = 0; j < k; ++j) total += w[j];
           mass = 1.f;
@@ -480,7 +492,20 @@ std::vector<int64_t> mix_adaptive(torch::Tensor lprobs, torch::Tensor rows, torc
           std::accumulate(with_mass.begin(), with_mass.end(), int64_t{0})};
 }
 
+// x = exp(x) in place for a float32 tensor of x <= 0, through the loops the read-outs use (the
+// tests compare the vector and the portable ones, RELUFORMER_NO_AVX2=1, with torch.exp)
+torch::Tensor exp_nonpositive_(torch::Tensor x) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat, "exp_nonpositive_: a contiguous float32 tensor");
+  reluformer::exp_nonpositive_inplace(x.data_ptr<float>(), x.numel());
+  return x;
+}
+
+// Which loops the search and the read-outs run on this CPU (the translation summary names them)
+std::string cpu_loops() { return reluformer::has_avx2() ? "AVX2" : "portable"; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cpu_loops", &cpu_loops, "the loops the kNN step runs on this CPU: AVX2 or portable");
+  m.def("exp_nonpositive_", &exp_nonpositive_, "exp(x) in place for x <= 0, the read-outs' loops (CPU)");
   m.def("unit_neighbours", &unit_neighbours, "each row's nearest entries in its own unit of keys (CPU)");
   m.def("mix_votes", &mix_votes, "neighbours' shares mixed into log-probabilities in place, and the rows they decided (CPU)");
   m.def("mix_adaptive", &mix_adaptive, "adaptive kNN-MT's Meta-k network and mixture in place (CPU)");

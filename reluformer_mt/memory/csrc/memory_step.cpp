@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -469,14 +470,17 @@ int64_t copy_step(torch::Tensor lprobs, torch::Tensor weights, torch::Tensor col
     for (int64_t y = 0; y < vocab; ++y) lp[y] += log_stay;
     const float log_copy = log_sigmoid(z_data[row]) - std::log(total);
     // c * mass / total added to the token's probability in linear space: two calls (exp, log) a
-    // token instead of three; where the share is not a normal float, in log space as the reference
+    // token instead of three; where the share is not a normal float, in log space as the reference.
+    // A subnormal total makes c / total overflow (inf): the whole row then goes the log-space way
     const float copy_scale = std::exp(log_copy);
+    const bool linear = std::isfinite(copy_scale);
     const int64_t* tok = tok_data + s * slots;
     for (int64_t m = 0; m < slots; ++m) {
       if (!(mass[m] > 0.f)) continue;
       const float share = copy_scale * mass[m];
       float& y = lp[tok[m]];
-      y = share >= kSmallestShare ? std::log(std::exp(y) + share) : log_add_exp(y, std::log(mass[m]) + log_copy);
+      y = linear && share >= kSmallestShare ? std::log(std::exp(y) + share)
+                                            : log_add_exp(y, std::log(mass[m]) + log_copy);
     }
   }
   return copying;
@@ -520,7 +524,11 @@ torch::Tensor sparse_scores(torch::Tensor q_indptr, torch::Tensor q_indices, tor
   return out;
 }
 
+// Which loops read_step runs on this CPU (the translation summary names them)
+std::string cpu_loops() { return has_avx512() ? "AVX-512" : has_avx2() ? "AVX2" : "portable"; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cpu_loops", &cpu_loops, "the loops read_step runs on this CPU: AVX-512, AVX2 or portable");
   m.def("sparse_scores", &sparse_scores, "dense scores of CSR queries against CSR entry weights (CPU)");
   m.def("read_step", &read_step, "a softmax memory reader's cached decoding step with its gate (CPU)");
   m.def("copy_step", &copy_step, "the copy distribution's correction of one step's log-probabilities in place (CPU)");

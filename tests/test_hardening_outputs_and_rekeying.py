@@ -1,4 +1,4 @@
-"""Issue 34's hostile inputs and faults, through the commands: writing options that name an input
+"""Hostile inputs and faults, through the commands: writing options that name an input
 or another output, report folders with files of another shape, translate options that cannot
 work together, a write error naming the right file, reports written whole or not at all, and a
 re-keying killed half-way (translation and training refuse the directory)."""

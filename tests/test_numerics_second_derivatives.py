@@ -1,4 +1,4 @@
-"""Numerics of issue 34: second derivatives on every tiled route (the kernels' backward passes
+"""Numerics at the edges: second derivatives on every tiled route (the kernels' backward passes
 are not differentiable), the shared visibility memo under ``torch.inference_mode`` and after
 in-place rewrites that bump no version counter, and a learned log gamma in float16 and past
 its bound. Each against plain autograd on float64 tensors."""

@@ -1,4 +1,4 @@
-"""Translation-memory files as real tools write them (issue 34): TSV in UTF-16 and with byte-order
+"""Translation-memory files as real tools write them: TSV in UTF-16 and with byte-order
 marks, a bad byte's exact line, TMX streamed in constant memory, placeholders between words,
 repeated and conflicting pairs, a <tuv> without <seg>, float32 scores on the band boundaries,
 and leakage: a test sentence planted in the memory is reported, and the stored ids are rows of

@@ -1,4 +1,4 @@
-"""Issue 34, the cases left after the first part (test_hardening_issue34.py): translation pieces
+"""Hostile inputs beside those of test_hardening_outputs_and_rekeying.py: translation pieces
 for a plain fairseq model, resumes and reruns of fairseq-train, --attn-impl triton off CUDA, a
 document directory without a split's segment metadata, a memory prepared with another
 SentencePiece model, TER on lines that are whole talks, memory matches longer than the model's
@@ -12,9 +12,9 @@ import torch
 
 from helpers import USER_DIR, run_fairseq, tiny_train_args
 from test_bad_input_commands import eval_main
-from test_hardening_issue34 import one_line
+from test_hardening_outputs_and_rekeying import one_line
 from test_learned_keys import key_checkpoint, key_data  # noqa: F401 (fixtures)
-from test_tm_readers_issue34 import HEADER, tu
+from test_tm_file_readers import HEADER, tu
 from test_translate import FAST, translate_main
 
 
