@@ -190,7 +190,6 @@ def test_the_demo_trains_on_every_length_and_scores_both_references(tmp_path):
     report = json.loads((out / "report" / "report.json").read_text())
     text = json.dumps(report)
     assert "s_bleu_2ref" in text and "d_bleu_2ref" in text
-    nearest = report["baselines"]["nearest_verse"] if "baselines" in report else None
-    if nearest is not None:
-        assert nearest["s_bleu_2ref"] >= nearest["s_bleu"]
+    nearest = report["baselines"]["nearest_verse"]
+    assert nearest["s_bleu_2ref"] >= nearest["s_bleu"] and nearest["d_bleu_2ref"] >= nearest["d_bleu"]
     assert "against both references" in printed.getvalue()

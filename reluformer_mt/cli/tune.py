@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_input_file, check_input_folder, check_output_folder, non_negative_int,
-                                     positive_int, segment_length_names)
+                                     check_input_folder, check_output_folder, non_negative_int, positive_int)
+from reluformer_mt.cli.run_options import add_recipe_data_options, check_recipe_data_options
 
 FAMILIES = ("reluformer", "rela", "softmax")  # the families with knobs of their own (experiments/tune.py)
 
@@ -58,10 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what is searched: the shared settings (lr, warm-up, dropout, sentence share) and each family's "
                         "own; 'recipe' adds the low-resource recipe's (model size, tokens per batch, attention and "
                         "activation dropout, label smoothing, word dropout, decoder layer-drop; docs/FAMILIES.md)")
-    p.add_argument("--extra-target", default=None, metavar="web|FILE",
-                   help="train every trial with a second English translation too (reluformer-demo --extra-target)")
-    p.add_argument("--train-lengths", type=segment_length_names, default=[], metavar="L,L,...",
-                   help="every trial's document phase trains on chapters cut at each length (reluformer-demo --train-lengths)")
+    add_recipe_data_options(p)  # every trial trains on the recipe's data
     p.add_argument("--first-rung", type=non_negative_int, default=0, metavar="UPDATES",
                    help="successive halving: report each trial's greedy valid s-BLEU after UPDATES sentence updates, "
                         "then UPDATES x --rung-factor, ...; trials outside the best 1/factor at a rung stop there "
@@ -85,8 +82,7 @@ def check_args(args) -> None:
     """--out and --bible-root before any work (the length study's too)."""
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
-    if getattr(args, "extra_target", None) not in (None, "web"):
-        check_input_file(args.extra_target, "--extra-target")
+    check_recipe_data_options(args)
     if getattr(args, "rung_factor", 3) < 2:
         raise ValueError(f"--rung-factor: got {args.rung_factor}, expected an integer >= 2")
 

@@ -348,6 +348,12 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
         return stats
 
     stats = run_step(out, "encode", config, encode, cfg.force)
+    _report_encoding(cfg, stats, report)
+    return stats
+
+
+def _report_encoding(cfg, stats: dict, report) -> None:
+    """The encode step's repairs and over-long sentences into ``report`` and the log."""
     for split, st in stats.items():
         if st.get("separator_lookalikes"):
             msg = f"look-alike of the separator {cfg.separator!r} (SentencePiece normalises it into the separator) replaced by a space"
@@ -361,7 +367,6 @@ def _encode_step(cfg, out, splits, data_fp, spm_result, report):
             report.warn(msg, None, st["overlong_sentences"])
             report.examples.setdefault(msg, []).extend(f"{split} {e}" for e in st["overlong_examples"])
             logger.warning("%s: %d sentences longer than %d tokens kept as their own segments", split, st["overlong_sentences"], bound)
-    return stats
 
 
 # ---------------------------------------------------------------- binarise
