@@ -62,8 +62,15 @@ def test_padding_inside_a_sentence_and_custom_masks_keep_the_mask():
     kpm = torch.zeros(2, 6, dtype=torch.bool)
     kpm[1, 2] = True  # a hole: no range says this
     assert padding_ranges(kpm) is None
-    vis = Visibility.from_padding(4, 6, kpm, causal=False)
-    assert vis.mask is not None and torch.equal(vis.dense(), plain_mask(4, 6, kpm))
+    for causal in (False, True):
+        vis = Visibility.from_padding(4, 6, kpm, causal=causal)
+        expected = plain_mask(4, 6, kpm, causal)
+        # masks and counts come from the padding itself: exact without asking the host
+        assert torch.equal(vis.dense(), expected)
+        assert torch.equal(vis.n_visible(), expected.sum(-1, keepdim=True))
+        # the routes that take ranges get the dense mask instead
+        assert not vis.ranges_hold() and torch.equal(vis.resolved().mask, expected)
+        assert vis.tile_kind(0, 4, 2, 3) == 2 and not vis.all_visible
     hidden = torch.zeros(5, 5, dtype=torch.bool)
     hidden[3, 0] = True
     vis = Visibility.from_padding(5, 5, mixed_padding(5), causal=True, extra_mask=hidden)
@@ -151,7 +158,7 @@ def test_padding_ranges_are_remembered_per_mask_and_changes_are_seen():
     """Decoding hands cross-attention the same encoder mask at every step: found once."""
     kpm = mixed_padding(9)
     first = padding_ranges(kpm)
-    assert padding_ranges(kpm) is first
+    assert padding_ranges(kpm)[0] is first[0]  # the same remembered ranges, not found again
     kpm[0, -2:] = True  # in place: sentence 0 is now right-padded too
     starts, ends = padding_ranges(kpm)
     assert ends[0] == 7 and starts.tolist() == [0, 0, 4, 0]
@@ -214,3 +221,28 @@ def test_small_calls_without_gradients_equal_the_tiled_path(act, factor, bias):
     tiled, _, _ = tiled_attention(q.requires_grad_(), k, v, vis, route="dense", activation=act, scaling=0.3,
                                   row_factor=c, row_bias=b)
     torch.testing.assert_close(direct, tiled.detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_the_direct_route_asks_the_host_nothing_about_padding(monkeypatch):
+    """Training on sentences (the direct route) builds its mask and counts from the padding mask on
+    the device: no copy to the host and no scalar read per padding mask (issue 64: each is a
+    wait for the queue on a GPU); a hole in the padding is still masked exactly."""
+    torch.manual_seed(3)
+    kpm = mixed_padding(9)
+    kpm[0, 4] = True  # a hole too: ranges cannot say it, the padding itself can
+    q = torch.randn(4, 2, 6, 5, requires_grad=True)
+    k, v = (torch.randn(4, 2, 9, 5, requires_grad=True) for _ in range(2))
+    expected = plain_mask(6, 9, kpm, causal=True)
+    s = (q @ k.transpose(-1, -2)).relu() * expected
+    reference = s @ v
+
+    def no_host(*_):
+        raise AssertionError("a host synchronisation on the direct route")
+    for name in ("tolist", "item", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, no_host)
+    vis = Visibility.from_padding(6, 9, kpm, causal=True)
+    out, _, _ = tiled_attention(q, k, v, vis, route="direct", want_rows=True)
+    out.sum().backward()
+    monkeypatch.undo()
+    torch.testing.assert_close(out, reference)
+    assert not vis.ranges_hold() and torch.equal(vis.resolved().mask, expected)

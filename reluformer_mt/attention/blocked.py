@@ -274,7 +274,10 @@ def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activ
     keep = as_visibility(keep)
     if n_visible is None:
         n_visible = keep.n_visible(q.device)  # (B|1, 1, T, 1)
-    visible = None if keep.all_visible else keep
+    # the direct route masks with the dense pattern, built on the device from a padding mask, and
+    # the C++ kernel reads the ranges' check itself: neither asks the host first (issue 64); the
+    # other tiled routes and kernels take host-checked ranges
+    visible = keep if route in ("direct", "fused") and keep.padding is not None else _resolved(keep)
     c = None if row_factor is None else row_factor.to(q.dtype).expand(B, H, T, 1)
     b = None if row_bias is None else row_bias.to(q.dtype).expand(B, H, T, 1)
     if c is not None and act == "relu" and b is None:
@@ -321,6 +324,11 @@ def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activ
     out, mass, xlogx, nonzero, weights = _TiledAttention.apply(
         q3, k3, v3, c3, b3, visible, act, H, block_q, block_k, dense, want_rows, keep_weights)
     return _finish(out, mass, xlogx, nonzero, weights, n_visible, B, H, T, S, want_rows, want_weights)
+
+
+def _resolved(keep: Visibility) -> Optional[Visibility]:
+    """None when every key is visible, else the pattern as ranges that hold or a dense mask."""
+    return None if keep.all_visible else keep.resolved()
 
 
 def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int, want_rows: bool,

@@ -73,6 +73,7 @@ def block_mask(visible: Optional[Visibility], batch: int, heads: int, device):
     """FlexAttention's BlockMask for key ranges + causal flag; None when every key is visible."""
     if visible is None or visible.all_visible:
         return None
+    visible = visible.resolved()
     if visible.mask is not None:
         raise ValueError("the flex path takes key ranges and a causal flag, not a dense mask")
     from torch.nn.attention.flex_attention import create_block_mask

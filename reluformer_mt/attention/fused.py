@@ -55,18 +55,24 @@ register_route("fused", _cannot_serve, auto=lambda call: call.tgt_len > 1 and ca
 
 
 def _kernel_visibility(visible: Optional[Visibility], like: Tensor):
-    """The kernel's visibility arguments: (mask, starts, ends, causal, offset); empty tensors for
-    'none given'. Ranges are passed as they are (O(B)); only a pattern ranges cannot express
-    passes its bool mask."""
+    """The kernel's visibility arguments: (mask, starts, ends, causal, offset, hold, padding); empty
+    tensors for 'none given'. Ranges are passed as they are (O(B)); only a pattern ranges cannot
+    express passes its bool mask; ranges from a padding mask not yet checked on the host come with
+    their check and the mask, which the kernel reads itself (no wait before the call)."""
     empty_bool, empty_long = like.new_zeros(0, dtype=torch.bool), like.new_zeros(0, dtype=torch.long)
     if visible is None:
-        return empty_bool, empty_long, empty_long, False, 0
+        return empty_bool, empty_long, empty_long, False, 0, empty_bool, empty_bool
+    check = visible.kernel_range_check()
+    if check is None:
+        visible = visible.resolved()
     if visible.mask is not None:
-        return visible.mask, empty_long, empty_long, False, 0
+        return visible.mask, empty_long, empty_long, False, 0, empty_bool, empty_bool
+    hold, padding = check if check is not None else (empty_bool, empty_bool)
     starts = visible.starts if visible.starts is not None else like.new_zeros(1, dtype=torch.long)
     ends = visible.ends if visible.ends is not None else torch.full((1,), visible.src_len, dtype=torch.long)
     causal = visible.causal_offset is not None
-    return empty_bool, starts.contiguous(), ends.contiguous(), causal, visible.causal_offset if causal else 0
+    return (empty_bool, starts.contiguous(), ends.contiguous(), causal, visible.causal_offset if causal else 0,
+            hold, padding.contiguous())
 
 
 class FusedReluAttention(torch.autograd.Function):
@@ -80,11 +86,11 @@ class FusedReluAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, visible, heads, want_rows, row_sums, block_q, block_k):
         ext = load()
-        mask, starts, ends, causal, offset = _kernel_visibility(visible, q)
-        out, mass, xlogx, nonzero = ext.forward(q, k, v, mask, starts, ends, causal, offset, heads, block_q, block_k,
-                                                want_rows, row_sums)
+        mask, starts, ends, causal, offset, hold, padding = _kernel_visibility(visible, q)
+        out, mass, xlogx, nonzero = ext.forward(q, k, v, mask, starts, ends, causal, offset, hold, padding, heads,
+                                                block_q, block_k, want_rows, row_sums)
         ctx.mark_non_differentiable(nonzero)
-        ctx.save_for_backward(q, k, v, mask, starts, ends)
+        ctx.save_for_backward(q, k, v, mask, starts, ends, hold, padding)
         ctx.causal, ctx.offset = causal, offset
         ctx.visible = visible
         ctx.heads, ctx.blocks = heads, (block_q, block_k)
@@ -92,7 +98,7 @@ class FusedReluAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_out, g_mass, g_xlogx, _g_nonzero):
-        q, k, v, mask, starts, ends = ctx.saved_tensors
+        q, k, v, mask, starts, ends, hold, padding = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: the C++ backward builds no graph (issue 34)
             from reluformer_mt.attention.double_backward import grads_with_graph
             dq, dk, dv, _, _ = grads_with_graph(q, k, v, None, None, ctx.visible, "relu", ctx.heads,
@@ -101,7 +107,7 @@ class FusedReluAttention(torch.autograd.Function):
         empty = q.new_zeros(0)
         if g_out is None:
             g_out = torch.zeros(q.size(0), q.size(1), v.size(2), dtype=q.dtype)
-        dq, dk, dv = load().backward(g_out, q, k, v, mask, starts, ends, ctx.causal, ctx.offset,
+        dq, dk, dv = load().backward(g_out, q, k, v, mask, starts, ends, ctx.causal, ctx.offset, hold, padding,
                                      empty if g_mass is None or g_mass.numel() == 0 else g_mass,
                                      empty if g_xlogx is None or g_xlogx.numel() == 0 else g_xlogx,
                                      ctx.heads, *ctx.blocks)

@@ -162,7 +162,7 @@ class ReluformerAttention(MultiheadAttention):
             head_weights=head_weights, tgt_len=q.size(2), src_len=src_len, q=q, want_weights=want_weights, want_rows=want_rows,
             additive=additive is not None, dropout=self.training and self.dropout_module.p > 0,
             regularised=self._recorder is not None and self._recorder.regularises(self),
-            key_ranges=visible.mask is None or visible.all_visible, needs_grad=needs_grad)
+            visible=visible, needs_grad=needs_grad)
         return routes.choose_route(self.function, self.config, call)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visible: Visibility, additive: Optional[Tensor],

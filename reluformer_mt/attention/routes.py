@@ -29,6 +29,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 from torch import Tensor
 
+from reluformer_mt.attention.visibility import Visibility
+
 logger = logging.getLogger(__name__)
 
 # rows x keys up to which a dense call is one tile (1 MB of float32 per head: the L2 cache here);
@@ -45,8 +47,8 @@ class Call:
 
     ``head_weights`` / ``before_softmax``: fairseq's forward arguments (fairseq's own forward
     averages the heads); ``q``: the projected queries (B, H, T, D) (device and dtype decide the
-    accelerated routes), None before the projections; ``key_ranges``: the visible keys are key
-    ranges + a causal flag (no dense mask); ``needs_grad``: gradients flow to q, k, v or the
+    accelerated routes), None before the projections; ``visible``: the visible keys
+    (``key_ranges`` asks whether they are ranges + a causal flag); ``needs_grad``: gradients flow to q, k, v or the
     function's parameters.
     """
 
@@ -60,8 +62,15 @@ class Call:
     additive: bool = False
     dropout: bool = False
     regularised: bool = False
-    key_ranges: bool = True
     needs_grad: bool = False
+    visible: Optional[Visibility] = None  # the call's Visibility (None: every key visible)
+
+    @property
+    def key_ranges(self) -> bool:
+        """Whether the visible keys are key ranges + a causal flag (no dense mask); asked only by
+        the routes that take ranges, so other calls never wait for a padding mask's host check."""
+        v = self.visible
+        return v is None or v.resolved().mask is None or v.all_visible
 
 
 @dataclass(frozen=True)

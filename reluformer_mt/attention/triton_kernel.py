@@ -76,7 +76,7 @@ def auto_allowed(q: Tensor) -> bool:
 def applies(activation: str, visible: Optional[Visibility], want_weights: bool) -> bool:
     """The kernel covers these activations, key ranges + causal flag (not a dense mask), and never
     returns the T x S weights."""
-    return activation in ACTIVATIONS and not want_weights and (visible is None or visible.mask is None)
+    return activation in ACTIVATIONS and not want_weights and (visible is None or visible.resolved().mask is None)
 
 
 if triton is not None:
@@ -453,7 +453,7 @@ def triton_tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, activation:
     from reluformer_mt.attention import blocked
 
     keep = as_visibility(keep)
-    visible = None if keep.all_visible else keep
+    visible = None if keep.all_visible else keep.resolved()
     if not (supports(q) and applies(activation, visible, want_weights)):
         return blocked.tiled_attention(q, k, v, keep, activation=activation, scaling=scaling, row_factor=row_factor,
                                        row_bias=row_bias, n_visible=n_visible, want_rows=want_rows,

@@ -51,6 +51,9 @@ class Visibility:
     ``starts`` / ``ends`` are (B,) int64 tensors on the keys' device (None: 0 / S for every
     sentence); ``causal_offset`` is S - T for causal self-attention, None otherwise; ``mask``,
     when set, is the whole truth: a (B or 1, 1, T, S) bool tensor for patterns ranges cannot express.
+    ``padding``, when set, is the (B, S) bool key padding mask (True = padding) the ranges were
+    derived from on the device; they describe it only where ``ranges_hold()`` (padding in the
+    middle of a sentence: :meth:`resolved` gives the dense-mask form the kernels take).
     """
 
     tgt_len: int
@@ -59,6 +62,7 @@ class Visibility:
     ends: Optional[Tensor] = None
     causal_offset: Optional[int] = None
     mask: Optional[Tensor] = None
+    padding: Optional[Tensor] = None
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -82,19 +86,16 @@ class Visibility:
     def _from_padding(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor], causal: bool,
                       extra_mask: Optional[Tensor]) -> "Visibility":
         offset = src_len - tgt_len if causal else None
-        starts = ends = None
-        bounds = None
-        if key_padding_mask is not None:
-            ranges = _ranges_and_bounds(key_padding_mask)
-            if ranges is None:  # padding inside a sentence: keep the mask
-                keep = ~key_padding_mask.bool().view(-1, 1, 1, src_len)
-                vis = Visibility(tgt_len, src_len, causal_offset=offset)
-                mask = vis.dense(keep.device) & keep
-                return vis._with_mask(mask if extra_mask is None else mask & ~extra_mask.view(1, 1, tgt_len, src_len))
-            (starts, ends), bounds = ranges
-        vis = Visibility(tgt_len, src_len, starts, ends, offset)
-        if bounds is not None:  # copied to the host with the range check already
-            object.__setattr__(vis, "_bounds_cache", bounds)
+        if key_padding_mask is None:
+            vis = Visibility(tgt_len, src_len, causal_offset=offset)
+        else:
+            # the ranges and whether they describe the padding stay on the device: the dense mask
+            # and the counts are built from the padding itself, so the short calls of training ask
+            # the host nothing; routes that need host bounds ask once (``resolved``, issue 64)
+            padding = key_padding_mask.bool()
+            starts, ends, hold = _device_ranges(padding)
+            vis = Visibility(tgt_len, src_len, starts, ends, offset, padding=padding)
+            object.__setattr__(vis, "_hold_flag", hold)
         if extra_mask is not None:
             return vis._with_mask(vis.dense(extra_mask.device) & ~extra_mask.view(1, 1, tgt_len, src_len))
         return vis
@@ -115,16 +116,53 @@ class Visibility:
             return self.mask.size(0)
         return self.starts.numel() if self.starts is not None else 1
 
+    def ranges_hold(self) -> bool:
+        """Whether ``starts`` / ``ends`` describe the visible keys (always, unless built from a
+        padding mask with padding inside a sentence). Asks the host once, with the bounds."""
+        if self.padding is None:
+            return True
+        self._bounds()
+        return self.__dict__["_hold"]
+
+    def resolved(self) -> "Visibility":
+        """This pattern as the kernels and tile classifiers take it: key ranges where they hold,
+        else the dense mask (one host copy for a padding mask's check and bounds)."""
+        return self if self.mask is not None or self.ranges_hold() else self._with_mask(self.dense())
+
+    def kernel_range_check(self) -> Optional[Tuple[Tensor, Tensor]]:
+        """(the ranges' check, the padding mask) for a CPU kernel that reads the check itself, while
+        the host has not been asked yet; None when nothing is left to check (``resolved()`` holds)."""
+        if self.padding is None or self.mask is not None or "_hold" in self.__dict__:
+            return None
+        hold = self.__dict__["_hold_flag"]
+        return (hold, self.padding) if hold.device.type == "cpu" else None
+
     def _bounds(self) -> Tuple[List[int], List[int]]:
-        """Python lists of starts and ends (one host sync per call, cached)."""
+        """Python lists of starts and ends (one host sync per object, cached)."""
         cached = self.__dict__.get("_bounds_cache")
         if cached is None:
             n = self.batch
-            starts = self.starts.tolist() if self.starts is not None else [0] * n
-            ends = self.ends.tolist() if self.ends is not None else [self.src_len] * n
-            cached = (starts, ends)
+            if self.padding is not None:
+                hold, cached = self._host_ranges()
+                object.__setattr__(self, "_hold", hold)
+            else:
+                starts = self.starts.tolist() if self.starts is not None else [0] * n
+                ends = self.ends.tolist() if self.ends is not None else [self.src_len] * n
+                cached = (starts, ends)
             object.__setattr__(self, "_bounds_cache", cached)
         return cached
+
+    def _host_ranges(self) -> Tuple[bool, Tuple[List[int], List[int]]]:
+        """(whether the ranges hold, their bounds as lists) of this padding mask: one copy for the
+        check and the bounds, shared by every call shape of the mask (the encoder's self- and the
+        decoder's cross-attention), since it waits for the device."""
+        found = _recall(_RANGE_CHECKS, self.padding)
+        if found is _MISSING:
+            B = self.starts.numel()
+            host = torch.cat([self.starts, self.ends, self.__dict__["_hold_flag"].view(1)]).tolist()
+            found = (bool(host[-1]), (host[:B], host[B:2 * B]))
+            _remember(_RANGE_CHECKS, self.padding, (), found)
+        return found
 
     def row_end(self, i: int, end: int) -> int:
         """One past the last key query i sees, for a sentence whose keys end at ``end``."""
@@ -137,6 +175,8 @@ class Visibility:
         if cached is None:
             if self.mask is not None:
                 cached = bool(self.mask.all())
+            elif not self.ranges_hold():
+                cached = self.resolved().all_visible
             else:
                 starts, ends = self._bounds()
                 cached = (all(s == 0 for s in starts) and all(e == self.src_len for e in ends)
@@ -167,6 +207,8 @@ class Visibility:
     def _n_visible(self, device=None) -> Tensor:
         if self.mask is not None:
             return count_visible(self.mask)
+        if self.padding is not None:
+            return self._n_visible_of_padding(device)
         device = device if device is not None else (self.starts.device if self.starts is not None else None)
         T, S = self.tgt_len, self.src_len
         starts = (self.starts if self.starts is not None else torch.zeros(1, dtype=torch.long, device=device)).view(-1, 1)
@@ -178,6 +220,17 @@ class Visibility:
             ends = torch.minimum(ends, positions)
         counts = (ends - starts).clamp_(min=0)
         return counts.expand(counts.size(0), T).reshape(-1, 1, T, 1)
+
+    def _n_visible_of_padding(self, device=None) -> Tensor:
+        """Counts from the padding mask itself (exact whether or not the ranges hold)."""
+        T, S = self.tgt_len, self.src_len
+        real = ~self.padding.to(device) if device is not None else ~self.padding
+        if self.causal_offset is None:
+            counts = real.sum(1, keepdim=True).expand(-1, T)
+        else:  # query i sees the real keys j <= i + offset: a running count read at that key
+            last = torch.arange(T, device=real.device) + self.causal_offset
+            counts = real.cumsum(1).index_select(1, last.clamp(0, S - 1)).masked_fill_(last.view(1, T) < 0, 0)
+        return counts.reshape(-1, 1, T, 1)
 
     def dense(self, device=None) -> Tensor:
         """The (B or 1, 1, T, S) bool mask, True where visible (T x S: the reference path only)."""
@@ -194,9 +247,11 @@ class Visibility:
         device = device if device is not None else (self.starts.device if self.starts is not None else None)
         cols = torch.arange(j0, j1, device=device).view(1, 1, 1, -1)
         keep = torch.ones(1, 1, i1 - i0, j1 - j0, dtype=torch.bool, device=device)
-        if self.starts is not None:
+        if self.padding is not None:  # exact for any padding, ranges or not
+            keep = keep & ~self.padding[:, j0:j1].to(cols.device).view(-1, 1, 1, j1 - j0)
+        elif self.starts is not None:
             keep = keep & (cols >= self.starts.to(cols.device).view(-1, 1, 1, 1))
-        if self.ends is not None:
+        if self.ends is not None and self.padding is None:
             keep = keep & (cols < self.ends.to(cols.device).view(-1, 1, 1, 1))
         if self.causal_offset is not None:
             rows = torch.arange(i0, i1, device=device).view(1, 1, -1, 1)
@@ -208,6 +263,8 @@ class Visibility:
         if self.mask is not None:
             tile = self.mask[:, :, i0:i1, j0:j1]
             return 0 if not bool(tile.any()) else (1 if bool(tile.all()) else 2)
+        if not self.ranges_hold():
+            return self.resolved().tile_kind(i0, i1, j0, j1)
         starts, ends = self._bounds()
         any_visible = any(max(s, j0) < min(self.row_end(i1 - 1, e), j1) for s, e in zip(starts, ends))
         if not any_visible:
@@ -220,26 +277,19 @@ class Visibility:
         if self.mask is not None:
             return self._with_mask(self.mask.repeat_interleave(repeats, 0) if self.mask.size(0) > 1 else self.mask)
         rep = (lambda t: None if t is None else t.repeat_interleave(repeats, 0))
-        return Visibility(self.tgt_len, self.src_len, rep(self.starts), rep(self.ends), self.causal_offset)
+        copy = Visibility(self.tgt_len, self.src_len, rep(self.starts), rep(self.ends), self.causal_offset,
+                          padding=rep(self.padding))
+        if self.padding is not None:
+            object.__setattr__(copy, "_hold_flag", self.__dict__["_hold_flag"])
+        return copy
 
 
 def padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
     """(starts, ends) of the unpadded keys of each sentence when padding is a run at the start or
-    the end of every row (fairseq's left-padded sources, right-padded targets); None otherwise.
-
-    Remembered per mask tensor (as the causal check is): incremental decoding hands the
-    cross-attention the same encoder padding mask at every step."""
-    found = _ranges_and_bounds(key_padding_mask)
-    return None if found is None else found[0]
-
-
-def _ranges_and_bounds(key_padding_mask: Tensor):
-    """(``padding_ranges``, the ranges as Python lists: a Visibility's host bounds), or None."""
-    found = _recall(_RANGE_CHECKS, key_padding_mask)
-    if found is _MISSING:
-        found = _padding_ranges(key_padding_mask)
-        _remember(_RANGE_CHECKS, key_padding_mask, (), found)
-    return found
+    the end of every row (fairseq's left-padded sources, right-padded targets); None otherwise
+    (one host copy, remembered per mask as a Visibility's check is)."""
+    vis = Visibility.from_padding(1, key_padding_mask.size(1), key_padding_mask)
+    return (vis.starts, vis.ends) if vis.ranges_hold() else None
 
 
 def live_query_rows(padding: Tensor, always: bool = False) -> Optional[Tensor]:
@@ -341,23 +391,18 @@ def _remember(cache: dict, t: Optional[Tensor], extra: tuple, value) -> None:
     _trust(cache, key, t)  # its values are the snapshot's
 
 
-def _padding_ranges(key_padding_mask: Tensor) -> Optional[Tuple[Tuple[Tensor, Tensor], tuple]]:
-    padding = key_padding_mask.bool()
+def _device_ranges(padding: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """(starts, ends, hold) of a (B, S) bool padding mask, all on its device: the unpadded keys of
+    each sentence as a range, and a 0-dim bool, True when padding is a run at the start or the end
+    of every row (fairseq's left-padded sources, right-padded targets) so that the ranges hold."""
     S = padding.size(1)
     n_pad = padding.sum(1)
     positions = torch.arange(S, device=padding.device).view(1, S)
-    left = positions < n_pad.view(-1, 1)
-    right = positions >= (S - n_pad).view(-1, 1)
-    is_left = (padding == left).all(1)
-    is_right = (padding == right).all(1)
+    is_left = (padding == (positions < n_pad.view(-1, 1))).all(1)
+    is_right = (padding == (positions >= (S - n_pad).view(-1, 1))).all(1)
     starts = torch.where(is_left, n_pad, torch.zeros_like(n_pad))
     ends = torch.where(is_left, torch.full_like(n_pad, S), S - n_pad)
-    # the check and the bounds the tiles need on the host in one copy (one wait on a GPU, not two)
-    host = torch.cat([starts, ends, (is_left | is_right).all().view(1)]).tolist()
-    if not host[-1]:
-        return None
-    B = starts.numel()
-    return (starts, ends), (host[:B], host[B:2 * B])
+    return starts, ends, (is_left | is_right).all()
 
 
 def is_causal_mask(attn_mask: Tensor, tgt_len: int, src_len: int) -> bool:

@@ -160,15 +160,36 @@ void relu_grad_row(scalar_t* __restrict__ x, scalar_t* __restrict__ y, int64_t c
   }
 }
 
+// A padding mask given with its range check ``hold`` (a bool read here from the CPU tensor, not asked
+// for on the host before the call: issue 64): where padding has a hole, its dense keep mask (causal
+// folded in) replaces the ranges. See Visibility.kernel_range_check in visibility.py.
+void resolve_padding(const at::Tensor& hold, const at::Tensor& padding, int64_t T, int64_t S, int64_t offset,
+                     at::Tensor& keep, at::Tensor& starts, at::Tensor& ends, bool& causal) {
+  if (hold.numel() == 0 || hold.contiguous().data_ptr<bool>()[0]) return;
+  const int64_t B = padding.size(0);
+  auto visible = padding.logical_not().view({B, 1, 1, S}).expand({B, 1, T, S});
+  if (causal) {
+    auto rows = at::arange(T, padding.options().dtype(at::kLong)).view({1, 1, T, 1});
+    auto cols = at::arange(S, padding.options().dtype(at::kLong)).view({1, 1, 1, S});
+    visible = visible.logical_and(cols.le(rows + offset));
+  }
+  keep = visible.contiguous();
+  starts = at::empty({0}, padding.options().dtype(at::kLong));
+  ends = starts;
+  causal = false;
+}
+
 }  // namespace
 
 // q (N, T, D) scaled and row-factored, k (N, S, D), v (N, S, Dv); visibility: keep (B or 1, 1, T, S)
 // bool, or (when keep is empty) key ranges starts / ends (B,) int64 (empty: all keys) and, when
-// causal, j <= i + offset. Returns out (N, T, Dv), and nonzero (N, T) when want_rows, with mass and
+// causal, j <= i + offset; hold / padding (or empty): the ranges' check and the padding mask they
+// came from (resolve_padding). Returns out (N, T, Dv), and nonzero (N, T) when want_rows, with mass and
 // xlogx (N, T) when also row_sums (else those two are empty).
 std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
                                                const at::Tensor& keep_, const at::Tensor& starts_,
-                                               const at::Tensor& ends_, bool causal, int64_t offset, int64_t heads, int64_t block_q,
+                                               const at::Tensor& ends_, bool causal, int64_t offset, const at::Tensor& hold,
+                                               const at::Tensor& padding, int64_t heads, int64_t block_q,
                                                int64_t block_k, bool want_rows, bool row_sums) {
   // detached: the GEMMs run on OpenMP threads, where autograd's thread-local no-grad mode is not set
   auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
@@ -176,6 +197,7 @@ std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::T
   auto starts = starts_.numel() ? starts_.to(at::kLong).contiguous() : starts_;
   auto ends = ends_.numel() ? ends_.to(at::kLong).contiguous() : ends_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1), Dv = v.size(2);
+  resolve_padding(hold, padding, T, S, offset, keep, starts, ends, causal);
   auto out = at::zeros({N, T, Dv}, q.options());
   const bool sums = want_rows && row_sums;
   auto mass = sums ? at::zeros({N, T}, q.options()) : at::zeros({0}, q.options());
@@ -213,7 +235,8 @@ std::vector<at::Tensor> relu_attention_forward(const at::Tensor& q_, const at::T
 std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const at::Tensor& q_, const at::Tensor& k_,
                                                 const at::Tensor& v_, const at::Tensor& keep_,
                                                 const at::Tensor& starts_, const at::Tensor& ends_, bool causal,
-                                                int64_t offset, const at::Tensor& g_mass_, const at::Tensor& g_xlogx_, int64_t heads,
+                                                int64_t offset, const at::Tensor& hold, const at::Tensor& padding,
+                                                const at::Tensor& g_mass_, const at::Tensor& g_xlogx_, int64_t heads,
                                                 int64_t block_q, int64_t block_k) {
   auto q = q_.detach().contiguous(), k = k_.detach().contiguous(), v = v_.detach().contiguous();
   auto g_out = g_out_.detach().contiguous();
@@ -221,6 +244,7 @@ std::vector<at::Tensor> relu_attention_backward(const at::Tensor& g_out_, const 
   auto starts = starts_.numel() ? starts_.to(at::kLong).contiguous() : starts_;
   auto ends = ends_.numel() ? ends_.to(at::kLong).contiguous() : ends_;
   const int64_t N = q.size(0), T = q.size(1), S = k.size(1);
+  resolve_padding(hold, padding, T, S, offset, keep, starts, ends, causal);
   const bool has_m = g_mass_.numel() > 0, has_e = g_xlogx_.numel() > 0;
   auto g_mass = has_m ? g_mass_.detach().contiguous() : g_mass_;
   auto g_xlogx = has_e ? g_xlogx_.detach().contiguous() : g_xlogx_;
