@@ -5,8 +5,8 @@ out the same. The speed is benchmarks/guided_decoding.py's (docs/PERFORMANCE.md)
 
     .venv/bin/python benchmarks/memory_cache.py --run runs/demo --family softmax+tm
 
-writes ``docs/benchmarks/memory-cache.json`` (``--json FILE``); docs/TRANSLATION_MEMORY.md's table
-comes from it. One thread; about 10 minutes on the demo's checkpoints (12 decodes).
+writes ``docs/benchmarks/memory-cache.json`` (``--json FILE``); docs/history/TRANSLATION_MEMORY.md's
+table comes from it. One thread; about 10 minutes on the demo's checkpoints (12 decodes).
 """
 import argparse
 import json

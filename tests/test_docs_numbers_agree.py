@@ -1,6 +1,6 @@
 """Numbers that more than one page quotes, or that a page's prose quotes from its own table, agree:
-the README's demo table and its prose, docs/KNN_MT.md's tables and its prose, the set-up time of
-the README and docs/DESIGN.md."""
+the README's demo table and its prose, the demo run's kNN-MT tables and their prose
+(docs/history/KNN_MT.md), the set-up time of the README and docs/DESIGN.md."""
 import json
 import re
 
@@ -9,7 +9,7 @@ import pytest
 from helpers import REPO
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
-KNN_MT = (REPO / "docs" / "KNN_MT.md").read_text(encoding="utf-8")
+KNN_MT = (REPO / "docs" / "history" / "KNN_MT.md").read_text(encoding="utf-8")
 DESIGN = (REPO / "docs" / "DESIGN.md").read_text(encoding="utf-8")
 SUMMARY = json.loads((REPO / "docs" / "benchmarks" / "demo_summary.json").read_text(encoding="utf-8"))
 FAMILIES = list(SUMMARY["families"])
@@ -30,7 +30,7 @@ def mode(family: str, name: str) -> float:
 
 
 def band_table() -> dict:
-    """{(family, band): {column: value}} of KNN_MT.md's table by fuzzy band."""
+    """{(family, band): {column: value}} of the demo run's table by fuzzy band (history/KNN_MT.md)."""
     rows = {}
     for family, band, cells in re.findall(r"^\| ([\w+]+): ([<>=\d-]+|all) \| (.*) \|$", KNN_MT, re.M):
         values = [float(c) for c in cells.split(" | ")]
@@ -39,7 +39,7 @@ def band_table() -> dict:
 
 
 def run_table() -> dict:
-    """{family: [fallbacks and seconds of each mode]} of KNN_MT.md's table of fallbacks and time."""
+    """{family: [fallbacks and seconds of each mode]} of the demo run's table of fallbacks and time."""
     rows = {}
     for family, cells in re.findall(r"^\| ([\w+]+) \| (\d+/\d+, [\d.]+ s \|.*) \|$", KNN_MT, re.M):
         rows[family] = [(int(f), float(s)) for f, s in re.findall(r"(\d+)/\d+, ([\d.]+) s", cells)]

@@ -726,7 +726,7 @@ def test_distinct_counts_match_comparing_every_pair():
 
 
 def test_knn_tables_render_every_mode_band_and_choice_of_a_report(tmp_path, capsys):
-    """docs/KNN_MT.md's tables come from a demo report by experiments/knn_tables.py: every mode's
+    """docs/history/KNN_MT.md's tables come from a demo report by experiments/knn_tables.py: every mode's
     s-BLEU, each band beside the copy of the match, fallbacks and seconds, the tuner's choices."""
     import json
 

@@ -1,4 +1,4 @@
-"""The decoding-mode tables of docs/KNN_MT.md, rendered from a demo run's ``report.json``:
+"""The decoding-mode tables of docs/history/KNN_MT.md, rendered from a demo run's ``report.json``:
 
     python -m reluformer_mt.experiments.knn_tables runs/demo/report/report.json
 
@@ -91,7 +91,7 @@ def tuner_table(report: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m reluformer_mt.experiments.knn_tables",
-                                description="docs/KNN_MT.md's decoding-mode tables from a demo run's report.json")
+                                description="docs/history/KNN_MT.md's decoding-mode tables from a demo run's report.json")
     p.add_argument("report", help="a demo run's report.json (runs/demo/report/report.json)")
     args = p.parse_args(argv)
     path = Path(args.report)

@@ -5,5 +5,5 @@
 - :mod:`~reluformer_mt.knn.search`: the mixing at every beam step, full or per-input datastores (SK-MT);
 - :mod:`reluformer_mt.experiments.knn_tune`: the search values chosen on the validation split (it decodes, so it sits above the translator).
 
-docs/KNN_MT.md has the commands, the choices and the measured numbers.
+docs/KNN_MT.md has the commands and the choices; docs/history/KNN_MT.md the measured numbers.
 """
