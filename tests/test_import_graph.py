@@ -11,7 +11,7 @@ PACKAGE = REPO / "reluformer_mt"
 # hid inference/translator.py -> plugin, which climbs back over tasks/ into inference/guidance/).
 # Lowest first; each unit imports only units of lower layers.
 LAYERS = [
-    {"console", "families", "extension"},  # progress lines on standard error; the families' attention options; the C++ kernels' loader: import nothing of the package
+    {"console", "families", "extension", "model_args"},  # progress lines on standard error; the families' attention options; the C++ kernels' loader; the model options' defaults: import nothing of the package
     {"fairseq_compat", "data", "attention", "cpu_memory"},  # fairseq's fixes; corpora and files; the attention functions
     {"checkpoints"},  # the one checkpoint loader: below the plugin (entry points register)
     {"evaluation", "averaging"},  # metrics and reports; checkpoint averaging: they load checkpoints
