@@ -1,6 +1,7 @@
 """The command-line options of a training run (:class:`reluformer_mt.experiments.run.TrainingRun`),
 declared once: ``reluformer-demo``, ``reluformer-study`` and ``reluformer-sweep`` pick theirs with
 :func:`add_run_options` and give their own defaults; name, type and help are the same everywhere.
+So are the options these commands share around the runs (the device, progress, the bible's data).
 """
 from typing import Dict, Optional
 
@@ -59,9 +60,6 @@ def add_run_options(parser, defaults: Dict[str, object], unset: Optional[str] = 
         parser.add_argument(*flags, **{**kwargs, "help": text, "default": default})
 
 
-__all__ = ["RUN_OPTIONS", "add_bible_root_option", "add_progress_option", "add_run_options", "add_training_device_option"]
-
-
 def add_training_device_option(parser) -> None:
     add_device_option(parser, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
                                    "or cuda", choices=["auto", "cpu", "cuda"])
@@ -73,9 +71,12 @@ def add_progress_option(parser) -> None:
                              "else a line every 30 s")
 
 
-def add_bible_root_option(parser, default: str = "") -> None:
-    """``default``: what the help says is read without it."""
-    parser.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data" + default)
+def add_bible_root_option(parser, read_without: str = "") -> None:
+    """``read_without``: what the help says is read without the option."""
+    parser.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data" + read_without)
+
+
+__all__ = ["RUN_OPTIONS", "add_bible_root_option", "add_progress_option", "add_run_options", "add_training_device_option"]
 
 
 def add_recipe_data_options(parser) -> None:
