@@ -6,24 +6,31 @@ from pathlib import Path
 from helpers import REPO
 
 PACKAGE = REPO / "reluformer_mt"
-# lowest first; a unit is a subpackage or a module of the package root ("" is the root __init__),
-# or one of NESTED_UNITS
+# A unit is a subpackage of reluformer_mt or a module of the package root ("" is the root __init__):
+# the package's own structure, with no unit split across layers (a subpackage given two layers once
+# hid inference/translator.py -> plugin, which climbs back over tasks/ into inference/guidance/).
+# Lowest first; each unit imports only units of lower layers.
 LAYERS = [
-    {"console", "families", "extension"},  # progress lines on standard error; the families' attention options; the C++ kernels' loader: import nothing of the package
-    {"fairseq_compat", "data", "attention", "cpu_memory"},
-    {"memory"},
-    {"models", "criteria", "checkpoints"},
-    {"evaluation", "knn", "averaging"},
-    {"memory.maintenance"},  # rekeying, memory statistics, bands: they load checkpoints and score BLEU
-    {"inference.guidance"},  # what acts on each beam step's scores: the task and the translator build it
-    {"tasks"},
-    {"plugin"},
-    {"inference"},  # the translator, an entry point: it registers the plugin (the loader below does not)
+    {"console", "families", "extension", "model_args"},  # progress lines on standard error; the families' attention options; the C++ kernels' loader; the model options' defaults: import nothing of the package
+    {"fairseq_compat", "data", "attention", "cpu_memory"},  # fairseq's fixes; corpora and files; the attention functions
+    {"checkpoints"},  # the one checkpoint loader: below the plugin (entry points register)
+    {"evaluation", "averaging"},  # metrics and reports; checkpoint averaging: they load checkpoints
+    {"memory"},  # translation and FFN memories with their upkeep (rekeying scores BLEU, statistics load checkpoints)
+    {"models", "criteria", "knn"},  # what reads the memories: the model, its loss, kNN-MT's datastores
+    {"inference"},  # the translator and the guidance parts of beam search
+    {"tasks"},  # the fairseq task: its generator builds the guidance parts
+    {"plugin"},  # registration: imports the task, the models and the criteria
     {""},  # the package __init__: registers itself when fairseq's --user-dir imports it
     {"fairseq_runner"},
     {"experiments"},
     {"cli"},
 ]
+# Arrows that still climb: each names where it is being removed. No other arrow may.
+KNOWN_UPWARD = {
+    # rewritten on branch design-options: the translator registers the plugin itself (a Python user's
+    # DocumentTranslator(...) needs no register() call); the plugin is above the task, which uses inference/
+    "reluformer_mt.inference.translator -> reluformer_mt.plugin",
+}
 
 
 def module_name(path: Path) -> str:
@@ -70,14 +77,9 @@ def graph():
     return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
 
 
-# subpackages with a layer of their own, above their parent's (issue 35: memory/ owns its upkeep)
-NESTED_UNITS = {"memory.maintenance", "inference.guidance"}
-
-
 def unit(module: str) -> str:
     parts = module.split(".")
-    nested = ".".join(parts[1:3])
-    return nested if nested in NESTED_UNITS else parts[1] if len(parts) > 1 else ""
+    return parts[1] if len(parts) > 1 else ""
 
 
 def layer(module: str) -> int:
@@ -87,10 +89,27 @@ def layer(module: str) -> int:
     raise AssertionError(f"{module}: its unit {unit(module)!r} has no layer in LAYERS")
 
 
+def upward_arrows():
+    """``a -> b`` for every import of a module ``b`` in the same or a higher layer than ``a``'s unit."""
+    return {f"{a} -> {b}" for a, targets in graph().items() for b in targets
+            if unit(a) != unit(b) and layer(b) >= layer(a)}
+
+
 def test_every_import_goes_down():
-    upward = sorted(f"{a} -> {b}" for a, targets in graph().items() for b in targets
-                    if unit(a) != unit(b) and layer(b) >= layer(a))
+    upward = sorted(upward_arrows() - KNOWN_UPWARD)
     assert not upward, upward
+
+
+def test_the_known_upward_arrows_are_still_there():
+    """One removed is taken off KNOWN_UPWARD, so that it cannot come back unnoticed."""
+    gone = sorted(KNOWN_UPWARD - upward_arrows())
+    assert not gone, f"no longer climbing, take them off KNOWN_UPWARD: {gone}"
+
+
+def test_an_import_into_a_higher_layer_counts_as_upward():
+    assert layer("reluformer_mt.plugin") > layer("reluformer_mt.tasks.document_translation") \
+        > layer("reluformer_mt.inference.guidance.knn") == layer("reluformer_mt.inference.translator")
+    assert "reluformer_mt.inference.translator -> reluformer_mt.plugin" in upward_arrows()
 
 
 def test_no_import_cycle():

@@ -300,12 +300,12 @@ def test_per_input_datastores_for_a_memory_model(knn_setup):
 
 def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, tmp_path):
     from reluformer_mt.knn.datastore import DatastoreError, build_datastore
-    from reluformer_mt.experiments.knn_tune import TuneError, format_report, tune
+    from reluformer_mt.experiments.knn_tune import TuneError, TuneSettings, format_report, tune
 
     ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
     with pytest.raises(TuneError, match="never reads the test split"):
-        tune(ckpt, datastore=store, split="test", progress=lambda *_: None)
-    report = tune(ckpt, datastore=store, decode=False, progress=lambda *_: None)
+        tune(ckpt, TuneSettings(datastore=store, split="test"), progress=lambda *_: None)
+    report = tune(ckpt, TuneSettings(datastore=store, decode=False), progress=lambda *_: None)
     assert report["split"] == "valid" and report["tokens"] > 0
     assert report["leakage"]["datastore_overlap"] <= report["leakage"]["training_overlap"]
     for mode in ("full", "per_input"):
@@ -330,7 +330,7 @@ def test_tuner_scores_the_grid_on_validation_only_and_refuses_leaks(knn_setup, t
     # a datastore built from the validation split holds it: refused
     leaky = build_datastore(ckpt, tmp_path / "leaky", split="valid", progress=False)
     with pytest.raises(DatastoreError, match="built from data containing the valid split; refused"):
-        tune(ckpt, datastore=leaky.directory, decode=False, progress=lambda *_: None)
+        tune(ckpt, TuneSettings(datastore=leaky.directory, decode=False), progress=lambda *_: None)
 
 
 def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translator_uses_it(knn_setup, tmp_path):
@@ -340,7 +340,7 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     search unless an approximation scores as well); datastore.json records it, the translator
     follows it unless told --knn-exact-search."""
     from reluformer_mt.experiments.knn_search_tune import datastore_values, format_search, tune_search
-    from reluformer_mt.experiments.knn_tune import TuneError, split_documents, tune, validation_bleu
+    from reluformer_mt.experiments.knn_tune import TuneError, TuneSettings, split_documents, tune, validation_bleu
     from reluformer_mt.inference import DocumentTranslator
     from reluformer_mt.inference.guidance.knn import KnnMixture
     from reluformer_mt.knn.continued import ContinuedSearch
@@ -349,7 +349,7 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
 
     ckpt = knn_setup["checkpoints"]["none"]
     with pytest.raises(TuneError, match="--search-tolerance: expected s-BLEU points >= 0"):
-        tune(ckpt, datastore=knn_setup["store"].directory, search_tolerance=-1, progress=lambda *_: None)
+        tune(ckpt, TuneSettings(datastore=knn_setup["store"].directory, search_tolerance=-1), progress=lambda *_: None)
     store = build_datastore(ckpt, tmp_path / "ivf", index="ivf", progress=False)
     own = store.own_probe()
     assert own > 2  # there are fewer probes to try

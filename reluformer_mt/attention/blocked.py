@@ -267,10 +267,7 @@ def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activ
     B, H, T, D = q.shape
     S = k.size(2)
     act = activation
-    if route not in TILED_ROUTES:
-        raise ValueError(f"route {route!r}: expected one of {', '.join(TILED_ROUTES)}")
-    if want_weights and route not in ("direct", "dense"):
-        raise ValueError(f"the {route} route never materialises the weights; use dense")
+    _check_route(route, want_weights)
     keep = as_visibility(keep)
     if n_visible is None:
         n_visible = keep.n_visible(q.device)  # (B|1, 1, T, 1)
@@ -280,19 +277,12 @@ def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activ
     visible = keep if route in ("direct", "fused") and keep.padding is not None else _resolved(keep)
     c = None if row_factor is None else row_factor.to(q.dtype).expand(B, H, T, 1)
     b = None if row_bias is None else row_bias.to(q.dtype).expand(B, H, T, 1)
-    if c is not None and act == "relu" and b is None:
-        # c_i relu(q_i.k_j) = relu((c_i q_i).k_j) for c_i > 0; with the logit scale, one pass over q
-        q, c = q * (c if scaling is None else c * scaling), None
-    elif scaling is not None:
-        q = q * scaling
+    q, c = _scaled_queries(q, c, b, act, scaling)
     plain_relu = act == "relu" and c is None and b is None
     if route in ("fused", "flex") and not plain_relu:
         raise ValueError(f"the {route} route needs h = relu without row bias")
     if route == "flex":
-        if want_rows or (visible is not None and visible.mask is not None):
-            raise ValueError("the flex route returns no row sums and takes key ranges, not a dense mask")
-        from reluformer_mt.attention import flex as flex_kernel
-        return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
+        return _flex(q, k, v, visible, want_rows)
     q3 = q.reshape(B * H, T, D)
     k3, v3 = k.reshape(B * H, S, D), v.reshape(B * H, S, v.size(-1))
     c3 = None if c is None else c.reshape(B * H, T, 1)
@@ -329,6 +319,32 @@ def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activ
 def _resolved(keep: Visibility) -> Optional[Visibility]:
     """None when every key is visible, else the pattern as ranges that hold or a dense mask."""
     return None if keep.all_visible else keep.resolved()
+
+
+def _check_route(route: str, want_weights: bool) -> None:
+    if route not in TILED_ROUTES:
+        raise ValueError(f"route {route!r}: expected one of {', '.join(TILED_ROUTES)}")
+    if want_weights and route not in ("direct", "dense"):
+        raise ValueError(f"the {route} route never materialises the weights; use dense")
+
+
+def _scaled_queries(q: Tensor, c: Optional[Tensor], b: Optional[Tensor], act: str, scaling: Optional[float]):
+    """(queries times the logit scale, the row factor left to apply): a relu row factor without
+    bias goes into the queries too, c_i relu(q_i.k_j) = relu((c_i q_i).k_j) for c_i > 0, so one
+    pass over q does both."""
+    if c is not None and act == "relu" and b is None:
+        return q * (c if scaling is None else c * scaling), None
+    if scaling is not None:
+        q = q * scaling
+    return q, c
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, visible, want_rows: bool):
+    """relu attention by torch's flex attention: no row sums, key ranges only."""
+    if want_rows or (visible is not None and visible.mask is not None):
+        raise ValueError("the flex route returns no row sums and takes key ranges, not a dense mask")
+    from reluformer_mt.attention import flex as flex_kernel
+    return flex_kernel.flex_relu_attention(q, k, v, visible), None, None
 
 
 def _direct_relu(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], heads: int, want_rows: bool,

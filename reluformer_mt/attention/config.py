@@ -15,6 +15,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple, Union
 
 from reluformer_mt.attention import routes
 from reluformer_mt.attention.functions import ATTENTION_FUNCTIONS, POINTWISE_ACTIVATIONS, SIGMOID_BIAS_MODES
+from reluformer_mt.model_args import fill_unset
 
 GAMMA_MODES = ("fixed", "layer", "head")
 RELA_VARIANTS = ("gated", "ungated")
@@ -204,9 +205,7 @@ def option_defaults() -> Dict[str, object]:
 
 def fill_attention_defaults(args, **overrides) -> None:
     """Set each attention option not given on the command line: architecture value, then default."""
-    for name, default in option_defaults().items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, overrides.get(name, default))
+    fill_unset(args, option_defaults(), overrides)
 
 
 def config_from_args(args, sublayer: str) -> AttentionConfig:

@@ -247,20 +247,50 @@ class ReluformerAttention(MultiheadAttention):
         # fairseq's fused path averages the heads, so per-head weights take our own routes
         before = routes.Call(head_weights=need_head_weights, before_softmax=before_softmax)
         if routes.choose_route(self.function, self.config, before) == "fairseq":
-            out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
-                                           incremental_state=incremental_state, need_weights=need_weights,
-                                           static_kv=static_kv, attn_mask=attn_mask,
-                                           need_head_weights=need_head_weights)
-            if counting:  # softmax rows are never null and never hold exact zeros: count real rows
-                live = self._live_queries(query.size(0), key_padding_mask)
-                rows = live.sum() if live is not None else torch.tensor(query.size(0) * query.size(1))
-                recorder.add_softmax_rows(self, rows)
-            return out, weights
+            return self._fairseq_forward(query, key, value, key_padding_mask, incremental_state, need_weights,
+                                         static_kv, attn_mask, need_head_weights, counting)
         if before_softmax:
             raise ValueError("before_softmax is only defined for softmax attention")
         need_weights = need_weights or need_head_weights
 
         tgt_len, bsz, _ = query.size()
+        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask, incremental_state, static_kv)
+        if k.size(0) != bsz and tgt_len == 1 and attn_mask is None and not counting:
+            out, weights = self._attend_shared_keys(q, k, v, key_padding_mask, need_weights, need_head_weights)
+        else:
+            out, weights = self._attend_every_query(q, k, v, key_padding_mask, attn_mask, is_causal, need_weights,
+                                                    need_head_weights, counting)
+
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
+        out = self._output_transform(out, query)
+
+        if weights is not None:
+            weights = weights.float().transpose(0, 1)  # heads x batch x tgt x src
+            if capture:
+                recorder.add_head_weights(self, weights)
+            if not asked_head_weights:
+                weights = weights.mean(0) if asked_weights else None
+        return out, weights
+
+    def _fairseq_forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                         key_padding_mask: Optional[Tensor], incremental_state, need_weights: bool, static_kv: bool,
+                         attn_mask: Optional[Tensor], need_head_weights: bool, counting: bool):
+        """Softmax attention by fairseq's own (fused) forward; the recorder counts its live rows."""
+        out, weights = super().forward(query, key, value, key_padding_mask=key_padding_mask,
+                                       incremental_state=incremental_state, need_weights=need_weights,
+                                       static_kv=static_kv, attn_mask=attn_mask,
+                                       need_head_weights=need_head_weights)
+        if counting:  # softmax rows are never null and never hold exact zeros: count real rows
+            live = self._live_queries(query.size(0), key_padding_mask)
+            rows = live.sum() if live is not None else torch.tensor(query.size(0) * query.size(1))
+            self._recorder.add_softmax_rows(self, rows)
+        return out, weights
+
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                 key_padding_mask: Optional[Tensor], incremental_state, static_kv: bool):
+        """Queries, keys and values split into heads (B, H, T, D), normalised when the family does,
+        with the decoding cache read and updated; the key padding mask that goes with the keys."""
+        bsz = query.size(1)
         saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         if saved is not None and static_kv and "prev_key" in saved:
             key = value = None  # encoder keys/values are cached from the first step
@@ -286,33 +316,26 @@ class ReluformerAttention(MultiheadAttention):
         if saved is not None:
             k, v, key_padding_mask = self._update_cache(saved, k, v, key_padding_mask, static_kv)
             self._set_input_buffer(incremental_state, saved)
+        return q, k, v, key_padding_mask
 
+    def _attend_every_query(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                            attn_mask: Optional[Tensor], is_causal: bool, need_weights: bool,
+                            need_head_weights: bool, counting: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attention with the visible keys of every query, the keys repeated for each beam when beam
+        search keeps them once per sentence."""
+        bsz, tgt_len = q.size(0), q.size(2)
         kv_bsz, src_len = k.size(0), k.size(2)
-        if kv_bsz != bsz and tgt_len == 1 and attn_mask is None and not counting:
-            out, weights = self._attend_shared_keys(q, k, v, key_padding_mask, need_weights, need_head_weights)
-        else:
-            # from the encoder's own padding mask: the same tensor at every decoding step, so its key
-            # ranges are found once (visibility.padding_ranges remembers them)
-            visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
-            if kv_bsz != bsz:  # beam search shares one copy of the encoder keys per sentence
-                repeat = bsz // kv_bsz
-                k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-                visible = visible.repeat_interleave(repeat)
-                if key_padding_mask is not None and counting:
-                    key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
-            live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
-            out, weights = self._attend(q, k, v, visible, additive, need_weights, live_queries, need_head_weights)
-
-        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
-        out = self._output_transform(out, query)
-
-        if weights is not None:
-            weights = weights.float().transpose(0, 1)  # heads x batch x tgt x src
-            if capture:
-                recorder.add_head_weights(self, weights)
-            if not asked_head_weights:
-                weights = weights.mean(0) if asked_weights else None
-        return out, weights
+        # from the encoder's own padding mask: the same tensor at every decoding step, so its key
+        # ranges are found once (visibility.padding_ranges remembers them)
+        visible, additive = self._visible_keys(tgt_len, src_len, attn_mask, key_padding_mask, is_causal)
+        if kv_bsz != bsz:  # beam search shares one copy of the encoder keys per sentence
+            repeat = bsz // kv_bsz
+            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
+            visible = visible.repeat_interleave(repeat)
+            if key_padding_mask is not None and counting:
+                key_padding_mask = key_padding_mask.repeat_interleave(repeat, 0)
+        live_queries = self._live_queries(tgt_len, key_padding_mask) if counting else None
+        return self._attend(q, k, v, visible, additive, need_weights, live_queries, need_head_weights)
 
     def _attend_shared_keys(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                             want_weights: bool, head_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:

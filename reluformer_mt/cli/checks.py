@@ -340,6 +340,20 @@ def write_error(e: OSError, path=None) -> str:
     return f"cannot write {e.filename or path or 'an output file'}: {e.strerror or e}"
 
 
+def run_command(prog: str, call, usage=(ValueError,), failure=(RuntimeError, OSError)) -> int:
+    """``call()`` with the exit codes of the convention, each error one line ``PROG: error: ...``:
+    bad input (``usage``) 2, a run that failed (``failure``) 1."""
+    try:
+        call()
+    except usage as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except failure as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
 @contextmanager
 def writing(path):
     """Turn an OSError while writing ``path`` (disk full, I/O error) into a one-line ValueError;

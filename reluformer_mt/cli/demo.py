@@ -11,10 +11,11 @@ import logging
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_device_option,
+from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
                                      check_input_folder, check_output_folder, import_quietly, non_negative_float,
                                      non_negative_int, positive_int, resolve_device, segment_tokens, unit_interval)
-from reluformer_mt.cli.run_options import add_recipe_data_options, add_run_options, check_recipe_data_options
+from reluformer_mt.cli.run_options import (add_bible_root_option, add_progress_option, add_recipe_data_options, add_run_options,
+                                          add_training_device_option, check_recipe_data_options)
 # the options alone (no torch, no fairseq): a bad option is answered before the stages are imported
 from reluformer_mt.experiments.demo_options import DEFAULT_FAMILIES, PRESETS, DemoOptions, split_family
 from reluformer_mt.families import FAMILIES
@@ -60,9 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip kNN-MT (the datastores, the tuning and the kNN rows; docs/KNN_MT.md)")
     p.add_argument("--knn-memory-k", type=positive_int, default=8,
                    help="memory matches per verse of the per-input kNN-MT datastores")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
-                        "else a line every 30 s")
+    add_progress_option(p)
     p.add_argument("--tune-chapters", type=non_negative_int, default=7,
                    help="validation chapters decoded by the tuner (its teacher-forced grid reads all; 0: all 13)")
     p.add_argument("--pieces-k", type=positive_int, default=8, help="memory matches per verse whose n-grams are pieces")
@@ -89,13 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "OUT/seeds/seed-S/), then report mean ± std and min–max of every quality column and "
                         "whether each family's difference to softmax exceeds the seed spread (report/seeds.md, "
                         "table.md, index.html; docs/REFERENCE_RUN.md); each seed costs a whole demo run")
-    p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data (default: the installed package)")
+    add_bible_root_option(p, " (default: the installed package)")
     p.add_argument("--force", action="store_true", help="redo every stage, even those already done")
     p.add_argument("--untuned", action="store_true",
                    help="train every family with the preset's shared settings instead of its own tuned ones "
                         "(reluformer_mt/experiments/tuned_presets.json, from reluformer-study --tune; docs/FAMILIES.md)")
-    add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
-                              "or cuda", choices=["auto", "cpu", "cuda"])
+    add_training_device_option(p)
     return p
 
 

@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import DefaultsHelpFormatter, OneLineParser, non_negative_int, positive_int
-from reluformer_mt.cli.tune import check_args, comma_list, family_list, run_command
+from reluformer_mt.cli.checks import DefaultsHelpFormatter, OneLineParser, non_negative_int, positive_int, run_command
+from reluformer_mt.cli.run_options import add_bible_root_option
+from reluformer_mt.cli.tune import check_args, comma_list, family_list
 
 LENGTHS = ("sentence", "128", "512", "chapter")  # reluformer_mt.experiments.lengths.LENGTHS, without its imports
 
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-chapters", type=non_negative_int, default=0, help="the first K test chapters only (0: all 13)")
     p.add_argument("--report-only", action="store_true",
                    help="write OUT/lengths.json from the cells finished so far (a study under way); train nothing")
-    p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
+    add_bible_root_option(p)
     return p
 
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     options = lengths.LengthOptions(out=Path(args.out), families=args.families, seeds=args.seeds, lengths=args.lengths,
                                     jobs=args.jobs, untuned=args.untuned, bible_root=args.bible_root,
                                     eval_chapters=args.eval_chapters, report_only=args.report_only)
-    return run_command(lambda: lengths.run_lengths(options))
+    return run_command("reluformer-study", lambda: lengths.run_lengths(options))
 
 if __name__ == "__main__":
     sys.exit(main())

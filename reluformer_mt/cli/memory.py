@@ -131,7 +131,7 @@ def data_of(checkpoint, data) -> Path:
 
 
 def run_tune(args) -> str:
-    from reluformer_mt.experiments.knn_tune import format_report, tune
+    from reluformer_mt.experiments.knn_tune import TuneSettings, format_report, tune
 
     if args.knn:  # the tuned values and the adaptive network are written into the datastore's folder
         from reluformer_mt.knn.adaptive import FILE_NAME
@@ -141,9 +141,11 @@ def run_tune(args) -> str:
     if args.json:  # never over what the tuning reads (the data folder's path needs the checkpoint's config)
         check_distinct_files([("--json", args.json)], [("--checkpoint", args.checkpoint)] + folder_files("--knn", args.knn))
         check_distinct_files([("--json", args.json)], folder_files("--data", data_of(args.checkpoint, args.data)))
-    report = tune(args.checkpoint, data=args.data, datastore=args.knn, split=args.split, device=args.device,
-                  beam=args.beam, memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
-                  adaptive_k=args.adaptive_k, match_score=args.match_score, search_tolerance=args.search_tolerance, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    settings = TuneSettings(data=args.data, datastore=args.knn, split=args.split, device=args.device, beam=args.beam,
+                            memory_k=args.knn_memory_k, pieces_k=args.pieces_k, decode=not args.no_decode,
+                            adaptive_k=args.adaptive_k, match_score=args.match_score,
+                            search_tolerance=args.search_tolerance)
+    report = tune(args.checkpoint, settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         write_text_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return format_report(report)

@@ -1,10 +1,11 @@
 """The command-line options of a training run (:class:`reluformer_mt.experiments.run.TrainingRun`),
 declared once: ``reluformer-demo``, ``reluformer-study`` and ``reluformer-sweep`` pick theirs with
 :func:`add_run_options` and give their own defaults; name, type and help are the same everywhere.
+So are the options these commands share around the runs (the device, progress, the bible's data).
 """
 from typing import Dict, Optional
 
-from reluformer_mt.cli.checks import (check_input_file, non_negative_float, non_negative_int, positive_float,
+from reluformer_mt.cli.checks import (add_device_option, check_input_file, non_negative_float, non_negative_int, positive_float,
                                      positive_int, probability, segment_length_names, shell_words)
 
 
@@ -59,7 +60,23 @@ def add_run_options(parser, defaults: Dict[str, object], unset: Optional[str] = 
         parser.add_argument(*flags, **{**kwargs, "help": text, "default": default})
 
 
-__all__ = ["RUN_OPTIONS", "add_run_options"]
+def add_training_device_option(parser) -> None:
+    add_device_option(parser, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
+                                   "or cuda", choices=["auto", "cpu", "cuda"])
+
+
+def add_progress_option(parser) -> None:
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
+                             "else a line every 30 s")
+
+
+def add_bible_root_option(parser, read_without: str = "") -> None:
+    """``read_without``: what the help says is read without the option."""
+    parser.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data" + read_without)
+
+
+__all__ = ["RUN_OPTIONS", "add_bible_root_option", "add_progress_option", "add_run_options", "add_training_device_option"]
 
 
 def add_recipe_data_options(parser) -> None:

@@ -9,10 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     add_device_option, check_input_folder, check_output_folder, positive_int,
-                                     resolve_device)
-from reluformer_mt.cli.run_options import add_run_options
+from reluformer_mt.cli.checks import (EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_input_folder,
+                                     check_output_folder, positive_int, resolve_device, run_command)
+from reluformer_mt.cli.run_options import add_bible_root_option, add_progress_option, add_run_options, add_training_device_option
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,16 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/study", help="working and report folder")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated configurations: " + ", ".join(RUNS))
     add_run_options(p, dict(budget_minutes=20, update_limit=0, threads=1))
-    add_device_option(p, help="where training and evaluation run: auto (CUDA when available, else the CPU), cpu "
-                              "or cuda", choices=["auto", "cpu", "cuda"])
+    add_training_device_option(p)
     p.add_argument("--seeds", type=positive_int, default=1,
                    help="train each configuration with seeds 1..N (seed S > 1 as NAME-seedS) and report mean ± "
                         "standard deviation and min–max of every quality column over them")
-    p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
+    add_bible_root_option(p)
     p.add_argument("--skip-alignment", action="store_true", help="no AER of the checkpoints")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
-                        "else a line every 30 s")
+    add_progress_option(p)
     p.add_argument("--no-report", action="store_true",
                    help="train and score only (for several processes sharing --out); a later call writes the report")
     return p
@@ -92,17 +88,9 @@ def main(argv=None) -> int:
         print(f"reluformer-study: error: --runs: unknown {', '.join(unknown) or '(none given)'}; "
               f"expected some of {', '.join(RUNS)}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        run_study(Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device,
-                  args.bible_root, args.skip_alignment, report=not args.no_report,
-                  progress=False if args.no_progress else None, seeds=args.seeds)
-    except ValueError as error:  # bad input: the convention of reluformer_mt.cli.checks
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except (RuntimeError, OSError) as error:  # a run that failed
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+    return run_command("reluformer-study", lambda: run_study(
+        Path(args.out), names, args.budget_minutes, args.threads, args.max_update, args.device, args.bible_root,
+        args.skip_alignment, report=not args.no_report, progress=False if args.no_progress else None, seeds=args.seeds))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ from typing import List, Optional
 for _noisy in ("fairseq.tasks.text_to_speech", "matplotlib"):
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 
-from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, check_input_folder,
-                                     check_output_folder, percent_list, positive_int, positive_int_list)
-from reluformer_mt.cli.run_options import add_run_options
+from reluformer_mt.cli.checks import (DefaultsHelpFormatter, OneLineParser, check_input_folder, check_output_folder,
+                                     percent_list, positive_int, positive_int_list, run_command)
+from reluformer_mt.cli.run_options import add_progress_option, add_run_options
 from reluformer_mt.experiments.sweep import DEFAULT_CORPUS, FFN_VARIANTS, SweepOptions, run_sweep, sweep_training
 
 
@@ -58,9 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-batches", type=positive_int, default=10, help="validation batches of the memory diagnostics")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each run's checkpoints (by default deleted once the run is scored)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress of the training (updates done, rate, time left): a bar on a terminal, "
-                        "else a line every 30 s")
+    add_progress_option(p)
     p.add_argument("extra", nargs="*", help="after --: more fairseq-train options for every run")
     return p
 
@@ -95,12 +93,9 @@ def check_args(args) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_checked(argv, check_args)
-    try:
-        run_sweep(options_from_args(args), say=lambda line: print(line, flush=True))
-    except (FileNotFoundError, ValueError) as error:  # MemoryOptionError is a ValueError
-        print(f"reluformer-sweep: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_OK
+    # MemoryOptionError is a ValueError; a run that fails is not caught here
+    return run_command("reluformer-sweep", lambda: run_sweep(options_from_args(args), say=lambda line: print(line, flush=True)),
+                       usage=(FileNotFoundError, ValueError), failure=())
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from reluformer_mt.cli.checks import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     check_input_folder, check_output_folder, non_negative_int, positive_int)
-from reluformer_mt.cli.run_options import add_recipe_data_options, check_recipe_data_options
+from reluformer_mt.cli.checks import (DefaultsHelpFormatter, OneLineParser, check_input_folder, check_output_folder,
+                                     non_negative_int, positive_int, run_command)
+from reluformer_mt.cli.run_options import add_bible_root_option, add_recipe_data_options, check_recipe_data_options
 
 FAMILIES = ("reluformer", "rela", "softmax")  # the families with knobs of their own (experiments/tune.py)
 
@@ -30,19 +30,6 @@ def comma_list(choices) -> callable:
 
 family_list = comma_list(FAMILIES)
 
-
-
-def run_command(call) -> int:
-    """``call()`` with the exit-code convention of reluformer_mt.cli.checks: bad input 2, a failed run 1."""
-    try:
-        call()
-    except ValueError as error:
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except (RuntimeError, OSError) as error:
-        print(f"reluformer-study: error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler-seed", type=positive_int, default=1, help="seed of the proposals")
     p.add_argument("--valid-chapters", type=non_negative_int, default=0,
                    help="validation chapters each trial translates (0: all 13)")
-    p.add_argument("--bible-root", default=None, help="a local copy of the bible-alignments data")
+    add_bible_root_option(p)
     p.add_argument("--write-presets", action="store_true",
                    help="write each family's best settings to reluformer_mt/experiments/tuned_presets.json "
                         "(the demo's per-family presets); refused until every family's trials are finished")
@@ -112,7 +99,7 @@ def main(argv=None) -> int:
             tune.write_presets(summary)
             print(f"reluformer-study: wrote {tune.TUNED_PRESETS}", file=sys.stderr)
 
-    return run_command(search)
+    return run_command("reluformer-study", search)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -53,58 +53,21 @@ def _read_tsv(path) -> List[dict]:
         return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
+Verses = "OrderedDict[str, List[Tuple[str, str]]]"  # verse id (BBCCCVVV) -> ordered (word id, word)
+
+
 def read_bible(report: Report, root: Optional[str] = None, books: Optional[Sequence[int]] = None) -> List[Document]:
     """Chapters of the New Testament as documents, with verse ids and gold links per verse.
 
     ``books``: keep only these book numbers (40 = Matthew ... 66 = Revelation).
     """
     files = bible_files(root)
-    # verse id (BBCCCVVV) -> ordered word ids and words
-    src_verses: "OrderedDict[str, List[Tuple[str, str]]]" = OrderedDict()
-    for row in _read_tsv(files["source"]):
-        wid = row["id"]  # n + BBCCCVVVWWWP
-        # NFKC as the package's SourceReader does, so Greek accents compare equal
-        src_verses.setdefault(wid[1:9], []).append((wid, unicodedata.normalize("NFKC", row["text"]).strip()))
-    tgt_verses: "OrderedDict[str, List[Tuple[str, str]]]" = OrderedDict()
-    for row in _read_tsv(files["target"]):
-        tgt_verses.setdefault(row["source_verse"], []).append((row["id"], row["text"].strip()))
+    src_verses, tgt_verses = _read_verses(files)
     with open(files["alignment"], encoding="utf-8") as f:
         records = json.load(f)["records"]
-
     keep_book = (lambda v: True) if not books else (lambda v: int(v[:2]) in set(int(b) for b in books))
-    verses = [v for v in src_verses if keep_book(v)]
-    for v in tgt_verses:
-        if v not in src_verses and keep_book(v):
-            report.skip("bible verse with target words only", v)
-    src_pos, tgt_pos = {}, {}
-    kept = []
-    for v in verses:
-        if v not in tgt_verses:
-            report.skip("bible verse with source words only", v)
-            continue
-        for side, words, pos in (("source", src_verses[v], src_pos), ("target", tgt_verses[v], tgt_pos)):
-            for k, (wid, w) in enumerate(words):
-                if not w or any(ch.isspace() for ch in w):
-                    raise ValueError(f"{files[side]}: word {wid} is empty or contains whitespace: {w!r}")
-                pos[wid] = (v, k)
-        kept.append(v)
-
-    links: Dict[str, set] = {v: set() for v in kept}
-    for rec in records:
-        rid = rec.get("meta", {}).get("id")
-        for s in rec["source"]:
-            for t in rec["target"]:
-                t = t[:11]  # the package drops a 12th "word part" digit the same way
-                if s not in src_pos or t not in tgt_pos:
-                    if keep_book(s[1:9]):
-                        report.skip("bible link to a word outside the kept verses", f"record {rid}")
-                    continue
-                (sv, i), (tv, j) = src_pos[s], tgt_pos[t]
-                if sv != tv:
-                    report.skip("bible link crossing verses", f"record {rid}")
-                    continue
-                links[sv].add((i, j))
-
+    kept, src_pos, tgt_pos = _kept_verses(report, files, src_verses, tgt_verses, keep_book)
+    links = _gold_links(report, records, kept, src_pos, tgt_pos, keep_book)
     docs, by_chapter = [], OrderedDict()
     for v in kept:
         by_chapter.setdefault(v[:5], []).append(v)
@@ -121,6 +84,63 @@ def read_bible(report: Report, root: Optional[str] = None, books: Optional[Seque
     report.counts["bible gold links"] = sum(len(links[v]) for v in kept)
     report.counts["bible verses without links"] = sum(1 for v in kept if not links[v])
     return docs
+
+
+def _read_verses(files: Dict[str, Path]) -> Tuple[Verses, Verses]:
+    """The source (Greek) and target (English) words of each verse, in order."""
+    src_verses: Verses = OrderedDict()
+    for row in _read_tsv(files["source"]):
+        wid = row["id"]  # n + BBCCCVVVWWWP
+        # NFKC as the package's SourceReader does, so Greek accents compare equal
+        src_verses.setdefault(wid[1:9], []).append((wid, unicodedata.normalize("NFKC", row["text"]).strip()))
+    tgt_verses: Verses = OrderedDict()
+    for row in _read_tsv(files["target"]):
+        tgt_verses.setdefault(row["source_verse"], []).append((row["id"], row["text"].strip()))
+    return src_verses, tgt_verses
+
+
+def _kept_verses(report: Report, files: Dict[str, Path], src_verses: Verses, tgt_verses: Verses, keep_book):
+    """The verses of the kept books with words on both sides (the others reported), and each word
+    id's (verse, position) on either side."""
+    verses = [v for v in src_verses if keep_book(v)]
+    for v in tgt_verses:
+        if v not in src_verses and keep_book(v):
+            report.skip("bible verse with target words only", v)
+    src_pos, tgt_pos = {}, {}
+    kept = []
+    for v in verses:
+        if v not in tgt_verses:
+            report.skip("bible verse with source words only", v)
+            continue
+        for side, words, pos in (("source", src_verses[v], src_pos), ("target", tgt_verses[v], tgt_pos)):
+            for k, (wid, w) in enumerate(words):
+                if not w or any(ch.isspace() for ch in w):
+                    raise ValueError(f"{files[side]}: word {wid} is empty or contains whitespace: {w!r}")
+                pos[wid] = (v, k)
+        kept.append(v)
+    return kept, src_pos, tgt_pos
+
+
+def _gold_links(report: Report, records: List[dict], kept: List[str], src_pos: dict, tgt_pos: dict, keep_book):
+    """Verse id -> its gold links (source position, target position); links outside the kept verses
+    or across verses are reported and left out."""
+    links: Dict[str, set] = {v: set() for v in kept}
+    for rec in records:
+        rid = rec.get("meta", {}).get("id")
+        for s in rec["source"]:
+            for t in rec["target"]:
+                t = t[:11]  # the package drops a 12th "word part" digit the same way
+                if s not in src_pos or t not in tgt_pos:
+                    if keep_book(s[1:9]):
+                        report.skip("bible link to a word outside the kept verses", f"record {rid}")
+                    continue
+                (sv, i), (tv, j) = src_pos[s], tgt_pos[t]
+                if sv != tv:
+                    report.skip("bible link crossing verses", f"record {rid}")
+                    continue
+                links[sv].add((i, j))
+    return links
+
 
 
 def split_by_chapter(docs: List[Document], valid_every: int = 20, valid_offset: int = 9,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from reluformer_mt.data.segments import SEPARATOR
+from reluformer_mt.data.textfiles import read_json_object
 
 PREPARED_NAME = "prepared.json"
 SPM_MODEL_SYNTAX = "MODEL (joint) or SRC_MODEL,TGT_MODEL"
@@ -128,13 +129,7 @@ class Prepared:
         path = cls.path(directory)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: not found; prepare the directory with reluformer-prepare")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise PreparedError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise PreparedError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        return _from_json(data, path)
+        return _from_json(read_json_object(path, PreparedError), path)
 
     @classmethod
     def load_if_present(cls, directory) -> Optional["Prepared"]:

@@ -218,6 +218,18 @@ def _read_mteval(paths, report) -> Tuple[Dict[str, Dict[str, str]], Dict[str, st
     return docs, where
 
 
+def _skip_one_sided(report: Report, reason: str, keys, other, where) -> list:
+    """The keys (talks or segments) of one side that the other side has too, in order; each one
+    missing there is skipped and counted under ``reason`` (``where(key)``: the place it names)."""
+    both = []
+    for key in keys:
+        if key in other:
+            both.append(key)
+        else:
+            report.skip(reason, where(key))
+    return both
+
+
 def read_mteval_xml(src_paths: Sequence, tgt_paths: Sequence, report: Report) -> List[Document]:
     """IWSLT / WIT3 mteval XML, joined by (docid, seg id); the source side's document order.
 
@@ -225,24 +237,20 @@ def read_mteval_xml(src_paths: Sequence, tgt_paths: Sequence, report: Report) ->
     """
     src_docs, src_where = _read_mteval(src_paths, report)
     tgt_docs, tgt_where = _read_mteval(tgt_paths, report)
-    for docid in tgt_docs:
-        if docid not in src_docs:
-            report.skip("talk present on the target side only", f"docid {docid} in {tgt_where[docid]}")
+    _skip_one_sided(report, "talk present on the target side only", tgt_docs, src_docs,
+                    lambda docid: f"docid {docid} in {tgt_where[docid]}")
     docs = []
     for docid, segs in src_docs.items():
         if docid not in tgt_docs:
             report.skip("talk present on the source side only", f"docid {docid} in {src_where[docid]}")
             continue
         tsegs = tgt_docs[docid]
-        for sid in tsegs:
-            if sid not in segs:
-                report.skip("segment present on the target side only", f"docid {docid} seg {sid}")
-        pairs = []
-        for sid, text in segs.items():
-            if sid not in tsegs:
-                report.skip("segment present on the source side only", f"docid {docid} seg {sid}")
-                continue
-            pairs.append((text, tsegs[sid], f"{src_where[docid]} docid {docid} seg {sid}", f"{tgt_where[docid]} docid {docid} seg {sid}"))
+        _skip_one_sided(report, "segment present on the target side only", tsegs, segs,
+                        lambda sid: f"docid {docid} seg {sid}")
+        pairs = [(segs[sid], tsegs[sid], f"{src_where[docid]} docid {docid} seg {sid}",
+                  f"{tgt_where[docid]} docid {docid} seg {sid}")
+                 for sid in _skip_one_sided(report, "segment present on the source side only", segs, tsegs,
+                                            lambda sid: f"docid {docid} seg {sid}")]
         doc = _pairs_to_document(docid, pairs, report)
         if doc is not None:
             docs.append(doc)

@@ -6,6 +6,7 @@ inside sentences); a CRLF line end loses its ``\\r``; invalid UTF-8 is an error 
 line and column. Whether a byte-order mark is dropped is the caller's choice: the corpus and
 translate readers drop it, BLEU keeps it as the ``sacrebleu`` command line does.
 """
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List
@@ -51,6 +52,19 @@ def read_lines(path, strip_bom: bool = True, missing: str = "file not found") ->
     if not path.is_file():
         raise FileNotFoundError(f"{path}: {missing}")
     return decode_lines(path.read_bytes(), path, strip_bom).lines
+
+
+def read_json_object(path: Path, error=ValueError, expected: str = "a JSON object", fix: str = "") -> dict:
+    """The JSON object in ``path``; a file that is not JSON, or holds something else than an
+    object, is one ``error`` line naming the file (``expected``: what the object is; ``fix``: what to
+    do about it, appended)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected {expected}, got {type(data).__name__}{fix}")
+    return data
 
 
 def replace_atomically(path, write) -> Path:

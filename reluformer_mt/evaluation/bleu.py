@@ -25,7 +25,7 @@ import sys
 import tempfile
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -642,6 +642,36 @@ def read_once(paths: Dict[str, Optional[str]]):
 METRICS = ("bleu", "chrf", "chrf++", "ter")  # chrf++: sacreBLEU's -m chrf --chrf-word-order 2
 
 
+@dataclass(frozen=True)
+class BleuRequest:
+    """What :func:`bleu_from_files` scores and how: its keywords, held together while the inputs are
+    read, paired and scored."""
+    hyp: str
+    ref: Optional[str] = None
+    hyp_format: str = "auto"
+    ref_format: str = "auto"
+    hyp_doc_ids: Optional[str] = None
+    ref_doc_ids: Optional[str] = None
+    segments: object = None
+    separator: str = SEPARATOR
+    pieces: str = "auto"
+    ref_from_generate: bool = False
+    levels: Sequence[str] = ("sentence", "document")
+    match: str = "id"
+    allow_mismatch: bool = False
+    tokenize: str = "13a"
+    lowercase: bool = False
+    detokenize: str = "none"
+    detokenize_lang: str = "en"
+    more_refs: Sequence = ()
+    metrics: Sequence[str] = METRICS
+    ter_max_words: int = TER_MAX_WORDS
+
+    @property
+    def ref_names(self) -> List[str]:
+        return [str(r) for r in ([self.hyp] if self.ref_from_generate else [self.ref, *self.more_refs])]
+
+
 def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
                     ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
                     ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
@@ -668,11 +698,12 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
     paths.update({f"reference {k + 2}": r for k, r in enumerate(more_refs)})
     with read_once(paths) as (files, names):
         try:
-            report = _bleu_from_paths(
+            request = BleuRequest(
                 files["--hyp"], files["--ref"], hyp_format, ref_format, files["--hyp-doc-ids"], files["--ref-doc-ids"],
                 segments, separator, pieces, ref_from_generate, levels, match, allow_mismatch, tokenize, lowercase,
                 detokenize, detokenize_lang, [files[f"reference {k + 2}"] for k in range(len(more_refs))], metrics,
                 ter_max_words)
+            report = _bleu_from_paths(request)
             report["references"] = [names.get(r, r) for r in report["references"]]
             report["hypothesis"] = names.get(report["hypothesis"], report["hypothesis"])
             return report
@@ -683,63 +714,89 @@ def bleu_from_files(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "
             raise type(e)(message) from None
 
 
-def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = "auto", hyp_doc_ids=None,
-                    ref_doc_ids=None, segments=None, separator: str = SEPARATOR, pieces: str = "auto",
-                    ref_from_generate: bool = False, levels=("sentence", "document"), match: str = "id",
-                    allow_mismatch: bool = False, tokenize: str = "13a", lowercase: bool = False,
-                    detokenize: str = "none", detokenize_lang: str = "en", more_refs=(), metrics=METRICS,
-                    ter_max_words: int = TER_MAX_WORDS) -> dict:
+def _bleu_from_paths(r: BleuRequest) -> dict:
     """:func:`bleu_from_files` once every input is a regular file."""
-    if isinstance(segments, (str, bytes)) or hasattr(segments, "__fspath__"):
-        segments = read_segment_metadata(segments)
-    for path in [ref, *more_refs] if not ref_from_generate else []:
-        if path is not None:
-            check_not_empty(hyp, path)
-    strict = not allow_mismatch
+    if isinstance(r.segments, (str, bytes)) or hasattr(r.segments, "__fspath__"):
+        r = replace(r, segments=read_segment_metadata(r.segments))
     notes = []
-    if not ref_from_generate and ref is not None and not hyp_doc_ids and not ref_doc_ids:
-        hyp_format, ref_format = resolve_layouts(hyp, [ref, *more_refs], hyp_format, ref_format, notes)
-    hyp_side, hyp_seg = _load_side(hyp, hyp_format, hyp_doc_ids, segments, separator, pieces, strict)
-    if ref_from_generate:
-        if more_refs:
+    hyp_side, hyp_seg, ref_sides = _read_sides(r, notes)
+    hyp_docs, ref_docs_list, levels = _as_documents(r, hyp_side, ref_sides, notes)
+    pairs, mismatches, more_pairs = _pair_with_references(r, hyp_docs, ref_docs_list)
+    if mismatches:
+        notes.append(f"{counted(len(mismatches), 'document')} {'differs' if len(mismatches) == 1 else 'differ'} "
+                     "in sentence count: s-BLEU not computed, d-BLEU only")
+    if "segment" in levels and r.segments is None:
+        notes.append("segment-level d-BLEU needs --segments: skipped")
+    if r.detokenize == "moses":
+        pairs = detokenize_pairs(pairs, r.detokenize_lang)
+        more_pairs = [detokenize_pairs(p, r.detokenize_lang) for p in more_pairs]
+        if hyp_seg is not None:
+            hyp_seg = [(seg, moses_detokenize([text], r.detokenize_lang)[0]) for seg, text in hyp_seg]
+    return _score_pairs(r, pairs, more_pairs, levels, hyp_seg, mismatches, notes)
+
+
+def _read_sides(r: BleuRequest, notes: List[str]):
+    """(the hypothesis's side, its segments or None, each reference's side); a side is a list of
+    sentences or documents by id."""
+    for path in [r.ref, *r.more_refs] if not r.ref_from_generate else []:
+        if path is not None:
+            check_not_empty(r.hyp, path)
+    hyp_format, ref_format = r.hyp_format, r.ref_format
+    if not r.ref_from_generate and r.ref is not None and not r.hyp_doc_ids and not r.ref_doc_ids:
+        hyp_format, ref_format = resolve_layouts(r.hyp, [r.ref, *r.more_refs], hyp_format, ref_format, notes)
+    hyp_side, hyp_seg = _load_side(r.hyp, hyp_format, r.hyp_doc_ids, r.segments, r.separator, r.pieces,
+                                   not r.allow_mismatch)
+    if r.ref_from_generate:
+        if r.more_refs:
             raise ValueError("--ref-from-generate takes no other reference")
-        ref_sides = [_load_side(hyp, "generate", None, segments, separator, pieces, True, use_target=True)[0]]
-    elif ref is None:
+        ref_sides = [_load_side(r.hyp, "generate", None, r.segments, r.separator, r.pieces, True, use_target=True)[0]]
+    elif r.ref is None:
         raise ValueError("give a reference file (--ref) or --ref-from-generate")
     else:
-        ref_sides = [_load_side(r, ref_format, ref_doc_ids, segments if ref_format == "generate" else None,
-                                separator, pieces, True)[0] for r in [ref, *more_refs]]
-    ref_names = [str(r) for r in ([hyp] if ref_from_generate else [ref, *more_refs])]
+        ref_sides = [_load_side(ref, ref_format, r.ref_doc_ids, r.segments if ref_format == "generate" else None,
+                                r.separator, r.pieces, True)[0] for ref in [r.ref, *r.more_refs]]
+    return hyp_side, hyp_seg, ref_sides
+
+
+def _as_documents(r: BleuRequest, hyp_side, ref_sides, notes: List[str]):
+    """Both sides as documents by id, and the levels that can be scored: sides without documents are
+    each one document, scored by sentence only."""
+    levels, ref_names = r.levels, r.ref_names
     flat = [isinstance(side, list) for side in [hyp_side] + ref_sides]
     if all(flat):
-        for name, side in zip(ref_names, ref_sides):
-            if len(hyp_side) != len(side):
-                raise ValueError(f"hypothesis {hyp} has {len(hyp_side)} sentences, reference {name} has {len(side)}")
-        hyp_docs, ref_docs_list = OrderedDict([("all", hyp_side)]), [OrderedDict([("all", side)]) for side in ref_sides]
+        _check_sentence_counts(r.hyp, hyp_side, ref_names, ref_sides)
         if "document" in levels:
             notes.append("no document boundaries on either side: d-BLEU skipped")
-        levels = [lv for lv in levels if lv == "sentence"]
-    elif any(flat) and [lv for lv in levels if lv != "sentence"]:
+        return (OrderedDict([("all", hyp_side)]), [OrderedDict([("all", side)]) for side in ref_sides],
+                [lv for lv in levels if lv == "sentence"])
+    if any(flat) and [lv for lv in levels if lv != "sentence"]:
         # one side's documents are not evidence of the other's: cutting by them would score a guess
-        names = [name for name, is_flat in zip([str(hyp)] + ref_names, flat) if is_flat]
+        names = [name for name, is_flat in zip([str(r.hyp)] + ref_names, flat) if is_flat]
         raise ValueError(f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} no document boundaries but the "
                          f"other side has: give both sides '<d>' lines, a blank line between documents or doc ids "
                          f"(--hyp-doc-ids/--ref-doc-ids), or score sentences only (--levels s)")
-    elif any(flat):  # sentences only: documents do not matter, every side is read as one
-        hyp_docs = OrderedDict([("all", _flatten(hyp_side))])
-        ref_docs_list = [OrderedDict([("all", _flatten(side))]) for side in ref_sides]
-        for name, docs in zip(ref_names, ref_docs_list):
-            if len(hyp_docs["all"]) != len(docs["all"]):
-                raise ValueError(f"hypothesis {hyp} has {len(hyp_docs['all'])} sentences, reference {name} has "
-                                 f"{len(docs['all'])}")
-    else:
-        hyp_docs, ref_docs_list = hyp_side, ref_sides
-    all_pairs = []
+    if any(flat):  # sentences only: documents do not matter, every side is read as one
+        hyp, refs = _flatten(hyp_side), [_flatten(side) for side in ref_sides]
+        _check_sentence_counts(r.hyp, hyp, ref_names, refs)
+        return OrderedDict([("all", hyp)]), [OrderedDict([("all", ref)]) for ref in refs], levels
+    return hyp_side, ref_sides, levels
+
+
+def _check_sentence_counts(hyp, hyp_sentences: list, ref_names: List[str], refs: List[list]) -> None:
+    for name, ref in zip(ref_names, refs):
+        if len(hyp_sentences) != len(ref):
+            raise ValueError(f"hypothesis {hyp} has {len(hyp_sentences)} sentences, reference {name} has {len(ref)}")
+
+
+def _pair_with_references(r: BleuRequest, hyp_docs, ref_docs_list):
+    """(the hypothesis's documents paired with the first reference's, the documents whose sentence
+    counts differ, the pairs of the further references), which must be parallel to the first's."""
+    all_pairs, ref_names = [], r.ref_names
     for name, ref_docs in zip(ref_names, ref_docs_list):
         try:
-            all_pairs.append(pair_documents(hyp_docs, ref_docs, match, allow_mismatch))
+            all_pairs.append(pair_documents(hyp_docs, ref_docs, r.match, r.allow_mismatch))
         except ValueError as e:
-            raise ValueError(f"{hyp} and {name}: {e}" if len(ref_names) > 1 else str(e)) from None
+            raise ValueError(f"{r.hyp} and {name}: {e}" if len(ref_names) > 1 else str(e)) from None
     pairs, mismatches = all_pairs[0]
     more_pairs = [p for p, _ in all_pairs[1:]]
     if any(m for _, m in all_pairs[1:]) or any([len(rs) for _, _, rs in p] != [len(rs) for _, _, rs in pairs]
@@ -747,23 +804,19 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         raise ValueError(f"the references {', '.join(ref_names)} differ in documents or sentence counts; "
                          "several references must be parallel")
     if not any(hs or rs for _, hs, rs in pairs):
-        raise ValueError(f"nothing to score: {hyp} and {ref or hyp} hold no sentences")
-    if mismatches:
-        notes.append(f"{counted(len(mismatches), 'document')} {'differs' if len(mismatches) == 1 else 'differ'} "
-                     "in sentence count: s-BLEU not computed, d-BLEU only")
-    if "segment" in levels and segments is None:
-        notes.append("segment-level d-BLEU needs --segments: skipped")
-    if detokenize == "moses":
-        pairs = detokenize_pairs(pairs, detokenize_lang)
-        more_pairs = [detokenize_pairs(p, detokenize_lang) for p in more_pairs]
-        if hyp_seg is not None:
-            hyp_seg = [(seg, moses_detokenize([text], detokenize_lang)[0]) for seg, text in hyp_seg]
-    mism = bool(mismatches)
-    scores = score_documents(pairs, levels, segments, hyp_seg, mism, tokenize, lowercase, more_pairs) \
+        raise ValueError(f"nothing to score: {r.hyp} and {r.ref or r.hyp} hold no sentences")
+    return pairs, mismatches, more_pairs
+
+
+def _score_pairs(r: BleuRequest, pairs, more_pairs, levels, hyp_seg, mismatches, notes: List[str]) -> dict:
+    """Every metric asked for on the paired documents, with what was scored and its definition line
+    (documents whose sentence counts differ: d-BLEU only)."""
+    lowercase, metrics, mism = r.lowercase, r.metrics, bool(mismatches)
+    scores = score_documents(pairs, levels, r.segments, hyp_seg, mism, r.tokenize, lowercase, more_pairs) \
         if "bleu" in metrics else {}
     chrf = chrf_scores(pairs, levels, mism, lowercase, more_pairs=more_pairs) if "chrf" in metrics else {}
     chrf_pp = chrf_scores(pairs, levels, mism, lowercase, word_order=2, more_pairs=more_pairs) if "chrf++" in metrics else {}
-    ter = ter_scores(pairs, levels, mism, lowercase, more_pairs, ter_max_words) if "ter" in metrics else {}
+    ter = ter_scores(pairs, levels, mism, lowercase, more_pairs, r.ter_max_words) if "ter" in metrics else {}
     notes += [n for n in map(ter_note, ter.values()) if n]
     items = {}
     if "sentence" in levels and not mism:
@@ -772,15 +825,15 @@ def _bleu_from_paths(hyp, ref=None, hyp_format: str = "auto", ref_format: str = 
         items["document"] = ([_join(hs) for _, hs, _ in pairs], [[_join(rs) for _, _, rs in p] for p in [pairs, *more_pairs]])
     n_sent = sum(len(rs) for _, _, rs in pairs)
     prefix = ("hypotheses and references detokenised with sacremoses' Moses detokeniser "
-              f"({detokenize_lang}), then " if detokenize == "moses" else "")
+              f"({r.detokenize_lang}), then " if r.detokenize == "moses" else "")
     defined = scores or {level: None for level in items}
-    definition = prefix + definition_line(defined, n_sent, len(pairs), tokenize, lowercase)
-    if more_refs:
-        definition += f"; {1 + len(more_refs)} references"
+    definition = prefix + definition_line(defined, n_sent, len(pairs), r.tokenize, lowercase)
+    if r.more_refs:
+        definition += f"; {1 + len(r.more_refs)} references"
     return {"definition": definition, "scores": scores, "n_documents": len(pairs), "n_sentences": n_sent,
-            "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": r} for d, h, r in mismatches],
-            "notes": notes, "chrf": chrf, "chrf++": chrf_pp, "ter": ter, "detokenize": detokenize, "items": items,
-            "references": ref_names, "hypothesis": str(hyp)}
+            "mismatches": [{"doc_id": d, "hyp_sentences": h, "ref_sentences": n} for d, h, n in mismatches],
+            "notes": notes, "chrf": chrf, "chrf++": chrf_pp, "ter": ter,
+            "detokenize": r.detokenize, "items": items, "references": r.ref_names, "hypothesis": str(r.hyp)}
 
 
 def _flatten(side) -> List[str]:

@@ -10,7 +10,7 @@ the order the jobs were given.
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -31,6 +31,19 @@ class Job:
 def _next_ready(jobs: Sequence[Job], done: set, started: set) -> Optional[Job]:
     ready = [j for j in jobs if j.name not in started and all(a in done for a in j.after)]
     return min(ready, key=lambda j: j.rank) if ready else None  # min keeps the first of equal ranks
+
+
+def _jobs_to_start(jobs: Sequence[Job], done: set, started: set, free: int) -> List[Job]:
+    """The next jobs to start on ``free`` idle workers, in order, each marked started: the one rule
+    that :func:`run_jobs` runs by and :func:`simulate` plans with."""
+    starting = []
+    while len(starting) < free:
+        job = _next_ready(jobs, done, started)
+        if job is None:
+            break
+        started.add(job.name)
+        starting.append(job)
+    return starting
 
 
 def check_jobs(jobs: Sequence[Job]) -> None:
@@ -54,11 +67,7 @@ def run_jobs(workers: int, jobs: Sequence[Job], submit: Callable,
     running: Dict[object, Tuple[Job, float]] = {}
     started: set = set()
     while len(results) < len(jobs):
-        while len(running) < workers:
-            job = _next_ready(jobs, set(results), started)
-            if job is None:
-                break
-            started.add(job.name)
+        for job in _jobs_to_start(jobs, set(results), started, workers - len(running)):
             running[submit(job, *job.call(results))] = (job, time.time())
         finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
         for future in finished:
@@ -77,12 +86,7 @@ def simulate(jobs: Sequence[Job], workers: int) -> Tuple[float, Dict[str, float]
     check_jobs(jobs)
     now, ends, running, started = 0.0, {}, [], set()  # running: (end, name)
     while len(ends) < len(jobs):
-        while len(running) < workers:
-            job = _next_ready(jobs, set(ends), started)
-            if job is None:
-                break
-            started.add(job.name)
-            running.append((now + job.seconds, job.name))
+        running += [(now + job.seconds, job.name) for job in _jobs_to_start(jobs, set(ends), started, workers - len(running))]
         running.sort()
         now, name = running.pop(0)
         ends[name] = now

@@ -60,7 +60,7 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
     """The family's full datastore (built once per checkpoint) and the tuner's choices on the
     validation chapters (``report/tune_FAMILY.json``, rerun when missing or written by an older tuner)."""
     from reluformer_mt.knn.datastore import Datastore, DatastoreError, build_datastore, model_fingerprint
-    from reluformer_mt.experiments.knn_tune import TUNER_VERSION, tune
+    from reluformer_mt.experiments.knn_tune import TUNER_VERSION, TuneSettings, tune
 
     store_dir = datastore_dir(o.out, family)
     report_path = o.out / "report" / f"tune_{family.replace('+', '_')}.json"
@@ -79,9 +79,10 @@ def tune_family(o, family: str, checkpoint: Path, data_dir: Path) -> dict:
         # none yet, tuned by an older tuner, or with(out) kNN-MT where this run wants the other
         # the tuner decodes the first eval_chapters / tune_chapters validation chapters (the smaller given)
         documents = min((c for c in (o.eval_chapters, o.tune_chapters) if c), default=0)
-        report = tune(checkpoint, data=data_dir, datastore=store_dir if o.knn else None, split="valid", device=o.device,
-                      beam=o.beam, memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=documents, knn=o.knn,
-                      progress=lambda line: print(f"  {family}: {line}"), pieces_floors=DEMO_PIECES_FLOORS)
+        settings = TuneSettings(data=data_dir, datastore=store_dir if o.knn else None, split="valid", device=o.device,
+                                beam=o.beam, memory_k=o.knn_memory_k, pieces_k=o.pieces_k, documents=documents,
+                                knn=o.knn, pieces_floors=DEMO_PIECES_FLOORS)
+        report = tune(checkpoint, settings, progress=lambda line: print(f"  {family}: {line}"))
         report.pop("grid")  # hundreds of rows the demo does not use (reluformer-memory tune --json keeps them)
         write_text_atomically(report_path, json.dumps(report, indent=1) + "\n")
     datastore = None if store is None else {"entries": store.meta["size"], "mib": round(store.meta["bytes"] / 2 ** 20, 1),

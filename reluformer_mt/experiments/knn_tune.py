@@ -31,8 +31,9 @@ The choices go to a JSON report (``--json``) and, for the full datastore, into i
 """
 import logging
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -308,178 +309,310 @@ def train_adaptive(forced: ForcedSplit, distances: torch.Tensor, values: torch.T
     return {"by_readout": by_readout, "kept": by_readout[kept]}, nets[kept].config
 
 
-def tune(checkpoint, data=None, datastore=None, split: str = "valid", device: str = "cpu", beam: int = 4,
-         memory_k: int = 8, pieces_k: int = 8, decode: bool = True, max_tokens: int = 8000, documents: int = 0,
-         adaptive_k: int = 16, knn: bool = True, match_score: Optional[str] = None, progress=print,
-         pieces_floors: Sequence[float] = GRID_PIECES_FLOOR, search_tolerance: float = SEARCH_TOLERANCE) -> dict:
-    """Tune kNN-MT (full datastore when ``datastore`` is given, per-input datastores of the memory;
-    neither with ``knn=False``), translation pieces and the TM-first threshold on ``split``; returns
-    the report (grid, decodes, chosen values). ``match_score``: the memory's (None: the one the data
-    directory was prepared with).
-    ``documents``: decode only the split's first N documents in stage 2 (0: all); ``pieces_floors``:
-    the fuzzy floors of the pieces' grid (each decoded with every weight of ``GRID_PIECES_WEIGHT``);
-    ``search_tolerance``: the s-BLEU points an approximate search may lose against the exact one
-    and still be chosen (0: only one that scores as well)."""
-    from reluformer_mt.checkpoints import load_model, pick_device
-    from reluformer_mt.inference.translator import DocumentTranslator
+@dataclass(frozen=True)
+class TuneSettings:
+    """What :func:`tune` reads and how much it decodes.
 
-    device = pick_device(device)
-    if not 1 <= adaptive_k <= max(GRID_K):
-        raise TuneError(f"--adaptive-k: expected 1 to {max(GRID_K)} (the neighbours searched per token), got {adaptive_k}")
-    if split == "test":
-        raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
-    if not pieces_floors or not all(0 <= f <= 1 for f in pieces_floors):
-        raise TuneError(f"pieces floors: expected fuzzy scores from 0 to 1, got {list(pieces_floors)}")
-    if not 0 <= search_tolerance < float("inf"):
-        raise TuneError(f"--search-tolerance: expected s-BLEU points >= 0, got {search_tolerance}")
-    for option, value in (("--pieces-k", pieces_k), ("--knn-memory-k", memory_k), ("--beam", beam)):
-        if value < 1:  # checked by the translators only after the grid and the adaptive network's training
-            raise TuneError(f"{option}: expected a positive integer, got {value}")
-    started = time.time()
-    loaded = load_model(checkpoint, data, device=device, check_data=True)  # --data of the model's vocabulary
-    model, task, data_dir = loaded.model, loaded.task, Path(loaded.data_dir)
-    report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": split, "fingerprint": model_fingerprint(model),
-              "tuner_version": TUNER_VERSION}
-    store = None
-    if datastore is not None and knn:
-        store = Datastore.load(datastore, fingerprint=report["fingerprint"], checkpoint=str(checkpoint))
-        store.check_model(len(task.target_dictionary), model.decoder.output_projection.weight.shape[1])
-        report["leakage"] = check_leakage(store, data_dir, split)
-    forced = ForcedSplit(model, task, split, max_tokens=max_tokens, device=device)
-    progress(f"tune: {len(forced):,} {split} tokens force-decoded ({time.time() - started:.0f} s)")
-    report["tokens"] = len(forced)
-    report["model_nll"] = float(-forced.lp_ref.double().mean())
-    grids = {}
-    adaptive = None
-    if store is not None:
-        d, v = store.search(forced.states.numpy(), max(GRID_K))
-        full_d, full_v = torch.from_numpy(d), torch.from_numpy(v.astype(np.int64))
-        grids["full"], report["full_scale"] = grid_scores(forced, full_d, full_v)
-    if knn:  # per-input: the memory of the translator (the data directory's training split)
-        probe = DocumentTranslator(checkpoint, data=data, device=device, beam=beam, knn_memory=True, knn_memory_k=memory_k,
-                                   match_score=match_score)
-        lookup = probe.memory
-        sentence_sources = read_split_sentences(data_dir, split)
-        memory_ids, memory_scores = lookup.lookup(sentence_sources, max(memory_k, lookup.k))
-        from reluformer_mt.inference.guidance.knn import KnnMixture
+    ``datastore``: the full datastore's folder (None: per-input datastores only; neither with
+    ``knn=False``); ``match_score``: the memory's (None: the one the data directory was prepared
+    with); ``documents``: decode only the split's first N documents in stage 2 (0: all);
+    ``pieces_floors``: the fuzzy floors of the pieces' grid (each decoded with every weight of
+    ``GRID_PIECES_WEIGHT``); ``search_tolerance``: the s-BLEU points an approximate search may lose
+    against the exact one and still be chosen (0: only one that scores as well)."""
+    data: Optional[str] = None
+    datastore: Optional[str] = None
+    split: str = "valid"
+    device: str = "cpu"
+    beam: int = 4
+    memory_k: int = 8
+    pieces_k: int = 8
+    decode: bool = True
+    max_tokens: int = 8000
+    documents: int = 0
+    adaptive_k: int = 16
+    knn: bool = True
+    match_score: Optional[str] = None
+    pieces_floors: Sequence[float] = GRID_PIECES_FLOOR
+    search_tolerance: float = SEARCH_TOLERANCE
 
-        lookup.entry_source = probe.part(KnnMixture).entry_source
-        d, v, trust = per_input_neighbours(forced, model, task, memory_ids, memory_scores, lookup, memory_k,
-                                           probe.reads_memory, lookup.k, max_tokens, device)
-        grids["per_input"], report["per_input_scale"] = grid_scores(forced, d, v, trust)
-    progress(f"tune: {sum(len(g) for g in grids.values()):,} settings scored by validation NLL ({time.time() - started:.0f} s)")
+    def check(self) -> None:
+        """Refuse bad values before the minutes of force-decoding and training they would waste."""
+        if not 1 <= self.adaptive_k <= max(GRID_K):
+            raise TuneError(f"--adaptive-k: expected 1 to {max(GRID_K)} (the neighbours searched per token), "
+                            f"got {self.adaptive_k}")
+        if self.split == "test":
+            raise TuneError("--split test: the tuner never reads the test split (tune on valid, report on test)")
+        if not self.pieces_floors or not all(0 <= f <= 1 for f in self.pieces_floors):
+            raise TuneError(f"pieces floors: expected fuzzy scores from 0 to 1, got {list(self.pieces_floors)}")
+        if not 0 <= self.search_tolerance < float("inf"):
+            raise TuneError(f"--search-tolerance: expected s-BLEU points >= 0, got {self.search_tolerance}")
+        for option, value in (("--pieces-k", self.pieces_k), ("--knn-memory-k", self.memory_k), ("--beam", self.beam)):
+            if value < 1:  # checked by the translators only after the grid and the adaptive network's training
+                raise TuneError(f"{option}: expected a positive integer, got {value}")
+
+
+@dataclass
+class Tuning:
+    """What every stage reads: the settings, the model, its data directory, the full datastore (None
+    without one) and the force-decoded split."""
+    checkpoint: object
+    settings: TuneSettings
+    model: object
+    task: object
+    data_dir: Path
+    store: Optional[Datastore]
+    forced: ForcedSplit
+    started: float
+    progress: Callable[[str], None]
+
+    def say(self, line: str) -> None:
+        """A progress line with the seconds since the tuning started."""
+        self.progress(f"tune: {line} ({time.time() - self.started:.0f} s)")
+
+
+def tune(checkpoint, settings: TuneSettings = TuneSettings(), progress=print) -> dict:
+    """Tune kNN-MT, translation pieces and the TM-first threshold on ``settings.split``; returns the
+    report (grid, decodes, chosen values)."""
+    from reluformer_mt.checkpoints import pick_device
+
+    settings = replace(settings, device=pick_device(settings.device))
+    settings.check()
+    t, report = open_tuning(checkpoint, settings, progress)
+    report["tokens"] = len(t.forced)
+    report["model_nll"] = float(-t.forced.lp_ref.double().mean())
+    grids, full = score_grids(t, report)
+    t.say(f"{sum(len(g) for g in grids.values()):,} settings scored by validation NLL")
     report["grid"] = grids
     chosen = {mode: {r: best_options(rows, r).as_dict() for r in TUNE_READOUTS} for mode, rows in grids.items()}
     report["best_by_nll"] = chosen
-    if store is not None:  # adaptive kNN-MT: a Meta-k network per read-out, the better one kept
-        report["adaptive"], adaptive = train_adaptive(forced, full_d, full_v, chosen["full"], report["full_scale"], store,
-                                                      adaptive_k)
-        progress(f"tune: adaptive kNN-MT: held-out NLL {report['adaptive']['kept']['held_out_nll']:.3f} "
-                 f"({report['adaptive']['kept']['config']['readout']} read-out) against "
-                 f"{report['adaptive']['kept']['held_out_fixed_nll']:.3f} for the best fixed setting and "
-                 f"{report['adaptive']['kept']['held_out_model_nll']:.3f} for the model alone")
-    if not decode:
-        report["seconds"] = round(time.time() - started, 1)
-        return report
-    sources, references, _ = split_documents(data_dir, split)
-    if documents:
-        sources, references = sources[:documents], references[:documents]
-    report["decoded_documents"] = len(sources)
-    report["decoded_sentences"] = sum(len(doc) for doc in sources)
-    common = dict(data=data, device=device, beam=beam, match_score=match_score)
-    decodes, outputs, seconds_of = [], {}, {}
-    n_sentences = report["decoded_sentences"]
+    adaptive = None
+    if t.store is not None:  # adaptive kNN-MT: a Meta-k network per read-out, the better one kept
+        adaptive = adaptive_stage(t, report, chosen["full"], full)
+    if settings.decode:
+        decode_stage(t, report, chosen, adaptive)
+    report["seconds"] = round(time.time() - t.started, 1)
+    return report
 
-    def run(name, knn: Optional[KnnOptions] = None, search: Optional[dict] = None, **kwargs):
+
+def open_tuning(checkpoint, settings: TuneSettings, progress) -> Tuple[Tuning, dict]:
+    """The model (on --data of its vocabulary), the full datastore, checked against the model and
+    for leakage of the split, and the split force-decoded; the report's first fields."""
+    from reluformer_mt.checkpoints import load_model
+
+    started = time.time()
+    loaded = load_model(checkpoint, settings.data, device=settings.device, check_data=True)
+    model, task, data_dir = loaded.model, loaded.task, Path(loaded.data_dir)
+    report = {"checkpoint": str(checkpoint), "data": str(data_dir), "split": settings.split,
+              "fingerprint": model_fingerprint(model), "tuner_version": TUNER_VERSION}
+    store = None
+    if settings.datastore is not None and settings.knn:
+        store = Datastore.load(settings.datastore, fingerprint=report["fingerprint"], checkpoint=str(checkpoint))
+        store.check_model(len(task.target_dictionary), model.decoder.output_projection.weight.shape[1])
+        report["leakage"] = check_leakage(store, data_dir, settings.split)
+    forced = ForcedSplit(model, task, settings.split, max_tokens=settings.max_tokens, device=settings.device)
+    t = Tuning(checkpoint, settings, model, task, data_dir, store, forced, started, progress)
+    t.say(f"{len(forced):,} {settings.split} tokens force-decoded")
+    return t, report
+
+
+def score_grids(t: Tuning, report: dict) -> Tuple[Dict[str, List[dict]], Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    """Stage 1: the grid's validation NLL for the full datastore and the per-input ones; also the full
+    datastore's (distances, values) of every token, which the adaptive network trains on."""
+    grids, full = {}, None
+    if t.store is not None:
+        d, v = t.store.search(t.forced.states.numpy(), max(GRID_K))
+        full = torch.from_numpy(d), torch.from_numpy(v.astype(np.int64))
+        grids["full"], report["full_scale"] = grid_scores(t.forced, *full)
+    if t.settings.knn:
+        d, v, trust = per_input_grid_neighbours(t)
+        grids["per_input"], report["per_input_scale"] = grid_scores(t.forced, d, v, trust)
+    return grids, full
+
+
+def per_input_grid_neighbours(t: Tuning):
+    """Every token's neighbours in its sentence's per-input datastore, from the memory the translator
+    reads (the data directory's training split)."""
+    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.inference.translator import DocumentTranslator
+
+    s = t.settings
+    probe = DocumentTranslator(t.checkpoint, data=s.data, device=s.device, beam=s.beam, knn_memory=True,
+                               knn_memory_k=s.memory_k, match_score=s.match_score)
+    lookup = probe.memory
+    memory_ids, memory_scores = lookup.lookup(read_split_sentences(t.data_dir, s.split), max(s.memory_k, lookup.k))
+    lookup.entry_source = probe.part(KnnMixture).entry_source
+    return per_input_neighbours(t.forced, t.model, t.task, memory_ids, memory_scores, lookup, s.memory_k,
+                                probe.reads_memory, lookup.k, s.max_tokens, s.device)
+
+
+def adaptive_stage(t: Tuning, report: dict, best_fixed: Dict[str, dict], full):
+    """The Meta-k networks trained on the full datastore's neighbours; returns the kept one's config."""
+    report["adaptive"], adaptive = train_adaptive(t.forced, *full, best_fixed, report["full_scale"], t.store,
+                                                  t.settings.adaptive_k)
+    kept = report["adaptive"]["kept"]
+    t.progress(f"tune: adaptive kNN-MT: held-out NLL {kept['held_out_nll']:.3f} ({kept['config']['readout']} read-out) "
+               f"against {kept['held_out_fixed_nll']:.3f} for the best fixed setting and "
+               f"{kept['held_out_model_nll']:.3f} for the model alone")
+    return adaptive
+
+
+class ValidationDecodes:
+    """Stage 2's translations of the validation documents, each decode's s-BLEU, speed and outputs
+    kept in the order decoded."""
+
+    def __init__(self, t: Tuning):
+        s = t.settings
+        self.t = t
+        self.sources, self.references, _ = split_documents(t.data_dir, s.split)
+        if s.documents:
+            self.sources, self.references = self.sources[:s.documents], self.references[:s.documents]
+        self.n_sentences = sum(len(doc) for doc in self.sources)
+        self.common = dict(data=s.data, device=s.device, beam=s.beam, match_score=s.match_score)
+        self.decodes: List[dict] = []
+        self.outputs: Dict[str, List[str]] = {}
+        self.seconds_of: Dict[str, float] = {}
+
+    @property
+    def last(self) -> dict:
+        return self.decodes[-1]
+
+    def run(self, name: str, knn: Optional[KnnOptions] = None, search: Optional[dict] = None, **kwargs) -> float:
         """Decode the validation documents with translator keywords ``kwargs`` (``knn``: the kNN
         options, with the full datastore when ``kwargs`` has no ``knn_memory``; ``search``: its
         search keywords, by default the exact search, not one a former tuning left in the datastore)."""
+        from reluformer_mt.inference.translator import DocumentTranslator
+
         options = dict(kwargs)
         if knn is not None:
             options.update(knn.translator_options())
             if not options.get("knn_memory"):
-                options["knn"] = datastore
-            options.update(search or exact_search("per_input" if options.get("knn_memory") else "full", store))
-        outputs[name] = []
-        s, seconds_of[name] = validation_bleu(lambda: DocumentTranslator(checkpoint, **common, **options), sources,
-                                              references, outputs[name])
-        decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds_of[name], 1),
-                        "sentences_per_s": round(n_sentences / max(seconds_of[name], 1e-9), 2), **kwargs,
-                        **({"knn_options": knn.as_dict()} if knn is not None else {}),
-                        **({"search": search} if search else {})})
-        progress(f"tune: {name}: {split} s-BLEU {s:.2f} ({seconds_of[name]:.0f} s)")
+                options["knn"] = self.t.settings.datastore
+            options.update(search or exact_search("per_input" if options.get("knn_memory") else "full", self.t.store))
+        self.outputs[name] = []
+        s, seconds = validation_bleu(lambda: DocumentTranslator(self.t.checkpoint, **self.common, **options),
+                                     self.sources, self.references, self.outputs[name])
+        self.seconds_of[name] = seconds
+        self.decodes.append({"name": name, "s_bleu": round(s, 2), "seconds": round(seconds, 1),
+                             "sentences_per_s": round(self.n_sentences / max(seconds, 1e-9), 2), **kwargs,
+                             **({"knn_options": knn.as_dict()} if knn is not None else {}),
+                             **({"search": search} if search else {})})
+        self.t.progress(f"tune: {name}: {self.t.settings.split} s-BLEU {s:.2f} ({seconds:.0f} s)")
         return s
 
-    run("plain")
+
+def decode_stage(t: Tuning, report: dict, chosen: Dict[str, Dict[str, dict]], adaptive) -> None:
+    """Stage 2 and 3: the decodes that choose the pieces, each mode's kNN-MT and its search, and the
+    TM-first threshold over them; the full datastore's choice saved beside it."""
+    decoder = ValidationDecodes(t)
+    report["decoded_documents"] = len(decoder.sources)
+    report["decoded_sentences"] = decoder.n_sentences
+    decoder.run("plain")
+    chosen_pieces, pieces = tune_pieces(decoder)
+    best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"], "decode": pieces["name"]}}
+    for mode in chosen:
+        best[mode] = tune_knn_mode(decoder, mode, chosen[mode], adaptive if mode == "full" else None, chosen_pieces)
+    for mode in chosen:  # TM-first over what a mode translates with: of its search settings only the chosen one
+        for row in best[mode]["search"]["table"]:
+            if row["decode"] != best[mode]["search"]["decode"]:
+                decoder.outputs.pop(row["decode"])
+    best["tm_first"] = tune_tm_first(t.checkpoint, decoder.common, decoder.sources, decoder.references, decoder.outputs)
+    tm_first = best["tm_first"]
+    t.progress(f"tune: TM-first over {tm_first['over']}: threshold {tm_first['threshold']} "
+               f"({tm_first['match_score']}), {t.settings.split} s-BLEU {tm_first['s_bleu']:.2f}")
+    report["decodes"], report["chosen"] = decoder.decodes, best
+    if t.store is not None:
+        t.store.set_tuned("full", {**best["full"]["options"], **datastore_values(best["full"]["search"], t.store),
+                                   "tuned_on": f"{t.data_dir} ({t.settings.split})"})
+
+
+def tune_pieces(decoder: ValidationDecodes) -> Tuple[dict, dict]:
+    """The pieces' (weight, floor) of the best s-BLEU, decoded sentence by sentence too when the
+    documents have context, then with a length cap: (the chosen keywords, the chosen decode)."""
+    pieces_k = decoder.t.settings.pieces_k
     for weight in GRID_PIECES_WEIGHT:
-        for floor in pieces_floors:
-            run(f"pieces w={weight:g} floor={floor:g}", pieces_weight=weight, pieces_k=pieces_k, pieces_floor=floor)
-    pieces = max((d for d in decodes if d["name"].startswith("pieces")), key=lambda d: d["s_bleu"])
+        for floor in decoder.t.settings.pieces_floors:
+            decoder.run(f"pieces w={weight:g} floor={floor:g}", pieces_weight=weight, pieces_k=pieces_k, pieces_floor=floor)
+    pieces = max((d for d in decoder.decodes if d["name"].startswith("pieces")), key=lambda d: d["s_bleu"])
     chosen_pieces = {"pieces_weight": pieces["pieces_weight"], "pieces_floor": pieces["pieces_floor"]}
     # with document context or verse by verse: guided beam search may do better on single sentences
     # (a segment's hypothesis that follows a match can drift past its sentence); the better one is kept
-    if any(info.n_sentences > 1 for info in forced.infos):
-        single = run(f"pieces w={pieces['pieces_weight']:g} floor={pieces['pieces_floor']:g} sentence by sentence",
-                     pieces_k=pieces_k, segment_tokens=0, **chosen_pieces)
+    if any(info.n_sentences > 1 for info in decoder.t.forced.infos):
+        single = decoder.run(f"pieces w={pieces['pieces_weight']:g} floor={pieces['pieces_floor']:g} sentence by sentence",
+                             pieces_k=pieces_k, segment_tokens=0, **chosen_pieces)
         if single > pieces["s_bleu"]:
-            chosen_pieces["segment_tokens"], pieces = 0, decodes[-1]
-    # a length control: sentences ended at F x their expected length (hypotheses that follow pieces to
-    # the length limit cost a whole decode and a retranslation as halves); the fastest cap within the
-    # search tolerance of the pieces without one is kept
-    uncapped, capped = pieces, []
+            chosen_pieces["segment_tokens"], pieces = 0, decoder.last
+    return cap_pieces_length(decoder, chosen_pieces, pieces)
+
+
+def cap_pieces_length(decoder: ValidationDecodes, chosen_pieces: dict, uncapped: dict) -> Tuple[dict, dict]:
+    """A length control: sentences ended at F x their expected length (hypotheses that follow pieces
+    to the length limit cost a whole decode and a retranslation as halves); the fastest cap within
+    the search tolerance of the pieces without one is kept."""
+    capped = []
     for cap in GRID_PIECES_LENGTH_CAP:
-        run(f"{uncapped['name']} length cap {cap:g}", pieces_k=pieces_k, pieces_length_cap=cap, **chosen_pieces)
-        capped.append(decodes[-1])
-    fastest = max((d for d in capped if d["s_bleu"] >= uncapped["s_bleu"] - search_tolerance),
+        decoder.run(f"{uncapped['name']} length cap {cap:g}", pieces_k=decoder.t.settings.pieces_k,
+                    pieces_length_cap=cap, **chosen_pieces)
+        capped.append(decoder.last)
+    tolerance = decoder.t.settings.search_tolerance
+    fastest = max((d for d in capped if d["s_bleu"] >= uncapped["s_bleu"] - tolerance),
                   key=lambda d: d["sentences_per_s"], default=None)
     if fastest is not None and fastest["sentences_per_s"] > uncapped["sentences_per_s"]:
-        chosen_pieces["pieces_length_cap"], pieces = fastest["pieces_length_cap"], fastest
-    best = {"pieces": {**chosen_pieces, "s_bleu": pieces["s_bleu"], "decode": pieces["name"]}}
-    for mode in grids:
-        kw = {} if mode == "full" else {"knn_memory": True, "knn_memory_k": memory_k}
-        scores = {}
-        for readout in TUNE_READOUTS:
-            options = KnnOptions(**chosen[mode][readout])
-            scores[readout] = (run(f"knn {mode} {readout}", knn=options, **kw), options, decodes[-1]["name"])
-        readout = max(scores, key=lambda r: scores[r][0])
-        s_best, options, decode = scores[readout]
-        # the NLL's lambda is the best mixture of distributions; beam search may gain from trusting
-        # the neighbours more (copying a match whole): larger lambdas are decoded too
-        for lam in BLEU_LAMBDAS:
-            if lam > options.lam:
-                candidate = KnnOptions(**{**options.as_dict(), "lam": lam})
-                s = run(f"knn {mode} {readout} lambda {lam:g}", knn=candidate, **kw)
-                if s > s_best:
-                    s_best, options, decode = s, candidate, decodes[-1]["name"]
-        if mode == "full" and adaptive is not None:  # the Meta-k network against the best fixed setting
-            candidate = KnnOptions(**{**options.as_dict(), "readout": adaptive.readout, "temperature": adaptive.temperature,
-                                      "radius": adaptive.radius, "adaptive": True})
-            s = adaptive_s_bleu = run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
+        chosen_pieces["pieces_length_cap"] = fastest["pieces_length_cap"]
+        return chosen_pieces, fastest
+    return chosen_pieces, uncapped
+
+
+def tune_knn_mode(decoder: ValidationDecodes, mode: str, by_nll: Dict[str, dict], adaptive,
+                  chosen_pieces: dict) -> dict:
+    """A kNN-MT mode's choice: its options by decoding, then their search, then whether pieces help."""
+    t, kw = decoder.t, mode_keywords(decoder, mode)
+    options, scores, adaptive_s_bleu = knn_options_by_decoding(decoder, mode, by_nll, adaptive)
+    name = f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''}"
+    search = tune_search(lambda label, keywords: (decoder.run(label, knn=options, search=keywords, **kw),
+                                                  decoder.seconds_of[label]),
+                         mode, t.store, decoder.n_sentences, t.settings.search_tolerance, name, t.progress,
+                         restrict=t.store is not None and restrictable(t.store, t.data_dir))
+    s_best, decode = search["s_bleu"], search["decode"]  # what the chosen search decodes (the exact one's on a tie)
+    with_pieces = decoder.run(f"{name} + pieces", knn=options, search=search["chosen"], pieces_k=t.settings.pieces_k,
+                              **chosen_pieces, **kw)
+    return {"options": options.as_dict(), "s_bleu": s_best, "decode": decode, "search": search,
+            "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
+            "decode_with_pieces": decoder.last["name"], "by_readout": scores,
+            **({"adaptive_s_bleu": adaptive_s_bleu} if adaptive is not None else {})}
+
+
+def mode_keywords(decoder: ValidationDecodes, mode: str) -> dict:
+    """The translator keywords of a kNN-MT mode: none for the full datastore (it is given as --knn)."""
+    return {} if mode == "full" else {"knn_memory": True, "knn_memory_k": decoder.t.settings.memory_k}
+
+
+def knn_options_by_decoding(decoder: ValidationDecodes, mode: str, by_nll: Dict[str, dict], adaptive):
+    """The kNN options of the best s-BLEU: each read-out's best by NLL, the better read-out with larger
+    lambdas, and the Meta-k network (``adaptive``, the full datastore's). Returns (options, s-BLEU by
+    read-out, the adaptive network's s-BLEU or None)."""
+    kw = mode_keywords(decoder, mode)
+    scores = {}
+    for readout in TUNE_READOUTS:
+        options = KnnOptions(**by_nll[readout])
+        scores[readout] = (decoder.run(f"knn {mode} {readout}", knn=options, **kw), options)
+    readout = max(scores, key=lambda r: scores[r][0])
+    s_best, options = scores[readout]
+    # the NLL's lambda is the best mixture of distributions; beam search may gain from trusting
+    # the neighbours more (copying a match whole): larger lambdas are decoded too
+    for lam in BLEU_LAMBDAS:
+        if lam > options.lam:
+            candidate = KnnOptions(**{**options.as_dict(), "lam": lam})
+            s = decoder.run(f"knn {mode} {readout} lambda {lam:g}", knn=candidate, **kw)
             if s > s_best:
-                s_best, options, decode = s, candidate, decodes[-1]["name"]
-        name = f"knn {mode} {options.readout}{' adaptive' if options.adaptive else ''}"
-        search = tune_search(lambda label, keywords: (run(label, knn=options, search=keywords, **kw), seconds_of[label]),
-                             mode, store, n_sentences, search_tolerance, name, progress,
-                             restrict=store is not None and restrictable(store, data_dir))
-        s_best, decode = search["s_bleu"], search["decode"]  # what the chosen search decodes (the exact one's on a tie)
-        with_pieces = run(f"{name} + pieces", knn=options, search=search["chosen"], pieces_k=pieces_k, **chosen_pieces, **kw)
-        best[mode] = {"options": options.as_dict(), "s_bleu": s_best, "decode": decode, "search": search,
-                      "pieces": with_pieces > s_best, "s_bleu_with_pieces": with_pieces,
-                      "decode_with_pieces": decodes[-1]["name"], "by_readout": {r: s for r, (s, _, _) in scores.items()},
-                      **({"adaptive_s_bleu": adaptive_s_bleu} if mode == "full" and adaptive is not None else {})}
-    for mode in grids:  # TM-first over what a mode translates with: of its search settings only the chosen one
-        for row in best[mode]["search"]["table"]:
-            if row["decode"] != best[mode]["search"]["decode"]:
-                outputs.pop(row["decode"])
-    best["tm_first"] = tune_tm_first(checkpoint, common, sources, references, outputs)
-    progress(f"tune: TM-first over {best['tm_first']['over']}: threshold {best['tm_first']['threshold']} "
-             f"({best['tm_first']['match_score']}), {split} s-BLEU {best['tm_first']['s_bleu']:.2f}")
-    report["decodes"], report["chosen"] = decodes, best
-    if store is not None:
-        store.set_tuned("full", {**best["full"]["options"], **datastore_values(best["full"]["search"], store),
-                                 "tuned_on": f"{data_dir} ({split})"})
-    report["seconds"] = round(time.time() - started, 1)
-    return report
+                s_best, options = s, candidate
+    adaptive_s_bleu = None
+    if adaptive is not None:  # the Meta-k network against the best fixed setting
+        candidate = KnnOptions(**{**options.as_dict(), "readout": adaptive.readout, "temperature": adaptive.temperature,
+                                  "radius": adaptive.radius, "adaptive": True})
+        adaptive_s_bleu = decoder.run(f"knn full adaptive ({adaptive.readout})", knn=candidate)
+        if adaptive_s_bleu > s_best:
+            options = candidate
+    return options, {r: s for r, (s, _) in scores.items()}, adaptive_s_bleu
 
 
 def read_split_sentences(data_dir, split: str) -> List[str]:
@@ -528,4 +661,4 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TuneError", "best_threshold", "check_leakage", "format_report", "split_documents", "tune"]
+__all__ = ["TuneError", "TuneSettings", "best_threshold", "check_leakage", "format_report", "split_documents", "tune"]

@@ -31,7 +31,7 @@ import torch
 
 from reluformer_mt.data.arrays import load_checked_array
 from reluformer_mt.data.outputs import check_distinct_files, folder_files
-from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
+from reluformer_mt.data.textfiles import read_json_object, replace_atomically, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -133,13 +133,7 @@ class Datastore:
         meta_path = directory / META_NAME
         if not meta_path.is_file():
             raise DatastoreError(f"--knn {directory}: no {META_NAME} (build one with reluformer-memory datastore build)")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise DatastoreError(f"{meta_path}: not readable JSON ({e})") from None
-        if not isinstance(meta, dict):
-            raise DatastoreError(f"{meta_path}: expected a JSON object (the datastore's description), "
-                                 f"got {type(meta).__name__}; rebuild it")
+        meta = read_json_object(meta_path, DatastoreError, "a JSON object (the datastore's description)", "; rebuild it")
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise DatastoreError(f"{meta_path}: format {meta.get('format')!r} version {meta.get('version')!r}, expected "
                                  f"{FORMAT!r} version {VERSION}; rebuild it")

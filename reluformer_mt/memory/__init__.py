@@ -16,6 +16,7 @@ from reluformer_mt.memory.ffn import (FFN_VARIANTS, LayerNormedLinear, MemoryOpt
                                       ffn_activation, ffn_readout, softmax_over_slots)
 from reluformer_mt.memory.mips import (MEMORY_ACTIVATIONS, MEMORY_INDEXES, MipsFfn, MipsIndex,
                                        TopKMemory, check_memory_options, topk_read)
+from reluformer_mt.model_args import fill_unset
 
 MEMORY_DEFAULTS = {
     "ffn_variant": "relu",
@@ -50,9 +51,7 @@ def add_memory_args(parser) -> None:
 
 def fill_memory_defaults(args, **overrides) -> None:
     """Defaults for options not given; ``--ffn-slots`` then sets both FFN widths."""
-    for name, default in MEMORY_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, overrides.get(name, default))
+    fill_unset(args, MEMORY_DEFAULTS, overrides)
     if args.ffn_slots is not None:
         if args.ffn_slots < 1:
             raise MemoryOptionError(f"--ffn-slots: got {args.ffn_slots}, expected a positive number of slots")

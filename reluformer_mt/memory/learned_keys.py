@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from reluformer_mt.data.textfiles import replace_atomically, write_text_atomically
 from reluformer_mt.memory.tm import TranslationMemoryError, fuzzy_score, fuzzy_words
+from reluformer_mt.model_args import fill_unset, task_option
 
 KEY_DEFAULTS = {"tm_key_layers": 1, "tm_key_dim": 0, "tm_keys": False}
 TFIDF_SUFFIX = ".tfidf"  # the TF-IDF neighbours kept beside learned ones: DIR/memory/{split}.ids.tfidf.npy
@@ -52,10 +53,8 @@ def add_key_args(parser) -> None:
 
 
 def fill_key_defaults(args, task=None) -> None:
-    for name, default in KEY_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
-    if getattr(getattr(task, "cfg", None), "tm_key_loss", 0) > 0:
+    fill_unset(args, KEY_DEFAULTS)
+    if task_option(task, "tm_key_loss", 0) > 0:
         args.tm_keys = True
     if not 0 <= args.tm_key_layers <= args.encoder_layers:
         raise ValueError(f"--tm-key-layers: got {args.tm_key_layers}, expected 0 <= L <= --encoder-layers "

@@ -35,6 +35,7 @@ from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from reluformer_mt.attention import ATTENTION_FUNCTIONS, AttentionOptionError, ReluformerAttention
 from reluformer_mt.memory import fused
+from reluformer_mt.model_args import fill_unset, task_option
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,8 @@ def add_tm_args(parser) -> None:
 
 
 def fill_tm_defaults(args, task=None) -> None:
-    for name, default in TM_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
-    if getattr(getattr(task, "cfg", None), "tm_fusion", "none") == "attention":
+    fill_unset(args, TM_DEFAULTS)
+    if task_option(task, "tm_fusion", "none") == "attention":
         args.tm_attention = True
     if args.tm_attn_fn is None:
         args.tm_attn_fn = args.cross_attn_fn

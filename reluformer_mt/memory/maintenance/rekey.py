@@ -78,12 +78,54 @@ def quality(scores: np.ndarray, best: np.ndarray, sample: np.ndarray) -> Dict[st
     return out
 
 
+@dataclasses.dataclass
+class KeyedMemory:
+    """The training split's entries, their learned keys in an exact inner-product index, and the
+    scores of the exact best match: the word fuzzy score the learned keys rerank by, and the score
+    the directory was prepared with, which ranked the model-free neighbours."""
+    memory: object
+    entry_words: list
+    keys: torch.Tensor
+    index: object
+    word_score: Retriever
+    prepared_score: Retriever
+
+
 def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int = 128, checkpoint: str = "",
           max_tokens: int = 8000, progress: bool = True) -> dict:
     """Rewrite the neighbours of every split of ``directory`` with ``model``'s keys; returns
     the description written into ``prepared.json`` (with the measured comparison)."""
+    prepared, info, k = rekey_inputs(directory, model, dictionary, rerank, candidates)
+    start = time.time()
+
+    def encode(split: str, label: str) -> torch.Tensor:
+        return encode_keys(model, source_tokens(directory, split, dictionary), max_tokens, progress, label)
+
+    keyed = keyed_memory(directory, info, encode, candidates)
+    layers = getattr(model.encoder, "tm_key_layers", 1)
+    projection = "proj" if "tm_key_proj" in model.encoder._modules else "no-proj"
+    description = f"learned-enc{layers}-mean-{projection}{keyed.keys.shape[1]}, rerank {rerank}"
+    report = {"keys": description, "checkpoint": str(checkpoint), "splits": {}}
+    splits = {}
+    marker = mark_rewriting(directory, f"{REKEY} --checkpoint {checkpoint}")
+    for split in prepared.splits:
+        splits[split], report["splits"][split] = rekey_split(directory, split, keyed, encode, k, candidates, rerank)
+        if progress:
+            comparison = report["splits"][split]
+            print(f"[rekey] {split}: learned {comparison['learned']} | tfidf {comparison['tfidf']}", flush=True)
+    info.update({"keys": description, "rekeyed_from": str(checkpoint), "tfidf_kept": f"{MEMORY_DIR}/*{TFIDF_SUFFIX}.npy",
+                 "rerank": rerank, "candidates": candidates, "splits": splits, "comparison": report["splits"],
+                 "seconds": round(time.time() - start, 1)})
+    dataclasses.replace(prepared, memory=info).write(directory)
+    update_stamp(directory, info)
+    marker.unlink()  # the neighbours, prepared.json and the stamp agree again
+    return report
+
+
+def rekey_inputs(directory, model, dictionary, rerank: str, candidates: int):
+    """The directory's preparation, its memory's description and neighbours per sentence; what
+    cannot be re-keyed is refused before any key is encoded."""
     from reluformer_mt.data.prepared import Prepared
-    from reluformer_mt.memory.mips import MipsIndex
 
     if rerank not in RERANKS:
         raise TranslationMemoryError(f"--rerank: got {rerank!r}, expected one of {', '.join(RERANKS)}")
@@ -99,57 +141,50 @@ def rekey(directory, model, dictionary, rerank: str = "fuzzy", candidates: int =
         raise TranslationMemoryError(f"{directory}: its dictionary has {len(dictionary)} entries but the checkpoint's "
                                      f"embeddings {model.encoder.embed_tokens.num_embeddings}; re-key with the data "
                                      "directory the model was trained on")
-    check_rekey_can_run(directory)  # before the keys are encoded
-    start = time.time()
+    check_rekey_can_run(directory)
+    return prepared, info, k
+
+
+def keyed_memory(directory, info: dict, encode, candidates: int) -> KeyedMemory:
+    from reluformer_mt.memory.mips import MipsIndex
+
     memory = read_prepared(directory, "train")
-    entry_words = [fuzzy_words(s) for s in memory.sources]
-    keys = encode_keys(model, source_tokens(directory, "train", dictionary), max_tokens, progress, "keys: memory")
-    index = MipsIndex("exact").build(keys)
-    # the exact best match for recall, in the score of each side: the learned keys rerank by the word
-    # fuzzy score, the model-free neighbours were ranked by the score the directory was prepared with
+    keys = encode("train", "keys: memory")
     word_score = Retriever(memory, candidates=candidates, score=LEGACY_MATCH_SCORE)
-    prepared_score = word_score.rescored(recorded_match_score(info))
-    layers = getattr(model.encoder, "tm_key_layers", 1)
-    projection = "proj" if "tm_key_proj" in model.encoder._modules else "no-proj"
-    description = f"learned-enc{layers}-mean-{projection}{keys.shape[1]}, rerank {rerank}"
-    report = {"keys": description, "checkpoint": str(checkpoint), "splits": {}}
-    splits = {}
-    marker = mark_rewriting(directory, f"{REKEY} --checkpoint {checkpoint}")
-    for split in prepared.splits:
-        pairs = memory if split == "train" else read_prepared(directory, split)
-        exclude = np.arange(len(pairs)) if split == "train" else None
-        queries = keys if split == "train" else encode_keys(model, source_tokens(directory, split, dictionary),
-                                                             max_tokens, progress, f"keys: {split}")
-        words = entry_words if split == "train" else [fuzzy_words(s) for s in pairs.sources]
-        ids, scores = neighbours_from_keys(index, queries, words, entry_words, k, candidates, rerank == "fuzzy", exclude)
-        tfidf_ids_file = keep_tfidf_neighbours(directory, split)
-        old_ids = read_entry_ids(tfidf_ids_file, len(memory))
-        old_scores = load_checked_array(tfidf_ids_file.with_name(f"{split}.scores{TFIDF_SUFFIX}.npy"), "f", 2,
-                                        TranslationMemoryError, "re-run reluformer-prepare --memory-k K --force")
-        ids_path, scores_path = neighbour_paths(directory, split)
-        save_array(ids_path, ids.astype(np.int32))
-        save_array(scores_path, scores)
-        sample = np.linspace(0, len(pairs) - 1, min(RECALL_SAMPLE, len(pairs))).astype(int)
-        sampled, skip = [pairs.sources[i] for i in sample], None if exclude is None else exclude[sample]
-        best = word_score.exact_best(sampled, exclude=skip)
-        best_prepared = best if prepared_score.score == word_score.score else prepared_score.exact_best(sampled, exclude=skip)
-        learned, model_free = quality(scores, best, sample), quality(old_scores, best_prepared, sample)
-        if split != "train":
-            learned["copy_top1_sbleu"] = copy_sbleu(ids, memory.targets, pairs.targets)
-            model_free["copy_top1_sbleu"] = copy_sbleu(old_ids, memory.targets, pairs.targets)
-        splits[split] = {"sentences": len(pairs), "mean_top1_fuzzy": learned["mean_top1_fuzzy"],
-                         "bands_top1": band_counts(scores[:, 0]),
-                         **{key: v for key, v in learned.items() if key.startswith("recall@")}}
-        report["splits"][split] = {"learned": learned, "tfidf": model_free}
-        if progress:
-            print(f"[rekey] {split}: learned {learned} | tfidf {model_free}", flush=True)
-    info.update({"keys": description, "rekeyed_from": str(checkpoint), "tfidf_kept": f"{MEMORY_DIR}/*{TFIDF_SUFFIX}.npy",
-                 "rerank": rerank, "candidates": candidates, "splits": splits, "comparison": report["splits"],
-                 "seconds": round(time.time() - start, 1)})
-    dataclasses.replace(prepared, memory=info).write(directory)
-    update_stamp(directory, info)
-    marker.unlink()  # the neighbours, prepared.json and the stamp agree again
-    return report
+    return KeyedMemory(memory, [fuzzy_words(s) for s in memory.sources], keys, MipsIndex("exact").build(keys),
+                       word_score, word_score.rescored(recorded_match_score(info)))
+
+
+def rekey_split(directory, split: str, keyed: KeyedMemory, encode, k: int, candidates: int, rerank: str):
+    """Rewrite one split's neighbours from the learned keys (the TF-IDF ones kept aside first);
+    returns (its row of prepared.json, the learned and TF-IDF neighbours' measures)."""
+    memory = keyed.memory
+    pairs = memory if split == "train" else read_prepared(directory, split)
+    exclude = np.arange(len(pairs)) if split == "train" else None  # leave-one-out: no sentence retrieves itself
+    queries = keyed.keys if split == "train" else encode(split, f"keys: {split}")
+    words = keyed.entry_words if split == "train" else [fuzzy_words(s) for s in pairs.sources]
+    ids, scores = neighbours_from_keys(keyed.index, queries, words, keyed.entry_words, k, candidates,
+                                       rerank == "fuzzy", exclude)
+    tfidf_ids_file = keep_tfidf_neighbours(directory, split)
+    old_ids = read_entry_ids(tfidf_ids_file, len(memory))
+    old_scores = load_checked_array(tfidf_ids_file.with_name(f"{split}.scores{TFIDF_SUFFIX}.npy"), "f", 2,
+                                    TranslationMemoryError, "re-run reluformer-prepare --memory-k K --force")
+    ids_path, scores_path = neighbour_paths(directory, split)
+    save_array(ids_path, ids.astype(np.int32))
+    save_array(scores_path, scores)
+    sample = np.linspace(0, len(pairs) - 1, min(RECALL_SAMPLE, len(pairs))).astype(int)
+    sampled, skip = [pairs.sources[i] for i in sample], None if exclude is None else exclude[sample]
+    best = keyed.word_score.exact_best(sampled, exclude=skip)
+    best_prepared = best if keyed.prepared_score.score == keyed.word_score.score \
+        else keyed.prepared_score.exact_best(sampled, exclude=skip)
+    learned, model_free = quality(scores, best, sample), quality(old_scores, best_prepared, sample)
+    if split != "train":
+        learned["copy_top1_sbleu"] = copy_sbleu(ids, memory.targets, pairs.targets)
+        model_free["copy_top1_sbleu"] = copy_sbleu(old_ids, memory.targets, pairs.targets)
+    row = {"sentences": len(pairs), "mean_top1_fuzzy": learned["mean_top1_fuzzy"], "bands_top1": band_counts(scores[:, 0]),
+           **{key: v for key, v in learned.items() if key.startswith("recall@")}}
+    return row, {"learned": learned, "tfidf": model_free}
+
 
 
 def check_rekey_can_run(directory) -> None:
