@@ -1,25 +1,29 @@
 """Decoding guidance as parts (reluformer_mt.inference.guidance): a new kind is one file -- its
-options dataclass, its part and one register_guidance call -- and both reluformer-translate's
-DocumentTranslator and fairseq-generate (the task's build_generator) use it. Here the file is this
-test's toy kind, a part that bans one target token."""
+options dataclass, its part and one register_guidance call -- and reluformer-translate's command
+line (``--ban-token``), DocumentTranslator (``ban_token=``, or the options object) and
+fairseq-generate (``--guidance ban:token=...``) all use it, with no other file edited. Here the
+file is this test's toy kind, a part that bans one target token."""
 import ast
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from helpers import REPO, USER_DIR, needs_shared_data, run_fairseq
 from reluformer_mt.inference.guidance import BeamStep, Guidance, GuidanceContext, TranslationError, register_guidance
+from reluformer_mt.inference.guidance.declared import option
 
 
 # ------------------------------------------------------------------ the toy kind: one file's worth
 
 @dataclass(frozen=True)
 class BanToken:
-    """``token``: a target dictionary entry the output never holds."""
-    token: str = ""
+    """banning a token (the tests' toy kind of guidance)"""
+    token: Optional[str] = option(None, "a target dictionary entry the output never holds (default: none)",
+                                  metavar="TOKEN")
 
     def __post_init__(self):
-        if not self.token:
+        if self.token is not None and not self.token:
             raise TranslationError("ban: give the token to ban")
 
 
@@ -39,7 +43,7 @@ class BannedToken(Guidance):
 
 
 def build_ban(options: BanToken, context: GuidanceContext):
-    index = context.tgt_dict.index(options.token)
+    index = context.tgt_dict.unk() if options.token is None else context.tgt_dict.index(options.token)
     return None if index == context.tgt_dict.unk() else BannedToken(index)
 
 
@@ -74,6 +78,9 @@ def test_a_new_kind_of_guidance_works_in_the_translator_and_in_fairseq_generate(
         assert banned.tgt_dict.index(token) not in hyp["tokens"].tolist()
     banned.translate(documents)
     assert banned.stats["ban: beam steps"] > 0 and "banned" in banned.describe()
+    by_keyword = DocumentTranslator(doc_checkpoint, ban_token=token, **kwargs)  # the Python API's keyword
+    assert by_keyword.translate_text(documents) == banned.translate_text(documents)
+    assert plain.translate_text(documents) != banned.translate_text(documents)
 
     # fairseq-generate: --guidance NAME:option=value names the same registered kind
     common = [prepared_doc_data["doc"], "--user-dir", USER_DIR, "--task", "document_translation", "--path",
@@ -90,6 +97,29 @@ def test_a_new_kind_of_guidance_works_in_the_translator_and_in_fairseq_generate(
     assert not any(generated in h for h in banned_hyps)
 
 
+@needs_shared_data
+def test_a_new_kind_of_guidance_is_an_option_of_the_command_line(doc_checkpoint, tmp_path, capsys):
+    """The toy kind's field is reluformer-translate's --ban-token, with its help, and bans the token."""
+    from reluformer_mt.cli.translate import build_parser, main
+    from reluformer_mt.inference import DocumentTranslator
+
+    assert "a target dictionary entry the output never holds" in build_parser().format_help()
+    source = tmp_path / "in.en"
+    source.write_text("Thank you very much.\nI would like to tell you a story.\n\nThis is the second document.\n",
+                      encoding="utf-8")
+    common = ["-c", doc_checkpoint, "-i", source, "--device", "cpu", "--beam", "2", "--max-len-a", "0",
+              "--max-len-b", "8", "--no-progress"]
+    assert main([str(a) for a in common + ["-o", tmp_path / "plain.de"]]) == 0
+    plain = (tmp_path / "plain.de").read_text(encoding="utf-8")
+    sp = DocumentTranslator(doc_checkpoint, device="cpu").sp_tgt
+    token = _most_frequent_token(" ".join(sp.encode(line, out_type=str)) for line in plain.splitlines())
+    capsys.readouterr()
+    assert main([str(a) for a in common + ["-o", tmp_path / "banned.de", "--ban-token", token]]) == 0
+    err = capsys.readouterr().err
+    assert "banned" in err and "ban: beam steps" in err, err  # its description and its count in the summary
+    assert (tmp_path / "banned.de").read_text(encoding="utf-8") != plain
+
+
 def test_guidance_specs_are_checked_by_their_kind():
     import pytest
 
@@ -100,8 +130,9 @@ def test_guidance_specs_are_checked_by_their_kind():
         parse_guidance("bann:token=x")
     with pytest.raises(TranslationError, match="--guidance ban: no option 'tok'"):
         parse_guidance("ban:tok=x")
+    assert parse_guidance("ban") == [BanToken()]  # a kind's defaults ask for nothing
     with pytest.raises(TranslationError, match="ban: give the token"):
-        parse_guidance("ban")
+        parse_guidance("ban:token=")
 
 
 def test_no_function_of_the_inference_package_is_longer_than_60_lines():

@@ -1,49 +1,51 @@
-"""What every kind of decoding guidance shares: the step it acts on, the part interface, the
-registry of kinds, the one builder, and the beam search that applies the parts.
+"""What every kind of decoding guidance shares: the step it acts on, the part interface, the one
+builder, and the beam search that applies the parts.
 
 A *part* (:class:`Guidance`) acts on each beam step's next-token scores in place: it may replace
 the distribution (kNN-MT's mixture), add to it (the translation pieces' bonus) or rule tokens out
 (the separator constraint). A *kind* of part is its options dataclass, validated where it is
-declared, and a build function, joined by :func:`register_guidance`; :func:`build_guidance` turns a
+declared, and a build function, joined by
+:func:`~reluformer_mt.inference.guidance.declared.register_guidance`; :func:`build_guidance` turns a
 list of options into the parts that apply, ordered by their stage, and :func:`install_guidance`
 gives them to fairseq's generator as a :class:`GuidedBeamSearch`. reluformer-translate
 (``DocumentTranslator``) and fairseq-generate/-interactive (the task's ``build_generator``) both
 build their decoder's guidance this way.
 """
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq.search import BeamSearch
 from torch import Tensor
+
+from reluformer_mt.inference.guidance.declared import TranslationError
+from reluformer_mt.inference.guidance.kinds import group_of
 
 # the order in which the parts act on a step: a mixture replaces the distribution, a bonus is added
 # to the mixed one, and the constraints rule tokens out of the result
 STAGES = ("mixture", "bonus", "constraint")
 
 
-class TranslationError(ValueError):
-    """A one-line, user-facing problem (bad checkpoint, missing resources, bad option)."""
-
-
 @dataclass
 class GuidanceContext:
     """What parts are built from: the models (the first one's decoder states), the task and its
-    dictionaries, the device; in reluformer-translate also the translation memory, the checkpoint's
-    name and the separators of the segments."""
+    dictionaries, the device the models are on; in reluformer-translate also the translation
+    memory's lookup, the checkpoint's name and the separators of the segments."""
     models: list
     task: object
-    device: str = "cpu"
+    device: str                    # where the models are (resolved: cpu, cuda:N)
     checkpoint: Optional[str] = None
-    memory: object = None          # reluformer_mt.inference.memory.MemoryLookup, or None
+    lookup: object = None          # the memory's reluformer_mt.inference.memory.MemoryLookup, or None
     reads_memory: bool = False     # the model reads its matches (trained with --tm-fusion)
     separator: Optional[str] = None  # the token between the sentences of a segment
     segmented: bool = False          # sources are segments of sentences (not sentence by sentence)
-    max_tokens: int = 8000
+    decode_tokens: Optional[int] = None  # most source tokens per force-decoding batch (the translator's)
     sp_src: object = None          # the source SentencePiece processor
+    # each generate call starts the parts with its sources' memory matches (reluformer-translate);
+    # fairseq-generate starts none, so a part that reads matches is refused there
+    looks_up_matches: bool = False
 
     @property
     def tgt_dict(self):
@@ -114,64 +116,21 @@ class Guidance:
         return ""
 
 
-@dataclass(frozen=True)
-class GuidanceKind:
-    name: str
-    options: type
-    build: Callable[[object, GuidanceContext], Optional[Guidance]]  # None: the options ask for nothing
-
-
-_KINDS: Dict[type, GuidanceKind] = {}
-
-
-def register_guidance(name: str, options: type, build: Callable[[object, GuidanceContext], Optional[Guidance]]) -> None:
-    """Make ``options`` (a dataclass) a kind of guidance: :func:`build_guidance` builds its part
-    with ``build(options, context)``, and ``--guidance NAME:field=value,...`` names it."""
-    _KINDS[options] = GuidanceKind(name, options, build)
-
-
-def kind_named(name: str) -> GuidanceKind:
-    for kind in _KINDS.values():
-        if kind.name == name:
-            return kind
-    raise TranslationError(f"--guidance: no kind of guidance {name!r}; known: {', '.join(k.name for k in _KINDS.values())}")
-
-
 def build_guidance(options: Sequence, context: GuidanceContext) -> List[Guidance]:
-    """The parts the ``options`` ask for, ordered by stage (a stage's parts in the given order)."""
+    """The parts the ``options`` ask for (each an options object of a registered kind), ordered by
+    stage (a stage's parts in the given order). Where the context looks up no memory matches
+    (fairseq-generate), an option that needs them is refused in one line naming it."""
     parts = []
     for o in options:
-        if type(o) not in _KINDS:
-            raise TranslationError(f"guidance: {type(o).__name__} is no registered kind of guidance (register_guidance)")
-        part = _KINDS[type(o)].build(o, context)
+        kind = group_of(o)
+        asks = getattr(o, "asks_for_matches", lambda: None)()
+        if asks and not context.looks_up_matches:
+            raise TranslationError(f"{asks[0]}: {asks[1]} come from each sentence's translation memory matches, "
+                                   "which only reluformer-translate looks up (fairseq-generate has none)")
+        part = kind.builder()(o, context)
         if part is not None:
             parts.append(part)
     return sorted(parts, key=lambda part: STAGES.index(part.stage))
-
-
-def _typed(kind: GuidanceKind, name: str, text: str):
-    fields = {f.name: f for f in dataclasses.fields(kind.options)}
-    if name not in fields:
-        raise TranslationError(f"--guidance {kind.name}: no option {name!r}; expected one of {', '.join(fields)}")
-    default = fields[name].default
-    cast = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
-    if isinstance(default, bool):
-        return text.lower() in ("1", "true", "yes")
-    try:
-        return cast(text)
-    except ValueError:
-        raise TranslationError(f"--guidance {kind.name}:{name}={text}: expected a {cast.__name__}") from None
-
-
-def parse_guidance(spec: Optional[str]) -> list:
-    """Options from ``NAME:field=value,...;NAME2:...`` (fairseq's ``--guidance``)."""
-    out = []
-    for item in filter(None, (s.strip() for s in (spec or "").split(";"))):
-        name, _, args = item.partition(":")
-        kind = kind_named(name.strip())
-        values = dict(a.split("=", 1) if "=" in a else (a, "") for a in filter(None, args.split(",")))
-        out.append(kind.options(**{k.strip(): _typed(kind, k.strip(), v.strip()) for k, v in values.items()}))
-    return out
 
 
 class GuidedBeamSearch(BeamSearch):
