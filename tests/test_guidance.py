@@ -120,6 +120,71 @@ def test_a_new_kind_of_guidance_is_an_option_of_the_command_line(doc_checkpoint,
     assert (tmp_path / "banned.de").read_text(encoding="utf-8") != plain
 
 
+def _guided_generator(translator, spec: str, **search):
+    """The task's generator with ``--guidance spec`` and fairseq's search options ``search``."""
+    import argparse
+
+    translator.task.cfg.guidance = spec
+    args = argparse.Namespace(beam=4, lenpen=1.0, max_len_a=0, max_len_b=8, min_len=1, unkpen=0.0, temperature=1.0,
+                              no_repeat_ngram_size=0, **search)
+    try:
+        return translator.task.build_generator(translator.models, args)
+    finally:
+        translator.task.cfg.guidance = None
+
+
+@needs_shared_data
+def test_guidance_wraps_the_search_fairseq_built(doc_checkpoint):
+    """Sampling, lexical constraints and diverse beam search stay what fairseq built, with the
+    parts applied before them: the banned token never comes out, a constraint's token always does."""
+    import torch
+    from fairseq import search
+    from fairseq.token_generation_constraints import pack_constraints
+
+    from reluformer_mt.inference import DocumentTranslator
+
+    t = DocumentTranslator(doc_checkpoint, device="cpu", separators="free")
+    sources = [torch.tensor([t.src_dict.index(p) for p in t.sp_src.encode(text, out_type=str)] + [t.src_dict.eos()])
+               for text in ("Thank you very much.", "I would like to tell you a story.", "This is the second one.")]
+    dataset = t.task.build_dataset_for_inference(sources, [len(s) for s in sources])
+    sample = dataset.collater([dataset[i] for i in range(len(sources))])
+    plain = [h[0]["tokens"].tolist() for h in t.task.inference_step(_guided_generator(t, ""), t.models, sample)]
+    banned = _most_frequent_token(" ".join(t.tgt_dict[i] for i in hyp) for hyp in plain)
+    wanted = next(i for i in range(t.tgt_dict.nspecial + 20, len(t.tgt_dict))
+                  if not any(i in hyp for hyp in plain) and t.tgt_dict[i] != banned)
+    cases = [({"sampling": True, "sampling_topk": 8}, search.Sampling, None),
+             ({"constraints": "ordered"}, search.LexicallyConstrainedBeamSearch,
+              pack_constraints([[torch.tensor([wanted])] for _ in sources])),
+             ({"diverse_beam_groups": 2, "diverse_beam_strength": 0.5}, search.DiverseBeamSearch, None)]
+    for options, kind, constraints in cases:
+        generator = _guided_generator(t, f"ban:token={banned}", **options)
+        assert type(generator.search).__name__ == "GuidedSearch" and type(generator.search.inner) is kind
+        torch.manual_seed(1)
+        hyps = [h[0]["tokens"].tolist()
+                for h in t.task.inference_step(generator, t.models, sample, constraints=constraints)]
+        assert not any(t.tgt_dict.index(banned) in hyp for hyp in hyps), options
+        if constraints is not None:
+            assert all(wanted in hyp for hyp in hyps), hyps
+
+
+@needs_shared_data
+def test_fairseq_generate_refuses_what_needs_the_memory_in_one_line(doc_checkpoint):
+    """fairseq-generate looks up no memory matches: the translation pieces and per-input kNN-MT
+    are refused by name, not quietly left out."""
+    import pytest
+
+    from reluformer_mt.inference import DocumentTranslator
+
+    t = DocumentTranslator(doc_checkpoint, device="cpu")
+    for spec, says in (("pieces:weight=0.5", "--pieces-weight 0.5: translation pieces come from each sentence's "
+                                             "translation memory matches, which only reluformer-translate looks up"),
+                       ("knn:memory=true", "--knn-memory: per-input datastores come from each sentence's "),
+                       ("knn:datastore=ds,restrict=2", "--knn-restrict 2: the entries it searches come from ")):
+        with pytest.raises(TranslationError) as error:
+            _guided_generator(t, spec)
+        assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
 def test_guidance_specs_are_checked_by_their_kind():
     import pytest
 

@@ -269,7 +269,7 @@ class DocumentTranslator:
         gen_args = argparse.Namespace(**{name: search[name] for name in ("beam", "lenpen", "max_len_a", "max_len_b")},
                                       min_len=1, unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
         generator = self.task.build_generator(self.models, gen_args)
-        return generator, install_guidance(generator, self.tgt_dict, self.guidance, always=True)
+        return generator, install_guidance(generator, self.guidance, always=True)
 
     def part(self, kind: type) -> Optional[Guidance]:
         """The guidance part of a kind (e.g. ``KnnMixture``), None if the decoding has none."""

@@ -346,7 +346,7 @@ class DocumentTranslationTask(TranslationTask):
         generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
         parts = build_guidance(generation_options(self.cfg), GuidanceContext(list(models), self, _device_of(models)))
-        if install_guidance(generator, self.target_dictionary, parts) is not None:
+        if install_guidance(generator, parts) is not None:
             for part in parts:
                 logger.info(part.describe() or type(part).__name__)
         return generator

@@ -5,7 +5,7 @@
   neither torch nor fairseq;
 - :mod:`~reluformer_mt.inference.guidance.base`: the part interface (:class:`Guidance`), the step it
   sees (:class:`BeamStep`), the one builder (:func:`build_guidance`) and the search that applies the
-  parts (:class:`GuidedBeamSearch`);
+  parts inside the search fairseq built (:class:`GuidedSearch`);
 - kNN-MT's mixture (stage "mixture"): options in ``knn_options``, the part in ``knn``;
 - the translation pieces' bonus (stage "bonus"): ``pieces_options``, ``pieces`` over ``piece_table``;
 - the separator constraint (stage "constraint"): ``separator_options``, ``separators``.
@@ -19,7 +19,7 @@ from reluformer_mt.inference.guidance.lazy import lazy_attributes
 
 _HOMES = {"TranslationError": "declared", "register_guidance": "kinds", "register_group": "kinds",
           "parse_guidance": "kinds", "STAGES": "base", "BeamStep": "base", "Guidance": "base",
-          "GuidanceContext": "base", "GuidedBeamSearch": "base", "SourceBatch": "base", "build_guidance": "base",
+          "GuidanceContext": "base", "GuidedSearch": "base", "SourceBatch": "base", "build_guidance": "base",
           "install_guidance": "base"}
 
 __all__ = sorted(_HOMES)

@@ -7,7 +7,8 @@ the distribution (kNN-MT's mixture), add to it (the translation pieces' bonus) o
 declared, and a build function, joined by
 :func:`~reluformer_mt.inference.guidance.declared.register_guidance`; :func:`build_guidance` turns a
 list of options into the parts that apply, ordered by their stage, and :func:`install_guidance`
-gives them to fairseq's generator as a :class:`GuidedBeamSearch`. reluformer-translate
+wraps the search fairseq's generator built (beam search, sampling, constraints...) in a
+:class:`GuidedSearch` that applies them first. reluformer-translate
 (``DocumentTranslator``) and fairseq-generate/-interactive (the task's ``build_generator``) both
 build their decoder's guidance this way.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-from fairseq.search import BeamSearch
+from fairseq.search import Search
 from torch import Tensor
 
 from reluformer_mt.inference.guidance.declared import TranslationError
@@ -133,16 +134,22 @@ def build_guidance(options: Sequence, context: GuidanceContext) -> List[Guidance
     return sorted(parts, key=lambda part: STAGES.index(part.stage))
 
 
-class GuidedBeamSearch(BeamSearch):
-    """fairseq's beam search with the guidance parts applied, in order, before every step.
+class GuidedSearch(Search):
+    """The search fairseq built (beam search, sampling, lexical constraints, diverse beam search...)
+    with the guidance parts applied, in order, to the scores it is given at every step: the parts
+    edit the step's log-probabilities, then the search fairseq chose picks from them, so its own
+    behaviour (and any state it keeps, e.g. the constraints') is untouched.
     A part with ``separator_ids`` (source, target) keeps the segments' separators: then
     :meth:`start` counts each source's separators (what :attr:`BeamStep.required` reads).
     With ``limits`` (reluformer-translate), each source's own length limit: fairseq's generator
     computes one limit per batch from the padded source length, so a source's output (and whether
     it falls back) would depend on the sources batched with it."""
 
-    def __init__(self, tgt_dict, parts: Sequence[Guidance]):
+    def __init__(self, inner: Search, tgt_dict, parts: Sequence[Guidance]):
         super().__init__(tgt_dict)
+        self.inner = inner
+        self.supports_constraints, self.stop_on_max_len = inner.supports_constraints, inner.stop_on_max_len
+        self.needs_src_lengths = getattr(inner, "needs_src_lengths", False)
         self.parts = list(parts)
         self.separators = next((p.separator_ids for p in self.parts if getattr(p, "separator_ids", None)), None)
         self.required: Optional[Tensor] = None
@@ -167,7 +174,7 @@ class GuidedBeamSearch(BeamSearch):
             lprobs[over, :, self.eos + 1:] = -math.inf
 
     def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
-             original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
+             original_batch_idxs: Optional[Tensor] = None, **more):
         assert original_batch_idxs is not None and prev_output_tokens is not None
         bsz, beam_size, vocab_size = lprobs.size()
         self._limit_lengths(step, lprobs, original_batch_idxs)
@@ -176,14 +183,27 @@ class GuidedBeamSearch(BeamSearch):
                         self.eos, separator, self.required if separator is not None else None)
         for part in self.parts:
             part.apply(view)
-        return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
+        return self.inner.step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, **more)
+
+    # the rest of the search's interface is the wrapped search's
+    def set_src_lengths(self, src_lengths):
+        self.inner.set_src_lengths(src_lengths)
+
+    def init_constraints(self, batch_constraints: Optional[Tensor], beam_size: int):
+        self.inner.init_constraints(batch_constraints, beam_size)
+
+    def prune_sentences(self, batch_idxs: Tensor):
+        self.inner.prune_sentences(batch_idxs)
+
+    def update_constraints(self, active_hypos: Tensor):
+        self.inner.update_constraints(active_hypos)
 
 
-def install_guidance(generator, tgt_dict, parts: Sequence[Guidance], always: bool = False) -> Optional[GuidedBeamSearch]:
-    """Give ``generator`` (fairseq's SequenceGenerator) a :class:`GuidedBeamSearch` of ``parts``;
-    nothing to guide keeps fairseq's own beam search unless ``always`` (reluformer-translate: its
-    per-source length limits). Returns the search object (or None)."""
+def install_guidance(generator, parts: Sequence[Guidance], always: bool = False) -> Optional[GuidedSearch]:
+    """Wrap the search of ``generator`` (fairseq's SequenceGenerator, with the search its options
+    chose) in a :class:`GuidedSearch` of ``parts``; nothing to guide keeps it as it is unless
+    ``always`` (reluformer-translate: its per-source length limits). Returns the search object (or None)."""
     if (not parts and not always) or not hasattr(generator, "search"):
         return None
-    generator.search = GuidedBeamSearch(tgt_dict, parts)
+    generator.search = GuidedSearch(generator.search, generator.tgt_dict, parts)
     return generator.search

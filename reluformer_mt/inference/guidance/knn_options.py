@@ -82,7 +82,7 @@ class KnnMtOptions(_SearchValues):
     def _coerce(self) -> None:
         """Paths as strings, counts as int, flags as bool (a value read from JSON or given as a Path)."""
         casts = {"datastore": str, "memory_keys": str, "memory": bool, "batched_search": bool, "exact_search": bool,
-                 "memory_k": int, "probe": int, "search_every": int, "restrict": int, "skip_confident": float}
+                 "memory_k": int, "probe": int, "search_every": int, "restrict": int}
         for name, cast in casts.items():
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, cast(getattr(self, name)))
@@ -98,13 +98,14 @@ class KnnMtOptions(_SearchValues):
                                    "--knn-probe / --knn-search-every")
 
     def _check_skipping(self) -> None:
-        value = self.skip_confident
+        value = self.skip_confident  # the messages name the value as given
         if value is None:
             return
-        if not 0 < value <= 1 or (self.datastore is None and not self.memory):
+        object.__setattr__(self, "skip_confident", float(value))
+        if not 0 < self.skip_confident <= 1 or (self.datastore is None and not self.memory):
             raise TranslationError(f"--knn-skip-confident {value}: expected a probability in (0, 1] (1: every "
                                    "row searches), with --knn DATASTORE or --knn-memory")
-        if value < 1 and (self.search_every or 1) > 1:
+        if self.skip_confident < 1 and (self.search_every or 1) > 1:
             raise TranslationError(f"--knn-skip-confident {value}: a search every N steps follows every row's "
                                    "neighbours; give it without --knn-search-every")
 
