@@ -21,7 +21,7 @@ def test_tm_first_and_match_score_options_are_checked_before_any_model_loads(cap
 
     with pytest.raises(TranslationError, match=r"--tm-first 1.5: expected a match score between 0 and 1"):
         TmFirstOptions(1.5)
-    with pytest.raises(TranslationError, match="--tm-first copies the translation memory's matches, but --memory is none"):
+    with pytest.raises(TranslationError, match="--tm-first 0.8: the targets it copies come from the memory, which --memory none withholds"):
         TranslatorOptions.of(memory="none", tm_first=0.8)
     with pytest.raises(TranslationError, match="--match-score 'lemmas': expected one of words, chars"):
         MemoryOptions(match_score="lemmas")

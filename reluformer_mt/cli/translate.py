@@ -327,13 +327,10 @@ def nbest_lines(results, first: int) -> List[str]:
     return lines
 
 
-def run(args) -> str:
-    """Translate as ``args`` say; returns the summary."""
+def _open_translator(args):
+    """The input (read and checked first: bad input fails before the model loads) and the translator."""
     from reluformer_mt.inference import DocumentTranslator
-    from reluformer_mt.inference.inputs import open_output
 
-    start = time.time()
-    check_options(args)
     if args.threads is not None:
         import torch
 
@@ -343,47 +340,67 @@ def run(args) -> str:
         from reluformer_mt.checkpoints import open_checkpoint
 
         language = open_checkpoint(args.checkpoint[0], args.data).data.src_lang  # cheap: no model is built
-    source = Input(args, language)  # before the model loads: bad input fails first
+    source = Input(args, language)
     translator = DocumentTranslator(args.checkpoint, data=args.data, **translator_options(args).groups)
     if args.memory_matches and translator.memory is None:
         raise ValueError(f"--memory-matches: {args.checkpoint[0]} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
+    return source, translator
 
+
+def _side_outputs(args, translator) -> list:
+    """(option, path, how a result reads) of each extra output asked for."""
     def match_line(r):
         if r.match is None:
             return ""
         entry, score = r.match
         return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
 
-    sides = [(option, path, fn) for option, path, fn in (
+    return [(option, path, fn) for option, path, fn in (
         ("--scores", args.scores, lambda r: "nan" if r.tm_copy else "" if r.score is None else f"{r.score:.4f}"),
         ("--alignments", args.alignments, lambda r: " ".join(f"{i}-{j}" for i, j in (r.alignment or []))),
         ("--memory-matches", args.memory_matches, match_line)) if path]
-    stream = open_output(args.output)
-    files = [(option, path, _side_file(path, option), fn) for option, path, fn in sides]
+
+
+def _translate_chunks(args, source, translator, stream, files):
+    """Translate the input chunk by chunk, each chunk's lines written and flushed as it is done;
+    returns the last chunk (its format for the summary)."""
     sentence, last = 0, None
+    for parsed, first in source.chunks():
+        last = parsed
+        results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
+                                       alignments=bool(args.alignments),
+                                       progress=False if args.no_progress or not first or source.whole is None
+                                       else None)
+        with writing("standard output" if stream is sys.stdout else args.output):
+            if args.nbest > 1:
+                lines = nbest_lines(results, sentence)
+                sentence += sum(len(doc) for doc in results)
+            else:
+                lines = _render_chunk(parsed, [[r.text for r in doc] for doc in results], first)
+            stream.write("".join(line + "\n" for line in lines))
+            stream.flush()  # each document leaves as soon as it is done (a pipe's reader waits for it)
+        for option, path, f, fn in files:
+            with writing(path):
+                f.write("".join(line + "\n" for line in _render_chunk(
+                    parsed, [[fn(r) for r in doc] for doc in results], first, one_per_line=True)))
+                f.flush()
+    return last
+
+
+def run(args) -> str:
+    """Translate as ``args`` say; returns the summary."""
+    from reluformer_mt.inference.inputs import open_output
+
+    start = time.time()
+    check_options(args)
+    source, translator = _open_translator(args)
+    stream = open_output(args.output)
+    files = [(option, path, _side_file(path, option), fn) for option, path, fn in _side_outputs(args, translator)]
     try:
-        for parsed, first in source.chunks():
-            last = parsed
-            results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
-                                           alignments=bool(args.alignments),
-                                           progress=False if args.no_progress or not first or source.whole is None
-                                           else None)
-            with writing("standard output" if stream is sys.stdout else args.output):
-                if args.nbest > 1:
-                    lines = nbest_lines(results, sentence)
-                    sentence += sum(len(doc) for doc in results)
-                else:
-                    lines = _render_chunk(parsed, [[r.text for r in doc] for doc in results], first)
-                stream.write("".join(line + "\n" for line in lines))
-                stream.flush()  # each document leaves as soon as it is done (a pipe's reader waits for it)
-            for option, path, f, fn in files:
-                with writing(path):
-                    f.write("".join(line + "\n" for line in _render_chunk(
-                        parsed, [[fn(r) for r in doc] for doc in results], first, one_per_line=True)))
-                    f.flush()
+        last = _translate_chunks(args, source, translator, stream, files)
     finally:
         # a close flushes: a full disk can fail there too, and must name its own file (a failed
         # write leaves its bytes in the buffer, so the close fails again, naming the same file)

@@ -1,8 +1,8 @@
 """The translator's options, each declared once, in groups owned by the part that reads them: the
 resources (:class:`ResourceOptions`), the search (:class:`SearchOptions`), the device and precision
-(:class:`PrecisionOptions`), the translation memory (:class:`MemoryOptions`), TM-first
-(:class:`TmFirstOptions`) and every registered kind of decoding guidance (kNN-MT, the translation
-pieces, the separator constraint: :mod:`reluformer_mt.inference.guidance.kinds`).
+(:class:`PrecisionOptions`), the translation memory (:class:`MemoryOptions`) and every registered
+kind of decoding guidance (kNN-MT, the translation pieces, the separator constraint, TM-first:
+:mod:`reluformer_mt.inference.guidance.kinds`).
 
 :class:`TranslatorOptions` assembles them from ``DocumentTranslator``'s keywords: a group object
 under the group's name (``search=SearchOptions(beam=5)``), a group's plain value under its name
@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 from reluformer_mt.data.segmentation import parse_segment_tokens
 from reluformer_mt.inference.guidance.declared import TranslationError, keyword, number, option
 from reluformer_mt.inference.guidance.kinds import group_of, groups, register_group
+from reluformer_mt.inference.guidance.tm_first_options import TmFirstOptions  # noqa: F401  (re-exported)
 
 MEMORY_CACHE_PRECISIONS = ("float16", "float32")
 _RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n": "pieces_max_n"}
@@ -120,27 +121,10 @@ class MemoryOptions:
         return self.memory == "none"
 
 
-@dataclass(frozen=True)
-class TmFirstOptions:
-    """translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; translation pieces
-    guide any checkpoint)"""
-    # a sentence whose best match scores >= this is translated by the match's target
-    threshold: Optional[float] = option(None, "TM-first: a sentence whose best match scores >= T is translated by the "
-                                        "match's target, the others by the model (with its guidance); "
-                                        "'reluformer-memory tune' tunes T on validation (default: off)",
-                                        flat="tm_first", metavar="T", parse=number(float, 0.0, 1.0))
-
-    def __post_init__(self):
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
-            raise TranslationError(f"--tm-first {self.threshold}: expected a match score between 0 and 1 (the "
-                                   "threshold above which the match's target is the output)")
-
-
 register_group("resources", ResourceOptions)
 register_group("search", SearchOptions)
 register_group("precision", PrecisionOptions)
 register_group("memory", MemoryOptions)
-register_group("tm_first", TmFirstOptions)
 
 
 def flat_defaults() -> dict:
@@ -204,8 +188,6 @@ class TranslatorOptions:
         """What no group can check alone: a part that reads the memory's matches with ``--memory none``."""
         if not self.memory.withheld:
             return
-        if self.tm_first.threshold is not None:
-            raise TranslationError("--tm-first copies the translation memory's matches, but --memory is none")
         for options in self.guidance_options():
             asks = getattr(options, "asks_for_matches", lambda: None)()
             if asks:
@@ -218,8 +200,7 @@ class TranslatorOptions:
         return [self.groups[g.name] for g in groups() if g.guidance and g.name in self.groups]
 
     def needs_memory(self) -> bool:
-        return self.tm_first.threshold is not None or any(getattr(o, "needs_memory", False)
-                                                           for o in self.guidance_options())
+        return any(getattr(o, "needs_memory", False) for o in self.guidance_options())
 
     def keywords(self) -> dict:
         """Every option under its keyword, as ``DocumentTranslator`` takes it."""

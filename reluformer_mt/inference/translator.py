@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace as replace_fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -300,9 +300,6 @@ class DocumentTranslator:
         if self.memory is not None and self.reads_memory:
             level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
         level += "".join(f"; {part.describe()}" for part in self.guidance if part.describe())
-        if self.options.tm_first.threshold is not None and self.memory is not None:
-            level += (f"; TM-first: a match scoring >= {self.options.tm_first.threshold:g} is the output"
-                      + ("" if self.reads_memory else f" ({self.memory.describe()})"))
         which = f"checkpoint {self.checkpoint}" if len(self.checkpoints) == 1 else \
             f"ensemble of {len(self.checkpoints)} checkpoints ({', '.join(map(str, self.checkpoints))})"
         precision = "" if self.precision == "fp32" else f" ({self.precision})"
@@ -629,40 +626,16 @@ class DocumentTranslator:
                 bar.set_postfix(f"{retranslated:,} segments retranslated as halves or sentence by sentence "
                                 "(outputs that did not split into their sentences)")
         bar.close()
+        assert all(r is not None for doc in out for r in doc)
+        merged = [self._merge(doc_out, doc_units, doc_owners, len(doc))
+                  for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+        for part in self.guidance:  # the parts that act on the finished translations (TM-first)
+            merged = part.finish(merged, self.nbest)
         for part in self.guidance:  # the parts' counts join the summary
             self.stats.update(part.stats)
             part.stats.clear()
         self.stats["seconds"] += time.time() - t0
-        assert all(r is not None for doc in out for r in doc)
-        merged = [self._merge(doc_out, doc_units, doc_owners, len(doc))
-                  for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
-        return self._memory_first(merged)
-
-    def _memory_first(self, documents: List[List[SentenceResult]]) -> List[List[SentenceResult]]:
-        """TM-first (``--tm-first T``): a sentence whose best match scores >= T gets the match's
-        target as its translation, as a CAT tool offers a high fuzzy match before any MT; the others
-        keep the model's. The model still translated the whole segment, so the other sentences
-        of a segment keep their context (and the speed is the model's alone)."""
-        from reluformer_mt.memory.tm import at_least, copyable_target
-
-        threshold = self.options.tm_first.threshold
-        if threshold is None or self.memory is None:
-            return documents
-        for doc in documents:
-            for i, r in enumerate(doc):
-                if r.match is None or r.match[0] < 0 or not at_least(r.match[1], threshold):
-                    continue
-                target = self.memory.target(r.match[0])
-                if not copyable_target(target, self.resources.separator):
-                    self.stats["TM-first: matches left to the model (a control character, the separator or a "
-                               "document marker in their target)"] += 1
-                    continue
-                # the model's hypotheses stay the n-best's alternatives; the copy has no model score
-                model = replace_fields(r, alternatives=[])
-                doc[i] = SentenceResult(target, context=r.context, match=r.match, tm_copy=True,
-                                        alternatives=([model] + r.alternatives)[:self.nbest - 1])
-                self.stats[f"TM-first: sentences translated by their match (score >= {threshold:g})"] += 1
-        return documents
+        return merged
 
     def _warn_about_input(self, new: Counter) -> None:
         if new["sentences longer than the segment length"]:

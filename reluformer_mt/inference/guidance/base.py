@@ -25,8 +25,9 @@ from reluformer_mt.inference.guidance.declared import TranslationError
 from reluformer_mt.inference.guidance.kinds import group_of
 
 # the order in which the parts act on a step: a mixture replaces the distribution, a bonus is added
-# to the mixed one, and the constraints rule tokens out of the result
-STAGES = ("mixture", "bonus", "constraint")
+# to the mixed one, and the constraints rule tokens out of the result; "finish" parts act on the
+# finished translations only (TM-first)
+STAGES = ("mixture", "bonus", "constraint", "finish")
 
 
 @dataclass
@@ -111,6 +112,11 @@ class Guidance:
 
     def apply(self, step: BeamStep) -> None:
         raise NotImplementedError
+
+    def finish(self, documents: list, nbest: int) -> list:
+        """The translations of a translate() call (documents of ``SentenceResult``), as the part
+        leaves them (reluformer-translate; a step part leaves them as they are)."""
+        return documents
 
     def describe(self) -> str:
         """What the part does, for the translator's description ('' for nothing to say)."""
