@@ -95,6 +95,11 @@ def test_a_new_kind_of_guidance_works_in_the_translator_and_in_fairseq_generate(
     banned_hyps = hypotheses(["--guidance", f"ban:token={generated}"])
     assert len(banned_hyps) == len(plain_hyps) and any(generated in h for h in plain_hyps)
     assert not any(generated in h for h in banned_hyps)
+    # the guidance inside fairseq's own sampling search: sampled, and the token still banned
+    sampled = hypotheses(["--guidance", f"ban:token={generated}", "--sampling", "--sampling-topk", "5", "--seed", "3",
+                          "--nbest", "2"])[::2]  # each sentence's first sample
+    assert len(sampled) == len(plain_hyps) and sampled != banned_hyps
+    assert not any(generated in h for h in sampled)
 
 
 @needs_shared_data

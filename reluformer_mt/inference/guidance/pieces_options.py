@@ -35,7 +35,9 @@ class PiecesOptions:
     def __post_init__(self):
         for name, cast in (("weight", float), ("floor", float), ("length_cap", float), ("aligned", bool)):
             object.__setattr__(self, name, cast(getattr(self, name)))
-        if not math.isfinite(self.weight) or not 0 <= self.weight <= MAX_WEIGHT:
+        if not math.isfinite(self.weight) or self.weight < 0:
+            raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {self.weight:g}")
+        if self.weight > MAX_WEIGHT:
             raise TranslationError(f"--pieces-weight: expected a number in [0, {MAX_WEIGHT:g}], got {self.weight:g}")
         if not 0 <= self.floor <= 1:
             raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {self.floor:g}")
