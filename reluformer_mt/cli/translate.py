@@ -29,22 +29,22 @@ from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Def
                                      check_input_file, check_input_folder, check_no_repeats, check_output_file,
                                      no_gpu_visible, writing, write_error)
 from reluformer_mt.cli.stored_config import check_resources_findable
+from reluformer_mt.inference.guidance.declared import SECTIONS
 
 
 def add_translator_options(parser) -> dict:
     """Every option of the translator's registered groups (:mod:`reluformer_mt.inference.options`,
     the guidance kinds), derived from their declarations, in sections by the groups' titles (the
-    translator's own groups first). Returns the sections by their title's first word."""
+    translator's own groups first). Returns the argument groups by title."""
     from reluformer_mt.inference.options import groups
 
     ordered = [g for g in groups() if not g.guidance] + [g for g in groups() if g.guidance]
     sections = {}
     for group in ordered:
-        word = group.title.split()[0]
-        if word not in sections:
-            sections[word] = parser.add_argument_group(group.title)
+        if group.title not in sections:
+            sections[group.title] = parser.add_argument_group(group.title)
         for f in dataclasses.fields(group.options):
-            _add_option(sections[word], group, f)
+            _add_option(sections[group.title], group, f)
     return sections
 
 
@@ -111,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", help="language of the sentence splitter (pysbd) for raw input (default: the checkpoint's "
                                       "source language; an unknown one is an error listing the known ones)")
     sections = add_translator_options(p)
-    sections["resources"].add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, "
+    sections[SECTIONS["resources"]].add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, "
                                                       "prepared.json, SentencePiece model)")
-    sections["search"].add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a "
+    sections[SECTIONS["search"]].add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a "
                                                                "busy shared machine --threads 1 avoids threads "
                                                                "spinning against each other")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")

@@ -29,7 +29,7 @@ _RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n
 
 @dataclass(frozen=True)
 class ResourceOptions:
-    """resources (default: beside the checkpoint, then the data directory it was trained on)"""
+    """Where the checkpoint's resources come from when not from prepared.json."""
     spm_model: Optional[str] = option(None, "the one prepared.json names")  # MODEL or SRC,TGT (--spm-model's syntax)
     segment_tokens: Optional[int] = option(None, "segment length in source tokens, or 'sentence' (default: the "
                                            "trained length from prepared.json)", parse=parse_segment_tokens)
@@ -37,7 +37,7 @@ class ResourceOptions:
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """search"""
+    """The beam search and its batches."""
     beam: int = option(4, "beam size (4: the demo's decoding)")
     nbest: int = option(1, "write the N best translations of every sentence instead, Moses' n-best format: 'SENTENCE "
                         "||| translation ||| score' (0-based sentence number over the input, mean token log-probability "
@@ -59,7 +59,7 @@ class SearchOptions:
 
 @dataclass(frozen=True)
 class PrecisionOptions:
-    """search"""
+    """The device and the precision of the models (and of a memory reader's cache)."""
     device: str = option("auto", "auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
     fp16: bool = option(False, "half precision (float16) on CUDA; an error on the CPU")
     bf16: bool = option(False, "bfloat16 on CUDA; an error on the CPU")
@@ -93,8 +93,7 @@ def match_scores() -> tuple:
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; translation pieces
-    guide any checkpoint)"""
+    """The translation memory the matches come from and how they are ranked."""
     memory: Optional[str] = option(None, "the memory to retrieve matches from: a prepared directory (its training "
                                    "split), a TMX file (languages from the checkpoint) or a 'source<TAB>target' TSV "
                                    "file (default: the training split of the checkpoint's data directory); 'none' "
@@ -121,10 +120,10 @@ class MemoryOptions:
         return self.memory == "none"
 
 
-register_group("resources", ResourceOptions)
-register_group("search", SearchOptions)
-register_group("precision", PrecisionOptions)
-register_group("memory", MemoryOptions)
+register_group("resources", ResourceOptions, "resources")
+register_group("search", SearchOptions, "search")
+register_group("precision", PrecisionOptions, "search")
+register_group("memory", MemoryOptions, "memory")
 
 
 def flat_defaults() -> dict:

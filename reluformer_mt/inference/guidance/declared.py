@@ -26,6 +26,16 @@ class TranslationError(ValueError):
     """A one-line, user-facing problem (bad checkpoint, missing resources, bad option)."""
 
 
+# the command line's sections that several groups share (a group registered without one gets its
+# own, titled by its docstring)
+SECTIONS = {
+    "resources": "resources (default: beside the checkpoint, then the data directory it was trained on)",
+    "search": "search",
+    "memory": "translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; "
+              "translation pieces guide any checkpoint)",
+}
+
+
 def option(default, help: str, *, flat: Optional[str] = None, metavar: Optional[str] = None, choices=None,
            parse: Optional[Callable[[str], object]] = None, task: Union[bool, str] = False):
     """A dataclass field declaring one option: ``parse`` reads the command line's text (default: the
@@ -65,21 +75,22 @@ class Group:
 _GROUPS: Dict[str, Group] = {}
 
 
-def register_group(name: str, options: type, title: str = "", prefix: str = "",
+def register_group(name: str, options: type, section: str = "", prefix: str = "",
                    build: Union[None, str, Callable] = None) -> Group:
     """Declare ``options`` (a frozen dataclass of :func:`option` fields) a group of the translator's
-    options; registering a name again replaces the group (a module reloaded)."""
-    title = title or " ".join((options.__doc__ or name).split())
+    options, in the command line's ``section`` (a key of :data:`SECTIONS`; none: its own, titled by
+    the class's docstring); registering a name again replaces the group (a module reloaded)."""
+    title = SECTIONS[section] if section else " ".join((options.__doc__ or name).split())
     group = _GROUPS[name] = Group(name, options, title, prefix, build)
     return group
 
 
-def register_guidance(name: str, options: type, build: Union[str, Callable], title: str = "") -> Group:
+def register_guidance(name: str, options: type, build: Union[str, Callable], section: str = "") -> Group:
     """Make ``options`` a kind of decoding guidance: :func:`reluformer_mt.inference.guidance.build_guidance`
     builds its part with ``build(options, context)``; its fields are options of reluformer-translate
     (``--NAME-FIELD``), keywords of ``DocumentTranslator`` (``NAME_FIELD``) and, in fairseq-generate,
     ``--guidance NAME:FIELD=VALUE``."""
-    return register_group(name, options, title, name, build)
+    return register_group(name, options, section, name, build)
 
 
 def groups() -> List[Group]:

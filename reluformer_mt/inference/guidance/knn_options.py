@@ -19,16 +19,13 @@ def _given(f):
     return f.name, Optional[f.type], field(default=None, metadata={**f.metadata, "help": help})
 
 
-# the search values, each overriding the datastore's tuned one when given
-_SearchValues = make_dataclass("_SearchValues", [_given(f) for f in fields(KnnOptions)], frozen=True)
 SEARCH_VALUES = tuple(f.name for f in fields(KnnOptions))
 
 
 @dataclass(frozen=True)
-class KnnMtOptions(_SearchValues):
-    """kNN-MT (Khandelwal et al. 2021): the decoder state of every step looks up its nearest entries
-    in a datastore and mixes their next tokens into the model's distribution; any checkpoint
-    (docs/KNN_MT.md)"""
+class _KnnMtOwn:
+    """kNN-MT's own options; :data:`KnnMtOptions` adds the search values (after these: the
+    command line lists them last)."""
     datastore: Optional[str] = option(None, "a datastore built with 'reluformer-memory datastore build' for this "
                                       "checkpoint (its tuned values are the defaults of the options below)",
                                       flat="knn", metavar="DATASTORE", task="knn_datastore")
@@ -151,6 +148,13 @@ class KnnMtOptions(_SearchValues):
             return self.skip_confident
         value = tuned.get("skip_confident", 1.0) if every == 1 and not self.exact_search else 1.0
         return float(value)
+
+
+KnnMtOptions = make_dataclass("KnnMtOptions", [_given(f) for f in fields(KnnOptions)], bases=(_KnnMtOwn,), frozen=True)
+KnnMtOptions.__module__ = __name__
+KnnMtOptions.__doc__ = """kNN-MT (Khandelwal et al. 2021): the decoder state of every step looks up its nearest entries
+    in a datastore and mixes their next tokens into the model's distribution; any checkpoint
+    (docs/KNN_MT.md)"""
 
 
 def tuned_restriction(datastore: str) -> int:

@@ -71,4 +71,4 @@ class PiecesOptions:
         return bool(self.weight)
 
 
-register_guidance("pieces", PiecesOptions, "reluformer_mt.inference.guidance.pieces:build_pieces")
+register_guidance("pieces", PiecesOptions, "reluformer_mt.inference.guidance.pieces:build_pieces", section="memory")

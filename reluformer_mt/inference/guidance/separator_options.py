@@ -9,7 +9,7 @@ SEPARATOR_MODES = ("constrained", "free")
 
 @dataclass(frozen=True)
 class Separators:
-    """search"""
+    """The separator constraint (``--separators``)."""
     mode: str = option("constrained", "constrained (default): beam search gives each segment's translation exactly the "
                        "source's number of sentence separators (no empty sentence), so it splits back without "
                        "retranslation unless it reaches the length limit; free: plain beam search, which shows how "
@@ -21,4 +21,5 @@ class Separators:
             raise TranslationError(f"--separators: expected one of {', '.join(SEPARATOR_MODES)}, got {self.mode!r}")
 
 
-register_guidance("separators", Separators, "reluformer_mt.inference.guidance.separators:build_separator_constraint")
+register_guidance("separators", Separators, "reluformer_mt.inference.guidance.separators:build_separator_constraint",
+                  section="search")

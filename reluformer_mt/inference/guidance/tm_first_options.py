@@ -8,8 +8,7 @@ from reluformer_mt.inference.guidance.declared import TranslationError, number, 
 
 @dataclass(frozen=True)
 class TmFirstOptions:
-    """translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; translation pieces
-    guide any checkpoint)"""
+    """TM-first: the memory's match as the translation of a sentence it matches well enough."""
     # a sentence whose best match scores >= this is translated by the match's target
     threshold: Optional[float] = option(None, "TM-first: a sentence whose best match scores >= T is translated by the "
                                         "match's target, the others by the model (with its guidance); "
@@ -30,4 +29,5 @@ class TmFirstOptions:
         return self.threshold is not None
 
 
-register_guidance("tm_first", TmFirstOptions, "reluformer_mt.inference.guidance.tm_first:build_tm_first")
+register_guidance("tm_first", TmFirstOptions, "reluformer_mt.inference.guidance.tm_first:build_tm_first",
+                  section="memory")
