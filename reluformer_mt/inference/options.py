@@ -11,6 +11,7 @@ under the group's name (``search=SearchOptions(beam=5)``), a group's plain value
 neither torch nor fairseq (:mod:`reluformer_mt.inference.guidance.declared`).
 """
 import dataclasses
+import functools
 import importlib.util
 import os
 import warnings
@@ -81,6 +82,7 @@ class PrecisionOptions:
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
 
+@functools.lru_cache(maxsize=None)
 def match_scores() -> tuple:
     """``MATCH_SCORES`` of reluformer_mt/memory/score_names.py, a module of constants loaded from its
     file: importing it by name imports the memory package, and torch with it."""
@@ -138,7 +140,7 @@ def _renamed(keywords: dict, known) -> dict:
     for name, value in keywords.items():
         if name in _RENAMED:
             warnings.warn(f"DocumentTranslator({name}=...) is now {_RENAMED[name]}=... (the "
-                          f"--{_RENAMED[name].replace('_', '-')} option's name)", DeprecationWarning, stacklevel=5)
+                          f"--{_RENAMED[name].replace('_', '-')} option's name)", DeprecationWarning, stacklevel=4)
             name = _RENAMED[name]
         elif name not in known:
             raise TypeError(f"DocumentTranslator() got an unexpected keyword argument {name!r}")
