@@ -159,10 +159,10 @@ class Profile:
 # one above them (a part's apply inside the beam search's step)
 PROFILED = [
     ("reluformer_mt.inference.memory:MemoryLookup", "lookup", "memory lookup (retrieval of matches)"),
-    ("reluformer_mt.inference.guidance.base:GuidedBeamSearch", "start", "guidance start (per-batch tables, datastores)"),
+    ("reluformer_mt.inference.guidance.base:GuidedSearch", "start", "guidance start (per-batch tables, datastores)"),
     ("reluformer_mt.inference.guidance.knn:KnnMixture", "decode_entries", "  per-input: force-decoding the matches"),
     ("reluformer_mt.knn.search:PerInputDatastores", "__init__", "  per-input: building the datastores"),
-    ("reluformer_mt.inference.guidance.base:GuidedBeamSearch", "step", "beam search step with guidance"),
+    ("reluformer_mt.inference.guidance.base:GuidedSearch", "step", "beam search step with guidance"),
     ("reluformer_mt.knn.search:KnnMixer", "mix", "  kNN-MT mixture"),
     ("reluformer_mt.knn.search:FullDatastore", "neighbours", "    corpus datastore search"),
     ("reluformer_mt.knn.search:PerInputDatastores", "neighbours", "    per-input datastore search"),

@@ -44,13 +44,13 @@ def test_translate_and_eval_help_show_defaults_and_the_demo_beam():
     from reluformer_mt.cli import eval as eval_cli
     from reluformer_mt.cli import translate
     from reluformer_mt.experiments.demo import PRESETS
-    from reluformer_mt.inference.options import DecodingOptions
+    from reluformer_mt.inference.options import SearchOptions
 
     text = _help_of(translate.build_parser())
     beam = PRESETS["quick"]["beam"]
     assert f"(default: {beam})" in text and "--lenpen LENPEN length penalty (default: 1.0)" in text
     assert translate.build_parser().parse_args(["-c", "x.pt"]).beam == beam  # the README's chapter, reproduced
-    assert DecodingOptions().beam == beam
+    assert SearchOptions().beam == beam
     sub = eval_cli.build_parser()._subparsers._group_actions[0].choices
     assert "--max-tokens MAX_TOKENS force-decoding batch size in tokens (default: 4000)" in _help_of(sub["align"])
     assert "sacreBLEU tokenizer (default: 13a)" in _help_of(sub["bleu"])

@@ -75,17 +75,6 @@ def test_a_bad_option_or_path_is_answered_before_torch_and_fairseq_load(module, 
     assert seen["wall"] < 4, seen  # a fresh interpreter included; torch + fairseq alone take longer when busy
 
 
-def test_the_options_defaults_read_from_the_source_are_the_translators():
-    """reluformer-translate reads DocumentTranslator's defaults from its option groups' source
-    (importing them loads torch and fairseq): they equal those of the imported dataclasses, and
-    every one is a keyword the translator takes."""
-    from reluformer_mt.cli.translate import translator_defaults
-    from reluformer_mt.inference.options import flat_defaults
-
-    assert translator_defaults() == flat_defaults()
-    assert {"beam", "pieces_weight", "knn", "knn_lambda", "separators", "memory", "tmx_placeholders"} <= set(flat_defaults())
-
-
 def test_a_copied_checkpoint_whose_data_path_is_relative_is_answered_before_torch(doc_checkpoint, tmp_path, monkeypatch):
     """A checkpoint trained with a relative data path (`fairseq-train data-bin/x`), copied away
     from where it was trained: the resources are looked for (beside it, then data-bin/x from the

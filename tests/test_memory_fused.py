@@ -254,10 +254,10 @@ def test_the_portable_loops_equal_the_reference_too(switch):
 def test_the_memory_cache_option_is_checked():
     from reluformer_mt.cli.translate import build_parser
     from reluformer_mt.inference.guidance import TranslationError
-    from reluformer_mt.inference.options import MEMORY_CACHE_PRECISIONS, DecodingOptions
+    from reluformer_mt.inference.options import MEMORY_CACHE_PRECISIONS, PrecisionOptions
 
-    assert DecodingOptions().memory_cache == "float16" and MemoryReader.step_cache_dtype == torch.float16
+    assert PrecisionOptions().memory_cache == "float16" and MemoryReader.step_cache_dtype == torch.float16
     option = next(a for a in build_parser()._actions if "--memory-cache" in a.option_strings)
     assert tuple(option.choices) == MEMORY_CACHE_PRECISIONS and option.default == "float16"
     with pytest.raises(TranslationError, match="--memory-cache bfloat16: expected one of float16, float32"):
-        DecodingOptions(memory_cache="bfloat16")
+        PrecisionOptions(memory_cache="bfloat16")

@@ -17,12 +17,12 @@ def test_memory_first_copies_only_matches_at_or_above_the_threshold():
 def test_tm_first_and_match_score_options_are_checked_before_any_model_loads(capsys):
     from reluformer_mt.cli.translate import main
     from reluformer_mt.inference.guidance import TranslationError
-    from reluformer_mt.inference.options import MemoryOptions
+    from reluformer_mt.inference.options import MemoryOptions, TmFirstOptions, TranslatorOptions
 
     with pytest.raises(TranslationError, match=r"--tm-first 1.5: expected a match score between 0 and 1"):
-        MemoryOptions(tm_first=1.5)
-    with pytest.raises(TranslationError, match="--tm-first copies the translation memory's matches, but --memory is none"):
-        MemoryOptions(memory="none", tm_first=0.8)
+        TmFirstOptions(1.5)
+    with pytest.raises(TranslationError, match="--tm-first 0.8: the targets it copies come from the memory, which --memory none withholds"):
+        TranslatorOptions.of(memory="none", tm_first=0.8)
     with pytest.raises(TranslationError, match="--match-score 'lemmas': expected one of words, chars"):
         MemoryOptions(match_score="lemmas")
     for argv, said in ((["--tm-first", "2"], "--tm-first"), (["--match-score", "lemmas"], "--match-score")):

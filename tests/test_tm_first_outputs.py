@@ -63,7 +63,7 @@ def test_match_score_with_memory_none_is_refused_before_loading(tmp_path, capsys
     code, err = translate_main(["--checkpoint", tmp_path / "missing.pt", "--input", source, "--memory", "none",
                                 "--match-score", "words"], capsys)
     one_line(code, err, r"--match-score words: ranks the memory's matches, which --memory none withholds")
-    with pytest.raises(TranslationError, match="--match-score words: ranks the translation memory's matches"):
+    with pytest.raises(TranslationError, match="--match-score words: ranks the memory's matches, which --memory none"):
         MemoryOptions(memory="none", match_score="words")
 
 

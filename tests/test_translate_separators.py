@@ -50,7 +50,9 @@ def test_constrain_separators_on_hand_made_prefixes():
 def test_beam_search_looks_up_each_row_by_its_sentence_id():
     """Three sentences left in the batch (dataset ids 4, 0, 2: others finished), beam 2: rows 0-1
     belong to id 4, rows 2-3 to id 0, rows 4-5 to id 2 -- whatever their position."""
-    from reluformer_mt.inference.guidance import GuidedBeamSearch
+    from fairseq.search import BeamSearch
+
+    from reluformer_mt.inference.guidance import GuidedSearch
     from reluformer_mt.inference.guidance.separators import SeparatorConstraint
 
     class TinyDict:
@@ -59,7 +61,7 @@ def test_beam_search_looks_up_each_row_by_its_sentence_id():
         def eos(self): return EOS
         def __len__(self): return VOCAB
 
-    search = GuidedBeamSearch(TinyDict(), [SeparatorConstraint(SEP, SEP)])
+    search = GuidedSearch(BeamSearch(TinyDict()), TinyDict(), [SeparatorConstraint(SEP, SEP)])
     search.required = torch.tensor([0, 9, 2, 9, 1])  # by dataset id
     prefix = torch.tensor([[EOS, 7, SEP, 6]] * 6)    # one separator in every row
     lprobs = step_lprobs(6).view(3, 2, VOCAB)
@@ -169,14 +171,16 @@ def test_free_is_the_plain_beam_search(doc_checkpoint):
     """--separators free decodes exactly as fairseq's own beam search, which is what the translator
     did before the option: same texts, scores and fallbacks as with a SequenceGenerator built by hand.
     Its search has no guidance parts, only each source's own length limit (here the same for all)."""
+    from fairseq.search import BeamSearch
     from fairseq.sequence_generator import SequenceGenerator
 
     from reluformer_mt.inference import DocumentTranslator
-    from reluformer_mt.inference.guidance import GuidedBeamSearch
+    from reluformer_mt.inference.guidance import GuidedSearch
 
     docs = real_docs(2, max_sentences=12)
     free = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")
-    assert type(free.generator.search) is GuidedBeamSearch and free.search.parts == []
+    assert type(free.generator.search) is GuidedSearch and free.search.parts == []
+    assert type(free.search.inner) is BeamSearch  # fairseq's own, wrapped
     plain = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")
     plain.generator = SequenceGenerator([plain.model], plain.tgt_dict, beam_size=2, max_len_a=0, max_len_b=6)
     got, expected = free.translate(docs, scores=True), plain.translate(docs, scores=True)

@@ -179,7 +179,7 @@ def test_the_command_line_takes_the_python_api_names_and_defaults():
         assert options[name].default == default, name
         assert f"--{name.replace('_', '-')}" in options[name].option_strings
     params = inspect.signature(DocumentTranslator.__init__).parameters
-    assert len(params) <= 12 and params["device"].default == "auto"  # self, checkpoint, groups, **options
+    assert list(params) == ["self", "checkpoint", "data", "guidance", "quiet", "options"]  # the groups: **options
 
 
 def test_old_pieces_names_still_work_with_a_warning(doc_checkpoint):

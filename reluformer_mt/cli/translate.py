@@ -15,7 +15,7 @@ whole and its segments batched across documents; the two give the same bytes, as
 its own output length limit, whatever it is batched with.
 """
 import argparse
-import ast
+import dataclasses
 import logging
 import os
 import stat
@@ -25,79 +25,72 @@ from pathlib import Path
 from typing import Iterator, List
 
 from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter, OneLineParser,
-                                     add_spm_model_option,
-                                     check_checkpoint_file, check_device, check_distinct_files, check_input_file,
-                                     check_input_folder, check_no_repeats, check_output_file, no_gpu_visible,
-                                     match_score_names, non_negative_float, non_negative_int, segment_tokens, unit_interval,
-                                     writing, write_error)
+                                     add_spm_model_option, check_checkpoint_file, check_device, check_distinct_files,
+                                     check_input_file, check_input_folder, check_no_repeats, check_output_file,
+                                     no_gpu_visible, writing, write_error)
 from reluformer_mt.cli.stored_config import check_resources_findable
+from reluformer_mt.inference.guidance.declared import SECTIONS
 
 
-def translator_defaults() -> dict:
-    """The defaults of ``DocumentTranslator``'s keywords (keyword ``x_y`` is option ``--x-y``): the
-    fields of its option groups (:data:`reluformer_mt.inference.options.GROUPS`), read from their
-    modules' source, not by importing them: the guidance parts import torch and fairseq (seconds),
-    and the options are checked before them, so a bad option is answered at once. The same values
-    as :func:`reluformer_mt.inference.options.flat_defaults` (a test compares the two)."""
-    from importlib.util import find_spec
+def add_translator_options(parser) -> dict:
+    """Every option of the translator's registered groups (:mod:`reluformer_mt.inference.options`,
+    the guidance kinds), derived from their declarations, in sections by the groups' titles (the
+    translator's own groups first). Returns the argument groups by title."""
+    from reluformer_mt.inference.options import groups
 
-    inference = Path(find_spec("reluformer_mt").origin).parent / "inference"
-    options = ast.parse((inference / "options.py").read_text(encoding="utf-8"))
-    assigned = {t.id: node.value for node in options.body if isinstance(node, ast.Assign)
-                for t in node.targets if isinstance(t, ast.Name)}
-    homes = {alias.name: node.module for node in options.body if isinstance(node, ast.ImportFrom)
-             for alias in node.names}
-    groups, plain = ast.literal_eval(_names_as_strings(assigned["GROUPS"])), ast.literal_eval(assigned["PLAIN"])
-    out = {"device": "auto"}
-    for group, class_name in groups.items():
-        module = homes.get(class_name)
-        path = inference / "options.py" if module is None else \
-            Path(find_spec("reluformer_mt").origin).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
-        for field_name, (flat, default) in dataclass_defaults(path, class_name).items():
-            out[group if plain.get(group) == field_name else flat] = default
-    return out
+    ordered = [g for g in groups() if not g.guidance] + [g for g in groups() if g.guidance]
+    sections = {}
+    for group in ordered:
+        if group.title not in sections:
+            sections[group.title] = parser.add_argument_group(group.title)
+        for f in dataclasses.fields(group.options):
+            _add_option(sections[group.title], group, f)
+    return sections
 
 
-def _names_as_strings(node):
-    """``{"decoding": DecodingOptions}`` -> ``{"decoding": "DecodingOptions"}`` (a literal)."""
-    return ast.Dict(keys=node.keys, values=[ast.Constant(v.id) for v in node.values])
+def _add_option(section, group, f) -> None:
+    """One declared field as an argument: ``--keyword`` with its default, help, choices and metavar; a
+    flag for a boolean (``--no-x`` too where its default is unset)."""
+    from reluformer_mt.inference.guidance.declared import keyword, value_type
+
+    name = keyword(group, f)
+    if name == "spm_model":  # every command's one --spm-model syntax
+        add_spm_model_option(section, f.metadata["help"])
+        return
+    extra = {k: f.metadata[k] for k in ("metavar", "choices") if k in f.metadata}
+    if value_type(f) is bool:
+        extra["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+    else:
+        extra["type"] = _argument_type(group, f)
+    section.add_argument("--" + name.replace("_", "-"), dest=name, default=f.default, help=f.metadata.get("help"),
+                         **extra)
 
 
-def dataclass_defaults(path, class_name: str) -> dict:
-    """``{field: (command-line name, default)}`` of the dataclass ``class_name`` in ``path``: a field
-    ``x: T = literal`` or ``x: T = field(default=literal, metadata={"flat": name})``."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == class_name)
-    fields = {}
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
-            continue
-        name, value, flat = node.target.id, node.value, node.target.id
-        if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
-            keywords = {k.arg: k.value for k in value.keywords}
-            value = keywords["default"]
-            if "metadata" in keywords:
-                flat = ast.literal_eval(keywords["metadata"]).get("flat", name)
-        fields[name] = (flat, ast.literal_eval(value))
-    return fields
+def _argument_type(group, f):
+    """Reads a declared field's text as its declaration says (its ``parse``, else its type)."""
+    from reluformer_mt.inference.guidance.declared import value_type
+
+    parse, cast = f.metadata.get("parse"), value_type(f)
+
+    def read(text):
+        try:
+            return parse(text) if parse else cast(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e) if parse else f"expected {'an' if cast is int else 'a'} "
+                                             f"{cast.__name__}, got {text!r}") from None
+    read.__name__ = getattr(cast, "__name__", "value")
+    return read
 
 
-# beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and
-# near float32's range (1e300 is inf there) beam scores become inf - inf = NaN inside fairseq
-MAX_PIECES_WEIGHT = 1e4
+def translator_options(args):
+    """The translator's options from the parsed arguments (checked, in one line each)."""
+    from reluformer_mt.inference.options import TranslatorOptions, flat_defaults
 
-
-def pieces_weight(text) -> float:
-    value = non_negative_float(text)
-    if value > MAX_PIECES_WEIGHT:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, {MAX_PIECES_WEIGHT:g}], got {text!r}")
-    return value
+    return TranslatorOptions.of(**{name: getattr(args, name) for name in flat_defaults()})
 
 
 def build_parser() -> argparse.ArgumentParser:
     from reluformer_mt.inference.inputs import FORMATS
-
-    D = translator_defaults()
 
     p = OneLineParser(  # a bad option is one line, as every other error
         prog="reluformer-translate", formatter_class=DefaultsHelpFormatter,
@@ -117,123 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--doc-ids", help="docids format: file with one document id per input line")
     p.add_argument("--language", help="language of the sentence splitter (pysbd) for raw input (default: the checkpoint's "
                                       "source language; an unknown one is an error listing the known ones)")
-    res = p.add_argument_group("resources (default: beside the checkpoint, then the data directory it was trained on)")
-    res.add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, prepared.json, SentencePiece model)")
-    add_spm_model_option(res, "the one prepared.json names")
-    res.add_argument("--segment-tokens", type=segment_tokens, help="segment length in source tokens, or 'sentence' "
-                                                                   "(default: the trained length from prepared.json)")
-    gen = p.add_argument_group("search")
-    gen.add_argument("--beam", type=int, default=D["beam"], help="beam size (4: the demo's decoding)")
-    gen.add_argument("--nbest", type=int, default=D["nbest"], metavar="N",
-                     help="write the N best translations of every sentence instead, Moses' n-best format: "
-                          "'SENTENCE ||| translation ||| score' (0-based sentence number over the input, mean token "
-                          "log-probability in natural log, where fairseq-generate prints base 2), best first; "
-                          "N <= --beam")
-    gen.add_argument("--lenpen", type=float, default=D["lenpen"], help="length penalty")
-    gen.add_argument("--batch-size", type=int, default=D["batch_size"], help="most segments per batch")
-    gen.add_argument("--max-tokens", type=int, default=D["max_tokens"], help="most source tokens per batch (padded)")
-    gen.add_argument("--max-len-a", type=non_negative_float, default=D["max_len_a"], help="output length limit a * source + b")
-    gen.add_argument("--max-len-b", type=non_negative_int, default=D["max_len_b"], help="see --max-len-a")
-    gen.add_argument("--separators", choices=("constrained", "free"), default=D["separators"],
-                     help="constrained (default): beam search gives each segment's translation exactly the "
-                          "source's number of sentence separators (no empty sentence), so it splits back "
-                          "without retranslation unless it reaches the length limit; free: plain beam search, "
-                          "which shows how often the model keeps the separators by itself (the summary counts "
-                          "the fallbacks)")
-    gen.add_argument("--device", default=D["device"], help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
-    half = gen.add_mutually_exclusive_group()
-    half.add_argument("--fp16", action="store_true", help="half precision (float16) on CUDA; an error on the CPU")
-    half.add_argument("--bf16", action="store_true", help="bfloat16 on CUDA; an error on the CPU")
-    gen.add_argument("--memory-cache", choices=("float16", "float32"), default=D["memory_cache"],
-                     help="precision of a memory-attention model's cached memory keys and values in the CPU "
-                          "decoding step: float16 (default) reads half the bytes a step (the step's arithmetic "
-                          "stays float32; docs/TRANSLATION_MEMORY.md#translation-with-memory-attention), float32 keeps them as computed")
-    gen.add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a busy shared "
-                                                 "machine --threads 1 avoids threads spinning against each other")
-    tm = p.add_argument_group("translation memory (matches read by checkpoints trained with --tm-fusion concat|attention; "
-                              "translation pieces guide any checkpoint)")
-    tm.add_argument("--memory", metavar="DIR|FILE.tmx|FILE.tsv",
-                    help="the memory to retrieve matches from: a prepared directory (its training split), a TMX file "
-                         "(languages from the checkpoint) or a 'source<TAB>target' TSV file "
-                         "(default: the training split of the checkpoint's data directory); 'none' translates without "
-                         "matches")
-    tm.add_argument("--tmx-placeholders", choices=["space", "text"], default=D["tmx_placeholders"],
-                    help="a TMX memory's placeholders (<ph>, <ut>): a space where they stood between words, or their "
-                         "own text (Value<ph>{0}</ph>here: 'Value here' or 'Value {0} here')")
-    tm.add_argument("--match-score", default=D["match_score"], choices=match_score_names()["choices"], metavar="SCORE",
-                    help="how the memory ranks its matches (default: the score the checkpoint's data directory was "
-                         "prepared with; bm25-chars for a directory prepared without memory, words for one prepared "
-                         "before the score was recorded; docs/TRANSLATION_MEMORY.md)")
-    tm.add_argument("--tm-first", type=unit_interval, default=D["tm_first"], metavar="T",
-                    help="TM-first: a sentence whose best match scores >= T is translated by the match's target, the "
-                         "others by the model (with its guidance); 'reluformer-memory tune' tunes T on validation "
-                         "(default: off)")
-    tm.add_argument("--pieces-weight", type=pieces_weight, default=D["pieces_weight"], metavar="W",
-                    help="translation pieces (Zhang et al. NAACL 2018): beam search adds W x the fuzzy score of the best "
-                         "match holding each n-gram a next token completes (0: off, the default; the demo's tuned value: "
-                         "docs/TRANSLATION_MEMORY.md); works for checkpoints trained without memory too")
-    tm.add_argument("--pieces-k", type=int, default=D["pieces_k"], metavar="K", help="matches per sentence whose n-grams are pieces")
-    tm.add_argument("--pieces-max-n", type=int, default=D["pieces_max_n"], metavar="N", help="longest piece, in SentencePiece tokens")
-    tm.add_argument("--pieces-floor", type=float, default=D["pieces_floor"], metavar="F",
-                    help="only matches with a fuzzy score >= F give pieces (the demo's value is tuned with the weight)")
-    tm.add_argument("--pieces-length-cap", type=float, default=D["pieces_length_cap"], metavar="F",
-                    help="a hypothesis must end the sentence it writes (only the separator or EOS may follow) once it "
-                         "is F times the sentence's expected length from its matches: fewer hypotheses follow pieces "
-                         "to the length limit (0: off, the default; 'reluformer-memory tune' tunes it)")
-    tm.add_argument("--pieces-aligned", action="store_true", default=D["pieces_aligned"],
-                    help="pieces only from target words that the memory's word alignment (eflomal, run once per "
-                         "memory) links to source words the sentence shares with the match, as Zhang et al. 2018 "
-                         "(default: every n-gram of the match)")
-    knn = p.add_argument_group("kNN-MT (Khandelwal et al. 2021): the decoder state of every step looks up its nearest "
-                               "entries in a datastore and mixes their next tokens into the model's distribution; "
-                               "any checkpoint (docs/KNN_MT.md)")
-    knn.add_argument("--knn", metavar="DATASTORE", default=D["knn"],
-                     help="a datastore built with 'reluformer-memory datastore build' for this checkpoint (its tuned "
-                          "values are the defaults of the options below)")
-    knn.add_argument("--knn-memory", action="store_true", default=D["knn_memory"],
-                     help="per-input datastores (SK-MT, Dai et al. 2023): each sentence's best --knn-memory-k matches "
-                          "of the translation memory (--memory), force-decoded at translation time")
-    knn.add_argument("--knn-memory-k", type=int, default=D["knn_memory_k"], metavar="M",
-                     help="matches per sentence of --knn-memory")
-    knn.add_argument("--knn-memory-keys", metavar="DATASTORE", default=D["knn_memory_keys"],
-                     help="--knn-memory: read the matches' keys from this datastore (built by the same checkpoint "
-                          "from the memory's corpus) instead of force-decoding them: faster (default: force-decoded)")
-    knn.add_argument("--knn-batched-search", action="store_true", default=D["knn_batched_search"],
-                     help="--knn-memory: search each step's per-input datastores with one batched product per "
-                          "sentence (its beams together) instead of per beam row: faster, the same neighbours up "
-                          "to float rounding")
-    knn.add_argument("--knn-probe", type=int, default=D["knn_probe"], metavar="N",
-                     help="--knn: IVF lists searched per step (an HNSW index: efSearch); fewer is faster, recalls "
-                          "less (default: as tuned, else the datastore's, 16)")
-    knn.add_argument("--knn-search-every", type=int, default=D["knn_search_every"], metavar="N",
-                     help="--knn: search the index every N steps; in between each beam row reads the successors "
-                          "of its last neighbours that voted for the token it wrote (chunk-based kNN-MT, Martins "
-                          "et al. 2022): faster, approximate (default: as tuned, else 1: every step)")
-    knn.add_argument("--knn-exact-search", action="store_true", default=D["knn_exact_search"],
-                     help="--knn: search the datastore as it was built (every step, the index's own probe) even "
-                          "where the tuner chose a faster approximate search")
-    knn.add_argument("--knn-restrict", type=int, default=D["knn_restrict"], metavar="M",
-                     help="--knn: each sentence searches only the datastore entries of its M best translation memory "
-                          "matches (the memory must be the corpus the datastore was built from), exactly, instead "
-                          "of the index over the whole corpus: faster (default: as tuned, else 0: the whole datastore)")
-    knn.add_argument("--knn-skip-confident", type=float, default=D["knn_skip_confident"], metavar="P",
-                     help="a beam row whose model gives its best token a probability above P skips the search and "
-                          "keeps the model's distribution (retrieval skipping): faster (default: as tuned, else 1: "
-                          "every row searches)")
-    knn.add_argument("--knn-k", type=int, default=D["knn_k"], metavar="K", help="neighbours per step (default: tuned, else 16)")
-    knn.add_argument("--knn-lambda", type=float, default=D["knn_lambda"], metavar="L",
-                     help="largest share of the neighbours (default: tuned, else 0.5)")
-    knn.add_argument("--knn-readout", choices=("softmax", "relu", "sparsemax", "entmax15"), default=D["knn_readout"],
-                     help="softmax(-d/T) (kNN-MT), relu: ReLU(1 - d/radius) with no mass when every neighbour is "
-                          "beyond the radius, sparsemax/entmax15 over -d/T (default: tuned, else softmax)")
-    knn.add_argument("--knn-temperature", type=float, default=D["knn_temperature"], metavar="T",
-                     help="T of softmax/sparsemax/entmax15 (default: tuned, else 10)")
-    knn.add_argument("--knn-radius", type=float, default=D["knn_radius"], metavar="R",
-                     help="radius of the relu read-out (default: tuned, else 10)")
-    knn.add_argument("--knn-adaptive", action=argparse.BooleanOptionalAction, default=D["knn_adaptive"],
-                     help="adaptive kNN-MT (Zheng et al. 2021): the Meta-k network that 'reluformer-memory tune' "
-                          "trained beside the --knn datastore picks k and the neighbours' share at every step "
-                          "(--knn-k/--knn-lambda then unused; default: as tuned, else off)")
+    sections = add_translator_options(p)
+    sections[SECTIONS["resources"]].add_argument("--data", help="directory prepared by reluformer-prepare (dictionaries, "
+                                                      "prepared.json, SentencePiece model)")
+    sections[SECTIONS["search"]].add_argument("--threads", type=int, help="CPU threads of torch (default: torch's choice); on a "
+                                                               "busy shared machine --threads 1 avoids threads "
+                                                               "spinning against each other")
     out = p.add_argument_group("extra outputs (same layout as the output, one sentence per line)")
     out.add_argument("--scores", help="write each sentence's mean token log-probability here (natural log)")
     out.add_argument("--memory-matches", metavar="FILE",
@@ -263,15 +145,8 @@ def check_paths(args) -> None:
                          ("--memory-matches", args.memory_matches)):
         if path == "-":
             raise ValueError(f"{option}: give a file; standard output holds the translation")
-    if args.memory == "none":  # said before loading: these need the matches that 'none' withholds
-        if args.memory_matches:
-            raise ValueError("--memory-matches: --memory none withholds the matches; drop one of the two")
-        if args.pieces_weight > 0:
-            raise ValueError(f"--pieces-weight {args.pieces_weight:g}: translation pieces come from the memory, "
-                             "which --memory none withholds; drop one of the two")
-        if args.match_score is not None:
-            raise ValueError(f"--match-score {args.match_score}: ranks the memory's matches, which --memory none "
-                             "withholds; drop one of the two")
+    if args.memory == "none" and args.memory_matches:  # said before loading: 'none' withholds the matches
+        raise ValueError("--memory-matches: --memory none withholds the matches; drop one of the two")
     memory_file = args.memory if args.memory and args.memory != "none" and Path(args.memory).is_file() else None
     checkpoints = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]  # several: an ensemble
     inputs = [("--checkpoint", c) for c in checkpoints] + [("--memory", memory_file), ("--input", args.input),
@@ -291,10 +166,9 @@ def check_options(args) -> None:
     from reluformer_mt.inference.inputs import check_language
 
     check_paths(args)
+    translator_options(args)  # each group's checks and those where groups meet (TranslationError: a ValueError)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads: expected a positive number, got {args.threads}")
-    if args.nbest < 1 or args.nbest > args.beam:
-        raise ValueError(f"--nbest {args.nbest}: expected 1 <= N <= --beam ({args.beam})")
     if args.format == "docids" and not args.doc_ids:
         raise ValueError("--format docids needs --doc-ids FILE (one document id per input line)")
     if args.doc_ids and args.format not in ("auto", "docids"):
@@ -453,13 +327,10 @@ def nbest_lines(results, first: int) -> List[str]:
     return lines
 
 
-def run(args) -> str:
-    """Translate as ``args`` say; returns the summary."""
+def _open_translator(args):
+    """The input (read and checked first: bad input fails before the model loads) and the translator."""
     from reluformer_mt.inference import DocumentTranslator
-    from reluformer_mt.inference.inputs import open_output
 
-    start = time.time()
-    check_options(args)
     if args.threads is not None:
         import torch
 
@@ -469,59 +340,67 @@ def run(args) -> str:
         from reluformer_mt.checkpoints import open_checkpoint
 
         language = open_checkpoint(args.checkpoint[0], args.data).data.src_lang  # cheap: no model is built
-    source = Input(args, language)  # before the model loads: bad input fails first
-    translator = DocumentTranslator(
-        args.checkpoint, data=args.data, device=args.device, beam=args.beam, lenpen=args.lenpen,
-        batch_size=args.batch_size, max_tokens=args.max_tokens, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-        segment_tokens=args.segment_tokens, spm_model=args.spm_model, separators=args.separators, memory=args.memory,
-        pieces_weight=args.pieces_weight, pieces_k=args.pieces_k, pieces_max_n=args.pieces_max_n, nbest=args.nbest,
-        fp16=args.fp16, bf16=args.bf16, memory_cache=args.memory_cache, pieces_floor=args.pieces_floor, pieces_aligned=args.pieces_aligned,
-        pieces_length_cap=args.pieces_length_cap,
-        knn=args.knn, knn_memory=args.knn_memory,
-        knn_memory_k=args.knn_memory_k, knn_batched_search=args.knn_batched_search, knn_probe=args.knn_probe, knn_search_every=args.knn_search_every,
-        knn_exact_search=args.knn_exact_search, knn_restrict=args.knn_restrict, knn_memory_keys=args.knn_memory_keys,
-        knn_skip_confident=args.knn_skip_confident, knn_k=args.knn_k, knn_lambda=args.knn_lambda, knn_readout=args.knn_readout,
-        knn_temperature=args.knn_temperature, knn_radius=args.knn_radius, knn_adaptive=args.knn_adaptive,
-        tmx_placeholders=args.tmx_placeholders, match_score=args.match_score, tm_first=args.tm_first)
+    source = Input(args, language)
+    translator = DocumentTranslator(args.checkpoint, data=args.data, **translator_options(args).groups)
     if args.memory_matches and translator.memory is None:
         raise ValueError(f"--memory-matches: {args.checkpoint[0]} was trained without a translation memory (--tm-fusion none); "
                          "with --pieces-weight W > 0 it consults one")
     if not args.quiet:
         print(f"reluformer-translate: {translator.describe()}", file=sys.stderr, flush=True)
+    return source, translator
 
+
+def _side_outputs(args, translator) -> list:
+    """(option, path, how a result reads) of each extra output asked for."""
     def match_line(r):
         if r.match is None:
             return ""
         entry, score = r.match
         return f"{score:.3f}\t{entry}\t{translator.memory.target(entry)}"
 
-    sides = [(option, path, fn) for option, path, fn in (
+    return [(option, path, fn) for option, path, fn in (
         ("--scores", args.scores, lambda r: "nan" if r.tm_copy else "" if r.score is None else f"{r.score:.4f}"),
         ("--alignments", args.alignments, lambda r: " ".join(f"{i}-{j}" for i, j in (r.alignment or []))),
         ("--memory-matches", args.memory_matches, match_line)) if path]
-    stream = open_output(args.output)
-    files = [(option, path, _side_file(path, option), fn) for option, path, fn in sides]
+
+
+def _translate_chunks(args, source, translator, stream, files):
+    """Translate the input chunk by chunk, each chunk's lines written and flushed as it is done;
+    returns the last chunk (its format for the summary)."""
     sentence, last = 0, None
+    for parsed, first in source.chunks():
+        last = parsed
+        results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
+                                       alignments=bool(args.alignments),
+                                       progress=False if args.no_progress or not first or source.whole is None
+                                       else None)
+        with writing("standard output" if stream is sys.stdout else args.output):
+            if args.nbest > 1:
+                lines = nbest_lines(results, sentence)
+                sentence += sum(len(doc) for doc in results)
+            else:
+                lines = _render_chunk(parsed, [[r.text for r in doc] for doc in results], first)
+            stream.write("".join(line + "\n" for line in lines))
+            stream.flush()  # each document leaves as soon as it is done (a pipe's reader waits for it)
+        for option, path, f, fn in files:
+            with writing(path):
+                f.write("".join(line + "\n" for line in _render_chunk(
+                    parsed, [[fn(r) for r in doc] for doc in results], first, one_per_line=True)))
+                f.flush()
+    return last
+
+
+def run(args) -> str:
+    """Translate as ``args`` say; returns the summary."""
+    from reluformer_mt.inference.inputs import open_output
+
+    start = time.time()
+    check_options(args)
+    source, translator = _open_translator(args)
+    stream = open_output(args.output)
+    files = [(option, path, _side_file(path, option), fn) for option, path, fn in _side_outputs(args, translator)]
     try:
-        for parsed, first in source.chunks():
-            last = parsed
-            results = translator.translate([d.sentences for d in parsed.documents], scores=bool(args.scores),
-                                           alignments=bool(args.alignments),
-                                           progress=False if args.no_progress or not first or source.whole is None
-                                           else None)
-            with writing("standard output" if stream is sys.stdout else args.output):
-                if args.nbest > 1:
-                    lines = nbest_lines(results, sentence)
-                    sentence += sum(len(doc) for doc in results)
-                else:
-                    lines = _render_chunk(parsed, [[r.text for r in doc] for doc in results], first)
-                stream.write("".join(line + "\n" for line in lines))
-                stream.flush()  # each document leaves as soon as it is done (a pipe's reader waits for it)
-            for option, path, f, fn in files:
-                with writing(path):
-                    f.write("".join(line + "\n" for line in _render_chunk(
-                        parsed, [[fn(r) for r in doc] for doc in results], first, one_per_line=True)))
-                    f.flush()
+        last = _translate_chunks(args, source, translator, stream, files)
     finally:
         # a close flushes: a full disk can fail there too, and must name its own file (a failed
         # write leaves its bytes in the buffer, so the close fails again, naming the same file)

@@ -6,25 +6,24 @@
 - :mod:`reluformer_mt.inference.translator`: :class:`DocumentTranslator`, which finds the
   checkpoint's resources, cuts documents into segments of the trained length, translates them
   with fairseq's beam search and splits them back into exactly one sentence per input sentence;
-- :mod:`reluformer_mt.inference.options`: the translator's options in groups;
+- :mod:`reluformer_mt.inference.options`: the translator's options in groups, each declared once;
 - :mod:`reluformer_mt.inference.guidance`: the parts that act on every beam step's scores
   (separators, translation pieces, kNN-MT), below the task and the translator, which both use them.
 
 The names below are loaded when first used, so that the task's generator can import the guidance
 without the translator.
 """
-import importlib
+from reluformer_mt.inference.guidance.lazy import lazy_attributes
 
 _HOMES = {"FORMATS": "inputs", "InputDocument": "inputs", "ParsedInput": "inputs", "parse_input": "inputs",
           "read_input": "inputs", "read_text": "inputs", "write_output": "inputs",
           "DocumentTranslator": "translator", "SentenceResult": "translator", "TranslationError": "translator",
-          "DecodingOptions": "options", "MemoryOptions": "options", "PiecesOptions": "guidance.pieces",
-          "KnnMtOptions": "guidance.knn", "Separators": "guidance.separators"}
+          "TranslatorOptions": "options", "ResourceOptions": "options", "SearchOptions": "options",
+          "PrecisionOptions": "options", "MemoryOptions": "options", "TmFirstOptions": "options",
+          "PiecesOptions": "guidance.pieces_options", "KnnMtOptions": "guidance.knn_options",
+          "Separators": "guidance.separator_options"}
 
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)

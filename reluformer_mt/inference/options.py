@@ -1,47 +1,53 @@
-"""The translator's options in groups, each a dataclass validated where it is declared: the search
-(:class:`DecodingOptions`), the translation memory (:class:`MemoryOptions`) and the guidance parts'
-own (:class:`~reluformer_mt.inference.guidance.separators.Separators`,
-:class:`~reluformer_mt.inference.guidance.pieces.PiecesOptions`,
-:class:`~reluformer_mt.inference.guidance.knn.KnnMtOptions`, and any registered kind).
+"""The translator's options, each declared once, in groups owned by the part that reads them: the
+resources (:class:`ResourceOptions`), the search (:class:`SearchOptions`), the device and precision
+(:class:`PrecisionOptions`), the translation memory (:class:`MemoryOptions`) and every registered
+kind of decoding guidance (kNN-MT, the translation pieces, the separator constraint, TM-first:
+:mod:`reluformer_mt.inference.guidance.kinds`).
 
-Every field also has its command-line name (``pieces_weight`` is ``--pieces-weight``; a field's
-``flat`` metadata where it differs from the field's name), which ``DocumentTranslator`` takes as a
-keyword too, as before the groups, and reluformer-translate takes its defaults from
-(:func:`flat_defaults`).
+:class:`TranslatorOptions` assembles them from ``DocumentTranslator``'s keywords: a group object
+under the group's name (``search=SearchOptions(beam=5)``), a group's plain value under its name
+(``knn="DIR"``, ``memory="tm.tmx"``) or any field under its keyword (``beam=5``,
+``pieces_weight=0.5``), which is also reluformer-translate's option (``--pieces-weight``). Imports
+neither torch nor fairseq (:mod:`reluformer_mt.inference.guidance.declared`).
 """
 import dataclasses
+import functools
+import importlib.util
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
-from reluformer_mt.inference.guidance import TranslationError
-from reluformer_mt.inference.guidance.knn import KnnMtOptions
-from reluformer_mt.inference.guidance.pieces import PiecesOptions
-from reluformer_mt.inference.guidance.separators import Separators
-
+from reluformer_mt.data.segmentation import parse_segment_tokens
+from reluformer_mt.inference.guidance.declared import TranslationError, keyword, number, option
+from reluformer_mt.inference.guidance.kinds import group_of, groups, register_group
+from reluformer_mt.inference.guidance.tm_first_options import TmFirstOptions  # noqa: F401  (re-exported)
 
 MEMORY_CACHE_PRECISIONS = ("float16", "float32")
+_RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n": "pieces_max_n"}
 
 
-@dataclass
-class DecodingOptions:
-    """The search: beam 4, the quick demo's decoding (``reluformer-demo``), so its chapter is
-    reproduced with the defaults; segments of the trained length unless ``segment_tokens``."""
-    beam: int = 4
-    lenpen: float = 1.0
-    batch_size: int = 32     # most segments per batch
-    max_tokens: int = 4000   # most source tokens per batch (padded)
-    max_len_a: float = 1.2   # output length limit a * source + b
-    max_len_b: int = 10
-    nbest: int = 1
-    segment_tokens: Optional[int] = None  # None: prepared.json's; 0: sentence by sentence
-    spm_model: Optional[str] = None       # MODEL or SRC,TGT; None: prepared.json's
-    fp16: bool = False
-    bf16: bool = False
-    # the precision of the memory readers' cached keys and values in the C++ decoding step
-    # (MemoryReader.step_cache_dtype): float16 halves the bytes a step reads, float32 keeps them exact
-    memory_cache: str = "float16"
+@dataclass(frozen=True)
+class ResourceOptions:
+    """Where the checkpoint's resources come from when not from prepared.json."""
+    spm_model: Optional[str] = option(None, "the one prepared.json names")  # MODEL or SRC,TGT (--spm-model's syntax)
+    segment_tokens: Optional[int] = option(None, "segment length in source tokens, or 'sentence' (default: the "
+                                           "trained length from prepared.json)", parse=parse_segment_tokens)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The beam search and its batches."""
+    beam: int = option(4, "beam size (4: the demo's decoding)")
+    nbest: int = option(1, "write the N best translations of every sentence instead, Moses' n-best format: 'SENTENCE "
+                        "||| translation ||| score' (0-based sentence number over the input, mean token log-probability "
+                        "in natural log, where fairseq-generate prints base 2), best first; N <= --beam", metavar="N")
+    lenpen: float = option(1.0, "length penalty")
+    batch_size: int = option(32, "most segments per batch")
+    max_tokens: int = option(4000, "most source tokens per batch (padded)")
+    max_len_a: float = option(1.2, "output length limit a * source + b", parse=number(float, 0.0))
+    max_len_b: int = option(10, "see --max-len-a", parse=number(int, 0, what="an integer"))
 
     def __post_init__(self):
         if self.beam < 1 or self.batch_size < 1 or self.max_tokens < 1:
@@ -50,73 +56,88 @@ class DecodingOptions:
         if not 1 <= self.nbest <= self.beam:
             raise TranslationError(f"--nbest {self.nbest}: expected 1 <= N <= --beam ({self.beam}); beam search keeps "
                                    "--beam hypotheses")
+
+
+@dataclass(frozen=True)
+class PrecisionOptions:
+    """The device and the precision of the models (and of a memory reader's cache)."""
+    device: str = option("auto", "auto (CUDA when available, else CPU), cpu, cuda or cuda:N")
+    fp16: bool = option(False, "half precision (float16) on CUDA; an error on the CPU")
+    bf16: bool = option(False, "bfloat16 on CUDA; an error on the CPU")
+    # float16 halves the bytes a step reads, float32 keeps them exact
+    memory_cache: str = option("float16", "precision of a memory-attention model's cached memory keys and values in "
+                               "the CPU decoding step: float16 (default) reads half the bytes a step (the step's "
+                               "arithmetic stays float32; docs/TRANSLATION_MEMORY.md#translation-with-memory-attention),"
+                               " float32 keeps them as computed", choices=MEMORY_CACHE_PRECISIONS)
+
+    def __post_init__(self):
         if self.fp16 and self.bf16:
             raise TranslationError("--fp16 and --bf16: give one of them")
         if self.memory_cache not in MEMORY_CACHE_PRECISIONS:
-            raise TranslationError(f"--memory-cache {self.memory_cache}: expected one of {', '.join(MEMORY_CACHE_PRECISIONS)}")
+            raise TranslationError(f"--memory-cache {self.memory_cache}: expected one of "
+                                   f"{', '.join(MEMORY_CACHE_PRECISIONS)}")
 
     @property
     def precision(self) -> str:
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
 
-@dataclass
+@functools.lru_cache(maxsize=None)
+def match_scores() -> tuple:
+    """``MATCH_SCORES`` of reluformer_mt/memory/score_names.py, a module of constants loaded from its
+    file: importing it by name imports the memory package, and torch with it."""
+    path = Path(__file__).resolve().parents[1] / "memory" / "score_names.py"
+    spec = importlib.util.spec_from_file_location("reluformer_mt_score_names", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MATCH_SCORES
+
+
+@dataclass(frozen=True)
 class MemoryOptions:
-    """The translation memory: None = the training split of the checkpoint's data directory, a
-    prepared directory, a TMX or TSV file, or "none" (no matches)."""
-    memory: Optional[str] = None
-    tmx_placeholders: str = "space"  # a TMX memory's placeholders: 'space' or their 'text'
-    match_score: Optional[str] = None  # how matches are ranked; None: the one the memory was prepared with
-    # TM-first: a sentence whose best match scores >= this is translated by the match's target
-    tm_first: Optional[float] = None
+    """The translation memory the matches come from and how they are ranked."""
+    memory: Optional[str] = option(None, "the memory to retrieve matches from: a prepared directory (its training "
+                                   "split), a TMX file (languages from the checkpoint) or a 'source<TAB>target' TSV "
+                                   "file (default: the training split of the checkpoint's data directory); 'none' "
+                                   "translates without matches", metavar="DIR|FILE.tmx|FILE.tsv")
+    tmx_placeholders: str = option("space", "a TMX memory's placeholders (<ph>, <ut>): a space where they stood between "
+                                   "words, or their own text (Value<ph>{0}</ph>here: 'Value here' or 'Value {0} here')",
+                                   choices=("space", "text"))
+    match_score: Optional[str] = option(None, "how the memory ranks its matches (default: the score the checkpoint's "
+                                        "data directory was prepared with; bm25-chars for a directory prepared without "
+                                        "memory, words for one prepared before the score was recorded; "
+                                        "docs/TRANSLATION_MEMORY.md)", metavar="SCORE", choices=match_scores())
 
     def __post_init__(self):
-        from reluformer_mt.memory.score_names import MATCH_SCORES
-
-        if self.match_score is not None and self.match_score not in MATCH_SCORES:
-            raise TranslationError(f"--match-score {self.match_score!r}: expected one of {', '.join(MATCH_SCORES)}")
-        if self.tm_first is not None and not 0.0 <= self.tm_first <= 1.0:
-            raise TranslationError(f"--tm-first {self.tm_first}: expected a match score between 0 and 1 (the "
-                                   "threshold above which the match's target is the output)")
-        if self.tm_first is not None and self.withheld:
-            raise TranslationError("--tm-first copies the translation memory's matches, but --memory is none")
+        if self.memory is not None and not isinstance(self.memory, str):
+            object.__setattr__(self, "memory", os.fspath(self.memory))
+        if self.match_score is not None and self.match_score not in match_scores():
+            raise TranslationError(f"--match-score {self.match_score!r}: expected one of {', '.join(match_scores())}")
         if self.match_score is not None and self.withheld:
-            raise TranslationError(f"--match-score {self.match_score}: ranks the translation memory's matches, but "
-                                   "--memory is none; drop one of the two")
+            raise TranslationError(f"--match-score {self.match_score}: ranks the memory's matches, which --memory "
+                                   "none withholds; drop one of the two")
 
     @property
     def withheld(self) -> bool:
         return self.memory == "none"
 
 
-GROUPS = {"decoding": DecodingOptions, "separators": Separators, "memory": MemoryOptions, "pieces": PiecesOptions,
-          "knn": KnnMtOptions}
-# the groups given as their plain value, as before: the field that value is
-PLAIN = {"separators": "mode", "memory": "memory", "knn": "datastore"}
-_RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n": "pieces_max_n"}
-
-
-def flat_names(cls) -> dict:
-    """Command-line name -> field name of an options dataclass."""
-    return {f.metadata.get("flat", f.name): f.name for f in dataclasses.fields(cls)}
+register_group("resources", ResourceOptions, "resources")
+register_group("search", SearchOptions, "search")
+register_group("precision", PrecisionOptions, "search")
+register_group("memory", MemoryOptions, "memory")
 
 
 def flat_defaults() -> dict:
     """Every translator keyword's default (= reluformer-translate's option of the same name)."""
-    out = {"device": "auto"}
-    for group, cls in GROUPS.items():
-        names = {PLAIN[group]: group} if group in PLAIN else {}
-        for flat, name in flat_names(cls).items():
-            out[names.get(name, flat)] = getattr(cls(), name)
-    return out
+    return {keyword(g, f): f.default for g in groups() for f in dataclasses.fields(g.options)}
 
 
-def _renamed(options: dict) -> dict:
+def _renamed(keywords: dict, known) -> dict:
     """The pieces options under their old names (``piece_weight``...), with a DeprecationWarning;
     any other unknown keyword is a TypeError as usual."""
-    known = {flat for cls in GROUPS.values() for flat in flat_names(cls)}
     out = {}
-    for name, value in options.items():
+    for name, value in keywords.items():
         if name in _RENAMED:
             warnings.warn(f"DocumentTranslator({name}=...) is now {_RENAMED[name]}=... (the "
                           f"--{_RENAMED[name].replace('_', '-')} option's name)", DeprecationWarning, stacklevel=4)
@@ -127,41 +148,62 @@ def _renamed(options: dict) -> dict:
     return out
 
 
-def _group(group: str, given, flat: dict):
-    """A group's options: the object given, its plain value (a mode, a path) or the defaults, with
-    its fields among the keywords applied (validated again)."""
-    cls = GROUPS[group]
-    if given is None or not isinstance(given, cls):
-        plain = given if given is None or isinstance(given, str) else os.fspath(given)
-        given = cls(**({PLAIN[group]: plain} if group in PLAIN and plain is not None else {}))
-    fields = {name: flat.pop(f) for f, name in flat_names(cls).items() if f in flat}
+def _assemble(group, given, flat: dict):
+    """A group's options: the object given (under the group's name or in ``guidance``) or the
+    defaults, with its fields among the keywords applied (validated again)."""
+    names = group.flat_names()
+    fields = {names[k]: flat.pop(k) for k in list(flat) if k in names}
+    if given is None:
+        return group.options(**fields)
     return dataclasses.replace(given, **fields) if fields else given
 
 
-@dataclass
 class TranslatorOptions:
-    """Every group of a translator, checked together where groups meet."""
-    decoding: DecodingOptions
-    separators: Separators
-    memory: MemoryOptions
-    pieces: PiecesOptions
-    knn: KnnMtOptions
-    guidance: Sequence = ()  # further guidance options, of registered kinds
+    """Every group of a translator's options, by name (``options.search.beam``, ``options.knn``),
+    checked together where groups meet."""
+
+    def __init__(self, groups_by_name: dict):
+        self.groups = dict(groups_by_name)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["groups"][name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     @classmethod
-    def of(cls, decoding=None, separators=None, memory=None, pieces=None, knn=None, guidance=(), **options):
-        flat = _renamed(options)
-        given = {"decoding": decoding, "separators": separators, "memory": memory, "pieces": pieces, "knn": knn}
-        groups = {group: _group(group, value, flat) for group, value in given.items()}
-        assert not flat, flat  # every known name belongs to one group
-        o = cls(**groups, guidance=tuple(guidance))
-        if o.knn.memory and o.memory.withheld:
-            raise TranslationError("--knn-memory reads the translation memory's matches, but --memory is none")
+    def of(cls, guidance: Sequence = (), **keywords) -> "TranslatorOptions":
+        """From ``DocumentTranslator``'s keywords: group objects, plain values and field keywords;
+        ``guidance``: options objects of registered kinds."""
+        registered = groups()
+        objects = {group_of(o).name: o for o in guidance}
+        for g in registered:  # a group's plain value (knn="DIR") is its field of the group's name
+            if isinstance(keywords.get(g.name), g.options):
+                objects[g.name] = keywords.pop(g.name)
+        flat = _renamed(keywords, {k for g in registered for k in g.flat_names()})
+        o = cls({g.name: _assemble(g, objects.get(g.name), flat) for g in registered})
+        o.check()
         return o
 
+    def check(self) -> None:
+        """What no group can check alone: a part that reads the memory's matches with ``--memory none``."""
+        if not self.memory.withheld:
+            return
+        for options in self.guidance_options():
+            asks = getattr(options, "asks_for_matches", lambda: None)()
+            if asks:
+                raise TranslationError(f"{asks[0]}: {asks[1]} come from the memory, which --memory none withholds; "
+                                       "drop one of the two")
+
     def guidance_options(self) -> list:
-        """Every part's options, for :func:`reluformer_mt.inference.guidance.build_guidance`."""
-        return [self.knn, self.pieces, self.separators, *self.guidance]
+        """Every guidance kind's options, in registration order, for
+        :func:`reluformer_mt.inference.guidance.build_guidance`."""
+        return [self.groups[g.name] for g in groups() if g.guidance and g.name in self.groups]
 
     def needs_memory(self) -> bool:
         return any(getattr(o, "needs_memory", False) for o in self.guidance_options())
+
+    def keywords(self) -> dict:
+        """Every option under its keyword, as ``DocumentTranslator`` takes it."""
+        return {keyword(g, f): getattr(self.groups[g.name], f.name) for g in groups() if g.name in self.groups
+                for f in dataclasses.fields(g.options)}

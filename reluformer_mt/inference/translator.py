@@ -25,28 +25,27 @@ checkpoint was trained on: the fairseq dictionaries, ``prepared.json`` (language
 separator) and the SentencePiece model(s) it names.
 """
 import argparse
+import dataclasses
 import logging
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace as replace_fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from reluformer_mt.plugin import register
 from reluformer_mt.checkpoints import (OpenedCheckpoint, check_ensemble_vocabulary, open_checkpoint,  # noqa: F401
                                       pick_device)  # (pick_device re-exported)
 from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
 from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
 from reluformer_mt.data.spm import repair_separator_lookalikes
-from reluformer_mt.inference.guidance import (Guidance, GuidanceContext, SourceBatch, TranslationError, build_guidance,
-                                              install_guidance)
-from reluformer_mt.inference.guidance.separators import SEPARATOR_MODES  # noqa: F401  (re-exported)
-from reluformer_mt.inference.guidance.pieces import PiecesOptions
-from reluformer_mt.inference.options import DecodingOptions, TranslatorOptions
+from reluformer_mt.inference.guidance.base import (Guidance, GuidanceContext, SourceBatch, TranslationError,
+                                                   build_guidance, install_guidance)
+from reluformer_mt.inference.guidance.separator_options import SEPARATOR_MODES  # noqa: F401  (re-exported)
+from reluformer_mt.inference.options import TranslatorOptions
 from reluformer_mt.memory.tm_attention import MemoryReader
 
 logger = logging.getLogger(__name__)
@@ -144,6 +143,16 @@ def find_resources(opened: OpenedCheckpoint, spm_model=None, segment_tokens=None
 
 # ---------------------------------------------------------------- the translator
 
+def _register_what_it_loads() -> None:
+    """The task and the models a checkpoint names, registered with fairseq by their modules'
+    decorators, and fairseq's fixes for loading (each applied once): what the translator loads,
+    so that a Python user's ``DocumentTranslator(...)`` needs no ``reluformer_mt.register()`` (the
+    plugin, above the translator, registers the criteria too, for training)."""
+    from reluformer_mt import fairseq_compat, models, tasks  # noqa: F401  (their decorators register them)
+
+    fairseq_compat.apply()
+
+
 def _in_band_order(key: str):
     """Summary keys alphabetically, but those ending in a fuzzy band (<50, 50-70, ...) in band order."""
     from reluformer_mt.memory.tm import FUZZY_BANDS
@@ -157,20 +166,18 @@ class DocumentTranslator:
     """A loaded checkpoint with its resources; :meth:`translate` maps documents (lists of
     sentences) to lists of :class:`SentenceResult`, one per sentence.
 
-    The options come in groups (:mod:`reluformer_mt.inference.options`): ``decoding``
-    (:class:`DecodingOptions`: beam, lengths, batches, segment length, precision), ``separators``
-    (a :class:`Separators` or its mode), ``memory`` (a :class:`MemoryOptions` or the memory's path),
-    ``pieces`` (:class:`PiecesOptions`), ``knn`` (a :class:`KnnMtOptions` or the datastore's
-    directory) and ``guidance`` (options of further registered kinds of guidance); each field is
-    also a keyword under its command-line name (``beam=5``, ``pieces_weight=0.5``), as before."""
+    The options come in groups, each declared once (:mod:`reluformer_mt.inference.options`):
+    ``resources``, ``search``, ``precision`` (with the device), ``memory``, ``tm_first`` and each
+    registered kind of guidance (``knn``, ``pieces``, ``separators``...), given as a group object
+    (``search=SearchOptions(beam=5)``), a group's plain value (``knn="DIR"``, ``memory="tm.tmx"``,
+    ``separators="free"``) or field by field under the command line's names (``beam=5``,
+    ``pieces_weight=0.5``); ``guidance``: options objects of registered kinds."""
 
-    def __init__(self, checkpoint, data=None, device: str = "auto", decoding: Optional[DecodingOptions] = None,
-                 separators=None, memory=None, pieces: Optional[PiecesOptions] = None, knn=None, guidance: Sequence = (),
-                 quiet: bool = True, **options):
-        o = self.options = TranslatorOptions.of(decoding, separators, memory, pieces, knn, guidance, **options)
-        self.nbest, self.separators, self.pieces = o.decoding.nbest, o.separators.mode, o.pieces
-        self.batch_size, self.max_tokens = o.decoding.batch_size, o.decoding.max_tokens
-        self._open(checkpoint, data, device, quiet)
+    def __init__(self, checkpoint, data=None, guidance: Sequence = (), quiet: bool = True, **options):
+        o = self.options = TranslatorOptions.of(guidance, **options)
+        self.nbest, self.separators, self.pieces = o.search.nbest, o.separators.mode, o.pieces
+        self.batch_size, self.max_tokens = o.search.batch_size, o.search.max_tokens
+        self._open(checkpoint, data, o.precision.device, quiet)
         self._open_memory()
         self.guidance = build_guidance(self._guidance_options(), self._guidance_context())
         self.generator, self.search = self._compose()
@@ -183,7 +190,7 @@ class DocumentTranslator:
     def _open(self, checkpoint, data, device: str, quiet: bool) -> None:
         """The checkpoint(s) with their resources, the models on the device in their precision,
         the segment length and the separator's ids."""
-        d = self.options.decoding
+        d = self.options.precision
         checkpoints = [checkpoint] if isinstance(checkpoint, (str, bytes)) or hasattr(checkpoint, "__fspath__") \
             else list(checkpoint)
         if not checkpoints:
@@ -193,13 +200,14 @@ class DocumentTranslator:
         if self.precision != "fp32" and not self.device.startswith("cuda"):
             raise TranslationError(f"--{self.precision}: half precision is for CUDA only (device {self.device}); "
                                    "on the CPU translate in full precision")
-        register()  # an entry point: a Python user's DocumentTranslator(...) needs no register() call
+        _register_what_it_loads()
         opened = open_checkpoint(self.checkpoint, data)
         # an ensemble: every checkpoint opened (and checked) before any model is built
         # (each with its own resources unless --data: a member over other dictionaries is refused by name, not built wrong)
         others = [open_checkpoint(c, data) for c in self.checkpoints[1:]]
         check_ensemble_vocabulary([opened] + others, data_given=data is not None)  # before any model is built
-        self.resources = res = find_resources(opened, d.spm_model, d.segment_tokens)
+        res = self.options.resources
+        self.resources = res = find_resources(opened, res.spm_model, res.segment_tokens)
         loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
                              check_separator=True, quiet=quiet)
         self.model, self.cfg, self.task = loaded.model, loaded.cfg, loaded.task
@@ -210,7 +218,7 @@ class DocumentTranslator:
             self.models = [m.half() if d.fp16 else m.to(torch.bfloat16) for m in self.models]
             self.model = self.models[0]
         self.max_src = min(int(m.max_positions()[0]) for m in self.models)
-        cache_dtype = getattr(torch, d.memory_cache)  # "float16" or "float32", checked by DecodingOptions
+        cache_dtype = getattr(torch, d.memory_cache)  # "float16" or "float32", checked by PrecisionOptions
         for reader in (r for m in self.models for r in m.modules() if isinstance(r, MemoryReader)):
             reader.step_cache_dtype = cache_dtype  # --memory-cache
         self._open_segments(res)
@@ -234,7 +242,7 @@ class DocumentTranslator:
         (``--memory none`` withholds it)."""
         m, res = self.options.memory, self.resources
         self.memory = None
-        if (self.reads_memory or self.options.needs_memory() or m.tm_first is not None) and not m.withheld:
+        if (self.reads_memory or self.options.needs_memory()) and not m.withheld:
             from reluformer_mt.inference.memory import MemoryLookup
 
             self.memory = MemoryLookup(self.task, m.memory, res.data_dir, res.src_lang, res.tgt_lang, self.sp_tgt,
@@ -249,18 +257,19 @@ class DocumentTranslator:
         return self.options.guidance_options()
 
     def _guidance_context(self) -> GuidanceContext:
-        return GuidanceContext(self.models, self.task, self.device, checkpoint=str(self.checkpoint), memory=self.memory,
+        return GuidanceContext(self.models, self.task, self.device, checkpoint=str(self.checkpoint), lookup=self.memory,
                                reads_memory=self.reads_memory, separator=self.resources.separator,
-                               segmented=bool(self.segment_tokens), max_tokens=self.max_tokens, sp_src=self.sp_src)
+                               segmented=bool(self.segment_tokens), decode_tokens=self.max_tokens, sp_src=self.sp_src,
+                               looks_up_matches=True)
 
     def _compose(self):
         """fairseq's generator (several models: its EnsembleModel averages their log-probabilities)
         with the guidance parts in its beam search."""
-        d = self.options.decoding
-        gen_args = argparse.Namespace(beam=d.beam, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b,
+        search = dataclasses.asdict(self.options.search)  # fairseq's generation arguments of the same names
+        gen_args = argparse.Namespace(**{name: search[name] for name in ("beam", "lenpen", "max_len_a", "max_len_b")},
                                       min_len=1, unkpen=0.0, temperature=1.0, no_repeat_ngram_size=0)
         generator = self.task.build_generator(self.models, gen_args)
-        return generator, install_guidance(generator, self.tgt_dict, self.guidance, always=True)
+        return generator, install_guidance(generator, self.guidance, always=True)
 
     def part(self, kind: type) -> Optional[Guidance]:
         """The guidance part of a kind (e.g. ``KnnMixture``), None if the decoding has none."""
@@ -291,9 +300,6 @@ class DocumentTranslator:
         if self.memory is not None and self.reads_memory:
             level += f"; {self.task.cfg.tm_fusion} fusion with {self.memory.describe()}"
         level += "".join(f"; {part.describe()}" for part in self.guidance if part.describe())
-        if self.options.memory.tm_first is not None and self.memory is not None:
-            level += (f"; TM-first: a match scoring >= {self.options.memory.tm_first:g} is the output"
-                      + ("" if self.reads_memory else f" ({self.memory.describe()})"))
         which = f"checkpoint {self.checkpoint}" if len(self.checkpoints) == 1 else \
             f"ensemble of {len(self.checkpoints)} checkpoints ({', '.join(map(str, self.checkpoints))})"
         precision = "" if self.precision == "fp32" else f" ({self.precision})"
@@ -620,40 +626,16 @@ class DocumentTranslator:
                 bar.set_postfix(f"{retranslated:,} segments retranslated as halves or sentence by sentence "
                                 "(outputs that did not split into their sentences)")
         bar.close()
+        assert all(r is not None for doc in out for r in doc)
+        merged = [self._merge(doc_out, doc_units, doc_owners, len(doc))
+                  for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
+        for part in self.guidance:  # the parts that act on the finished translations (TM-first)
+            merged = part.finish(merged, self.nbest)
         for part in self.guidance:  # the parts' counts join the summary
             self.stats.update(part.stats)
             part.stats.clear()
         self.stats["seconds"] += time.time() - t0
-        assert all(r is not None for doc in out for r in doc)
-        merged = [self._merge(doc_out, doc_units, doc_owners, len(doc))
-                  for doc_out, doc_units, doc_owners, doc in zip(out, encoded, owners, documents)]
-        return self._memory_first(merged)
-
-    def _memory_first(self, documents: List[List[SentenceResult]]) -> List[List[SentenceResult]]:
-        """TM-first (``--tm-first T``): a sentence whose best match scores >= T gets the match's
-        target as its translation, as a CAT tool offers a high fuzzy match before any MT; the others
-        keep the model's. The model still translated the whole segment, so the other sentences
-        of a segment keep their context (and the speed is the model's alone)."""
-        from reluformer_mt.memory.tm import at_least, copyable_target
-
-        threshold = self.options.memory.tm_first
-        if threshold is None or self.memory is None:
-            return documents
-        for doc in documents:
-            for i, r in enumerate(doc):
-                if r.match is None or r.match[0] < 0 or not at_least(r.match[1], threshold):
-                    continue
-                target = self.memory.target(r.match[0])
-                if not copyable_target(target, self.resources.separator):
-                    self.stats["TM-first: matches left to the model (a control character, the separator or a "
-                               "document marker in their target)"] += 1
-                    continue
-                # the model's hypotheses stay the n-best's alternatives; the copy has no model score
-                model = replace_fields(r, alternatives=[])
-                doc[i] = SentenceResult(target, context=r.context, match=r.match, tm_copy=True,
-                                        alternatives=([model] + r.alternatives)[:self.nbest - 1])
-                self.stats[f"TM-first: sentences translated by their match (score >= {threshold:g})"] += 1
-        return documents
+        return merged
 
     def _warn_about_input(self, new: Counter) -> None:
         if new["sentences longer than the segment length"]:

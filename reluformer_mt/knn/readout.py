@@ -20,56 +20,15 @@ per-row *mass*, the share of the final distribution the neighbours may take:
 - ``sparsemax`` / ``entmax15`` over -d / T (the ``entmax`` package; Peters et al., ACL 2019):
   sparse weights that sum to 1, mass 1.
 """
-import math
-from typing import Callable, Tuple
+from typing import Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
-READOUTS = ("softmax", "relu", "sparsemax", "entmax15")
+# the values' declaration and check (re-exported: the read-outs' names, limits and one-line errors)
+from reluformer_mt.knn.values import MAX_K, MIN_TEMPERATURE, READOUTS, ReadoutError, check_search_values  # noqa: F401
+
 MODEL_SHARE = 1e-3  # the least share of the model's own distribution in a mixed step (lambda 1 included)
-
-
-class ReadoutError(ValueError):
-    """A bad read-out option: one line naming it."""
-
-
-# the most neighbours a step may read (faiss's GPU search stops at 2048; a step's read-out and
-# mixture grow with k): a larger --knn-k is refused before the datastore is opened
-MAX_K = 2048
-MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
-OPTION_NAMES = {"k": "--knn-k", "lam": "--knn-lambda", "temperature": "--knn-temperature", "radius": "--knn-radius",
-                "readout": "--knn-readout", "adaptive": "--knn-adaptive"}
-
-
-def _whole(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and not math.isnan(x)
-
-
-def check_search_values(values: dict, name: Callable[[str], str] = OPTION_NAMES.__getitem__) -> None:
-    """One line for a search value out of range (``values``: any of k, lam, temperature, radius,
-    readout, adaptive), naming it by ``name(field)``: the --knn-* option by default, a file's field
-    for tuned values (a bad value there is the file's, not an option the user never gave)."""
-    if "k" in values and not (_whole(values["k"]) and 1 <= values["k"] <= MAX_K):
-        raise ReadoutError(f"{name('k')}: expected 1 to {MAX_K} neighbours per step, got {values['k']!r}")
-    if "lam" in values and not (_number(values["lam"]) and 0 <= values["lam"] <= 1):
-        raise ReadoutError(f"{name('lam')}: expected a share between 0 and 1, got {values['lam']!r}")
-    if "readout" in values and values["readout"] not in READOUTS:
-        raise ReadoutError(f"{name('readout')}: got {values['readout']!r}, expected one of {', '.join(READOUTS)}")
-    for field in ("temperature", "radius"):
-        if field in values and not (_number(values[field]) and 0 < values[field] < math.inf):
-            raise ReadoutError(f"{name(field)}: expected a positive number, got {values[field]!r}")
-    # the read-outs divide float32 distances by T: below float32's smallest normal number 1 / T overflows
-    if "temperature" in values and values["temperature"] < MIN_TEMPERATURE:
-        raise ReadoutError(f"{name('temperature')}: expected a positive number of at least {MIN_TEMPERATURE:.4g} "
-                           f"(float32's smallest normal number), got {values['temperature']!r}")
-    if "adaptive" in values and not isinstance(values["adaptive"], bool):
-        raise ReadoutError(f"{name('adaptive')}: expected true or false, got {values['adaptive']!r}")
 
 
 def neighbour_weights(distances: Tensor, readout: str, temperature: float = 10.0, radius: float = 10.0) -> Tuple[Tensor, Tensor]:

@@ -16,8 +16,7 @@ just ran.
 """
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,41 +24,16 @@ from torch import Tensor
 
 from reluformer_mt.knn import fused
 from reluformer_mt.knn.adaptive import FILE_NAME, MetaK, adaptive_weights
-from reluformer_mt.knn.readout import (MODEL_SHARE, OPTION_NAMES, ReadoutError, check_search_values, mix_neighbours,
-                                       neighbour_weights)
+from reluformer_mt.knn.readout import MODEL_SHARE, ReadoutError, mix_neighbours, neighbour_weights
+from reluformer_mt.knn.values import KnnOptions  # noqa: F401  (the search values; re-exported)
 
 
-@dataclass
-class KnnOptions:
-    """Search values of kNN-MT (``--knn-k`` etc.); ``reluformer-memory tune`` chooses them on the
-    validation split and stores them with the datastore."""
-    k: int = 16
-    lam: float = 0.5          # the largest share of the distribution the neighbours may take
-    temperature: float = 10.0  # softmax / sparsemax / entmax15: weights of -d / T
-    radius: float = 10.0       # relu: a = ReLU(1 - d / radius)
-    readout: str = "softmax"
-    adaptive: bool = False     # a Meta-k network beside the datastore picks k per step (knn/adaptive.py)
-
-    def check(self, name: Callable[[str], str] = OPTION_NAMES.__getitem__) -> "KnnOptions":
-        """One line for a value out of range, naming it by ``name(field)`` (the --knn-* option by
-        default): :func:`reluformer_mt.knn.readout.check_search_values`."""
-        check_search_values(asdict(self), name)
-        return self
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def translator_options(self) -> dict:
-        """The same values as :class:`reluformer_mt.inference.DocumentTranslator` keywords (= the
-        --knn-* options of reluformer-translate)."""
-        return {"knn_k": self.k, "knn_lambda": self.lam, "knn_readout": self.readout,
-                "knn_temperature": self.temperature, "knn_radius": self.radius, "knn_adaptive": self.adaptive}
-
-    def describe(self) -> str:
-        spread = f"radius {self.radius:g}" if self.readout == "relu" else f"T {self.temperature:g}"
-        if self.adaptive:
-            return f"adaptive kNN-MT (a Meta-k network picks k and the share per step; the datastore's {FILE_NAME})"
-        return f"{self.readout} read-out of k={self.k}, lambda {self.lam:g}, {spread}"
+def describe_values(options: KnnOptions) -> str:
+    """The search values in words, for the translator's description."""
+    spread = f"radius {options.radius:g}" if options.readout == "relu" else f"T {options.temperature:g}"
+    if options.adaptive:
+        return f"adaptive kNN-MT (a Meta-k network picks k and the share per step; the datastore's {FILE_NAME})"
+    return f"{options.readout} read-out of k={options.k}, lambda {options.lam:g}, {spread}"
 
 
 class StateRecorder:

@@ -16,7 +16,7 @@ Reads a directory prepared by ``reluformer-prepare``: the binarised segments, an
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Dict, Optional
 
 import numpy as np
@@ -29,6 +29,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from reluformer_mt.data.prepared import SPM_MODEL_SYNTAX, Prepared, load_sentencepiece, parse_spm_models
 from reluformer_mt.data.segments import SEPARATOR, metadata_path, read_segment_metadata, segments_to_documents, split_segment
 from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
+from reluformer_mt.inference.guidance.declared import task_name
+from reluformer_mt.inference.guidance.kinds import guidance_kinds, parse_guidance
 from reluformer_mt.memory.tm_data import TM_FUSIONS, MemoryPairDataset, encode_entries, matches_of_rows
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class DocumentDataError(ValueError):
 
 
 @dataclass
-class DocumentTranslationConfig(TranslationConfig):
+class _DocumentConfig(TranslationConfig):
     separator: str = field(default=SEPARATOR, metadata={"help": "separator token between the sentences of a segment"})
     eval_bleu_spm: str = field(
         default="auto",
@@ -67,18 +69,6 @@ class DocumentTranslationConfig(TranslationConfig):
                           "loaded splits (needs --tm-fusion attention; 0 = the prepared matches throughout)"})
     tm_refresh_rerank: str = field(
         default="fuzzy", metadata={"help": "re-keying: 'fuzzy' = rerank the top 128 by fuzzy match, 'none' = pure MIPS"})
-    # kNN-MT for fairseq-generate / fairseq-interactive (reluformer-translate has --knn; docs/KNN_MT.md)
-    knn_datastore: Optional[str] = field(
-        default=None, metadata={"help": "kNN-MT at generation: a datastore built by 'reluformer-memory datastore build' "
-                                        "for the checkpoint; its tuned values unless --knn-* are given"})
-    knn_k: Optional[int] = field(default=None, metadata={"help": "kNN-MT: neighbours per step (default: tuned, else 16)"})
-    knn_lambda: Optional[float] = field(default=None, metadata={"help": "kNN-MT: largest share of the neighbours"})
-    knn_temperature: Optional[float] = field(default=None, metadata={"help": "kNN-MT: T of the softmax read-out"})
-    knn_radius: Optional[float] = field(default=None, metadata={"help": "kNN-MT: radius of the relu read-out"})
-    knn_adaptive: Optional[bool] = field(default=None, metadata={
-        "help": "kNN-MT: the Meta-k network beside the datastore picks k and the share per step (adaptive kNN-MT, "
-                "Zheng et al. 2021; trained by reluformer-memory tune); default: as tuned"})
-    knn_readout: Optional[str] = field(default=None, metadata={"help": "kNN-MT: softmax, relu, sparsemax or entmax15"})
     # word dropout (Sennrich & Zhang, ACL 2019, "Revisiting Low-Resource Neural Machine Translation";
     # G-Transformer's token masking, Bao et al. 2021): in training, each token of the source / of the
     # decoder's input is replaced by <unk> with this probability (the loss still reads every target)
@@ -90,6 +80,41 @@ class DocumentTranslationConfig(TranslationConfig):
     guidance: Optional[str] = field(default=None, metadata={
         "help": "further decoding guidance at generation, by the name its kind is registered under: "
                 "'NAME:option=value,...', several joined by ';' (reluformer_mt.inference.guidance)"})
+
+
+def generation_fields() -> list:
+    """The task's generation options for fairseq-generate / fairseq-interactive (``--knn-datastore``,
+    ``--knn-k``...; reluformer-translate has ``--knn`` and the rest, docs/KNN_MT.md): the fields of the
+    guidance kinds' declarations marked for the task, under their task names, with their defaults and help."""
+    out = []
+    for group in guidance_kinds():
+        for f in fields(group.options):
+            name = task_name(group, f)
+            if name:
+                help = f"{group.name}: {f.metadata['help']}"
+                out.append((name, f.type, field(default=f.default, metadata={"help": help})))
+    return out
+
+
+def generation_options(cfg) -> list:
+    """The guidance options of the task's config: every kind with fields here (a kind's defaults ask
+    for nothing), then ``--guidance``'s."""
+    options = []
+    for group in guidance_kinds():
+        names = {f.name: task_name(group, f) for f in fields(group.options) if task_name(group, f)}
+        if names:
+            options.append(group.options(**{k: getattr(cfg, name, None) for k, name in names.items()}))
+    return options + parse_guidance(getattr(cfg, "guidance", None))
+
+
+def _device_of(models) -> str:
+    """Where fairseq-generate put the models (the guidance parts' tensors go there too)."""
+    parameter = next((p for m in models for p in m.parameters()), None)
+    return "cpu" if parameter is None else str(parameter.device)
+
+
+DocumentTranslationConfig = make_dataclass("DocumentTranslationConfig", generation_fields(), bases=(_DocumentConfig,))
+DocumentTranslationConfig.__module__ = __name__
 
 
 def check_word_dropout(cfg) -> None:
@@ -316,28 +341,15 @@ class DocumentTranslationTask(TranslationTask):
         reluformer-translate builds its own (:mod:`reluformer_mt.inference.guidance`): with
         ``--knn-datastore`` its beam search mixes in the datastore's neighbours, so fairseq-generate and
         fairseq-interactive get kNN-MT; ``--guidance`` names further registered kinds."""
-        from reluformer_mt.inference.guidance import GuidanceContext, build_guidance, install_guidance
+        from reluformer_mt.inference.guidance.base import GuidanceContext, build_guidance, install_guidance
 
         generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
-        parts = build_guidance(self.guidance_options(), GuidanceContext(list(models), self))
-        if install_guidance(generator, self.target_dictionary, parts) is not None:
+        parts = build_guidance(generation_options(self.cfg), GuidanceContext(list(models), self, _device_of(models)))
+        if install_guidance(generator, parts) is not None:
             for part in parts:
                 logger.info(part.describe() or type(part).__name__)
         return generator
-
-    def guidance_options(self) -> list:
-        """The decoding guidance of the task's generation options: kNN-MT, then ``--guidance``."""
-        from reluformer_mt.inference.guidance import parse_guidance
-        from reluformer_mt.inference.guidance.knn import KnnMtOptions
-
-        options = []
-        if getattr(self.cfg, "knn_datastore", None):
-            options.append(KnnMtOptions(datastore=self.cfg.knn_datastore, k=self.cfg.knn_k, lam=self.cfg.knn_lambda,
-                                        temperature=self.cfg.knn_temperature, radius=self.cfg.knn_radius,
-                                        readout=self.cfg.knn_readout, adaptive=self.cfg.knn_adaptive,
-                                        restrict=0))  # fairseq-generate has no memory matches: the whole datastore
-        return options + parse_guidance(getattr(self.cfg, "guidance", None))
 
     def _check_separators(self, split, dataset, infos):
         sep = self.src_dict.index(self.cfg.separator)

@@ -1,21 +1,28 @@
 """Decoding guidance: the parts that act on every beam step's scores.
 
+- :mod:`~reluformer_mt.inference.guidance.declared`: the options of every part declared once, the
+  registry of kinds (:func:`register_guidance`) and ``--guidance`` specs (:func:`parse_guidance`);
+  neither torch nor fairseq;
 - :mod:`~reluformer_mt.inference.guidance.base`: the part interface (:class:`Guidance`), the step it
-  sees (:class:`BeamStep`), the registry of kinds, the one builder (:func:`build_guidance`) and the
-  beam search that applies the parts (:class:`GuidedBeamSearch`);
-- :mod:`~reluformer_mt.inference.guidance.knn`: kNN-MT's mixture (stage "mixture");
-- :mod:`~reluformer_mt.inference.guidance.pieces`: the translation pieces' bonus (stage "bonus"), over
-  :mod:`~reluformer_mt.inference.guidance.piece_table`;
-- :mod:`~reluformer_mt.inference.guidance.separators`: the separator constraint (stage "constraint").
+  sees (:class:`BeamStep`), the one builder (:func:`build_guidance`) and the search that applies the
+  parts inside the search fairseq built (:class:`GuidedSearch`);
+- kNN-MT's mixture (stage "mixture"): options in ``knn_options``, the part in ``knn``;
+- the translation pieces' bonus (stage "bonus"): ``pieces_options``, ``pieces`` over ``piece_table``;
+- the separator constraint (stage "constraint"): ``separator_options``, ``separators``.
 
 A new kind is one file with its options dataclass, its :class:`Guidance` part and one
-:func:`register_guidance` call, imported below. It sits below the task and the translator, which
-both build their decoder's guidance here.
+:func:`register_guidance` call: it is then an option of reluformer-translate, a keyword of
+``DocumentTranslator`` and a ``--guidance`` kind of fairseq-generate. The names below are loaded
+when first used, so that the options (and the command line built from them) load no torch.
 """
-from reluformer_mt.inference.guidance.base import (STAGES, BeamStep, Guidance, GuidanceContext, GuidedBeamSearch,
-                                                   SourceBatch, TranslationError, build_guidance, install_guidance,
-                                                   parse_guidance, register_guidance)
-from reluformer_mt.inference.guidance import knn, pieces, separators  # noqa: F401,E402  (each registers its kind)
+from reluformer_mt.inference.guidance.lazy import lazy_attributes
 
-__all__ = ["STAGES", "BeamStep", "Guidance", "GuidanceContext", "GuidedBeamSearch", "SourceBatch", "TranslationError",
-           "build_guidance", "install_guidance", "parse_guidance", "register_guidance"]
+_HOMES = {"TranslationError": "declared", "register_guidance": "kinds", "register_group": "kinds",
+          "parse_guidance": "kinds", "STAGES": "base", "BeamStep": "base", "Guidance": "base",
+          "GuidanceContext": "base", "GuidedSearch": "base", "SourceBatch": "base", "build_guidance": "base",
+          "install_guidance": "base"}
+
+__all__ = sorted(_HOMES)
+
+
+__getattr__ = lazy_attributes(__name__, _HOMES)

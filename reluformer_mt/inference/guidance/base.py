@@ -1,49 +1,53 @@
-"""What every kind of decoding guidance shares: the step it acts on, the part interface, the
-registry of kinds, the one builder, and the beam search that applies the parts.
+"""What every kind of decoding guidance shares: the step it acts on, the part interface, the one
+builder, and the beam search that applies the parts.
 
 A *part* (:class:`Guidance`) acts on each beam step's next-token scores in place: it may replace
 the distribution (kNN-MT's mixture), add to it (the translation pieces' bonus) or rule tokens out
 (the separator constraint). A *kind* of part is its options dataclass, validated where it is
-declared, and a build function, joined by :func:`register_guidance`; :func:`build_guidance` turns a
+declared, and a build function, joined by
+:func:`~reluformer_mt.inference.guidance.declared.register_guidance`; :func:`build_guidance` turns a
 list of options into the parts that apply, ordered by their stage, and :func:`install_guidance`
-gives them to fairseq's generator as a :class:`GuidedBeamSearch`. reluformer-translate
+wraps the search fairseq's generator built (beam search, sampling, constraints...) in a
+:class:`GuidedSearch` that applies them first. reluformer-translate
 (``DocumentTranslator``) and fairseq-generate/-interactive (the task's ``build_generator``) both
 build their decoder's guidance this way.
 """
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-from fairseq.search import BeamSearch
+from fairseq.search import Search
 from torch import Tensor
 
+from reluformer_mt.inference.guidance.declared import TranslationError
+from reluformer_mt.inference.guidance.kinds import group_of
+
 # the order in which the parts act on a step: a mixture replaces the distribution, a bonus is added
-# to the mixed one, and the constraints rule tokens out of the result
-STAGES = ("mixture", "bonus", "constraint")
-
-
-class TranslationError(ValueError):
-    """A one-line, user-facing problem (bad checkpoint, missing resources, bad option)."""
+# to the mixed one, and the constraints rule tokens out of the result; "finish" parts act on the
+# finished translations only (TM-first)
+STAGES = ("mixture", "bonus", "constraint", "finish")
 
 
 @dataclass
 class GuidanceContext:
     """What parts are built from: the models (the first one's decoder states), the task and its
-    dictionaries, the device; in reluformer-translate also the translation memory, the checkpoint's
-    name and the separators of the segments."""
+    dictionaries, the device the models are on; in reluformer-translate also the translation
+    memory's lookup, the checkpoint's name and the separators of the segments."""
     models: list
     task: object
-    device: str = "cpu"
+    device: str                    # where the models are (resolved: cpu, cuda:N)
     checkpoint: Optional[str] = None
-    memory: object = None          # reluformer_mt.inference.memory.MemoryLookup, or None
+    lookup: object = None          # the memory's reluformer_mt.inference.memory.MemoryLookup, or None
     reads_memory: bool = False     # the model reads its matches (trained with --tm-fusion)
     separator: Optional[str] = None  # the token between the sentences of a segment
     segmented: bool = False          # sources are segments of sentences (not sentence by sentence)
-    max_tokens: int = 8000
+    decode_tokens: Optional[int] = None  # most source tokens per force-decoding batch (the translator's)
     sp_src: object = None          # the source SentencePiece processor
+    # each generate call starts the parts with its sources' memory matches (reluformer-translate);
+    # fairseq-generate starts none, so a part that reads matches is refused there
+    looks_up_matches: bool = False
 
     @property
     def tgt_dict(self):
@@ -109,81 +113,49 @@ class Guidance:
     def apply(self, step: BeamStep) -> None:
         raise NotImplementedError
 
+    def finish(self, documents: list, nbest: int) -> list:
+        """The translations of a translate() call (documents of ``SentenceResult``), as the part
+        leaves them (reluformer-translate; a step part leaves them as they are)."""
+        return documents
+
     def describe(self) -> str:
         """What the part does, for the translator's description ('' for nothing to say)."""
         return ""
 
 
-@dataclass(frozen=True)
-class GuidanceKind:
-    name: str
-    options: type
-    build: Callable[[object, GuidanceContext], Optional[Guidance]]  # None: the options ask for nothing
-
-
-_KINDS: Dict[type, GuidanceKind] = {}
-
-
-def register_guidance(name: str, options: type, build: Callable[[object, GuidanceContext], Optional[Guidance]]) -> None:
-    """Make ``options`` (a dataclass) a kind of guidance: :func:`build_guidance` builds its part
-    with ``build(options, context)``, and ``--guidance NAME:field=value,...`` names it."""
-    _KINDS[options] = GuidanceKind(name, options, build)
-
-
-def kind_named(name: str) -> GuidanceKind:
-    for kind in _KINDS.values():
-        if kind.name == name:
-            return kind
-    raise TranslationError(f"--guidance: no kind of guidance {name!r}; known: {', '.join(k.name for k in _KINDS.values())}")
-
-
 def build_guidance(options: Sequence, context: GuidanceContext) -> List[Guidance]:
-    """The parts the ``options`` ask for, ordered by stage (a stage's parts in the given order)."""
+    """The parts the ``options`` ask for (each an options object of a registered kind), ordered by
+    stage (a stage's parts in the given order). Where the context looks up no memory matches
+    (fairseq-generate), an option that needs them is refused in one line naming it."""
     parts = []
     for o in options:
-        if type(o) not in _KINDS:
-            raise TranslationError(f"guidance: {type(o).__name__} is no registered kind of guidance (register_guidance)")
-        part = _KINDS[type(o)].build(o, context)
+        kind = group_of(o)
+        asks = getattr(o, "asks_for_matches", lambda: None)()
+        if asks and not context.looks_up_matches:
+            raise TranslationError(f"{asks[0]}: {asks[1]} come from each sentence's translation memory matches, "
+                                   "which only reluformer-translate looks up (fairseq-generate has none)")
+        part = kind.builder()(o, context)
         if part is not None:
             parts.append(part)
     return sorted(parts, key=lambda part: STAGES.index(part.stage))
 
 
-def _typed(kind: GuidanceKind, name: str, text: str):
-    fields = {f.name: f for f in dataclasses.fields(kind.options)}
-    if name not in fields:
-        raise TranslationError(f"--guidance {kind.name}: no option {name!r}; expected one of {', '.join(fields)}")
-    default = fields[name].default
-    cast = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
-    if isinstance(default, bool):
-        return text.lower() in ("1", "true", "yes")
-    try:
-        return cast(text)
-    except ValueError:
-        raise TranslationError(f"--guidance {kind.name}:{name}={text}: expected a {cast.__name__}") from None
-
-
-def parse_guidance(spec: Optional[str]) -> list:
-    """Options from ``NAME:field=value,...;NAME2:...`` (fairseq's ``--guidance``)."""
-    out = []
-    for item in filter(None, (s.strip() for s in (spec or "").split(";"))):
-        name, _, args = item.partition(":")
-        kind = kind_named(name.strip())
-        values = dict(a.split("=", 1) if "=" in a else (a, "") for a in filter(None, args.split(",")))
-        out.append(kind.options(**{k.strip(): _typed(kind, k.strip(), v.strip()) for k, v in values.items()}))
-    return out
-
-
-class GuidedBeamSearch(BeamSearch):
-    """fairseq's beam search with the guidance parts applied, in order, before every step.
+class GuidedSearch(Search):
+    """The search fairseq built (beam search, sampling, lexical constraints, diverse beam search...)
+    with the guidance parts applied, in order, to the scores it is given at every step: the parts
+    edit the step's log-probabilities, then the search fairseq chose picks from them, so its own
+    behaviour (and any state it keeps, e.g. the constraints') is untouched.
     A part with ``separator_ids`` (source, target) keeps the segments' separators: then
     :meth:`start` counts each source's separators (what :attr:`BeamStep.required` reads).
     With ``limits`` (reluformer-translate), each source's own length limit: fairseq's generator
     computes one limit per batch from the padded source length, so a source's output (and whether
     it falls back) would depend on the sources batched with it."""
 
-    def __init__(self, tgt_dict, parts: Sequence[Guidance]):
+    def __init__(self, inner: Search, tgt_dict, parts: Sequence[Guidance]):
         super().__init__(tgt_dict)
+        self.inner = inner
+        self.supports_constraints, self.stop_on_max_len = inner.supports_constraints, inner.stop_on_max_len
+        self.needs_src_lengths = getattr(inner, "needs_src_lengths", False)
         self.parts = list(parts)
         self.separators = next((p.separator_ids for p in self.parts if getattr(p, "separator_ids", None)), None)
         self.required: Optional[Tensor] = None
@@ -208,7 +180,7 @@ class GuidedBeamSearch(BeamSearch):
             lprobs[over, :, self.eos + 1:] = -math.inf
 
     def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
-             original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
+             original_batch_idxs: Optional[Tensor] = None, **more):
         assert original_batch_idxs is not None and prev_output_tokens is not None
         bsz, beam_size, vocab_size = lprobs.size()
         self._limit_lengths(step, lprobs, original_batch_idxs)
@@ -217,14 +189,27 @@ class GuidedBeamSearch(BeamSearch):
                         self.eos, separator, self.required if separator is not None else None)
         for part in self.parts:
             part.apply(view)
-        return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
+        return self.inner.step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, **more)
+
+    # the rest of the search's interface is the wrapped search's
+    def set_src_lengths(self, src_lengths):
+        self.inner.set_src_lengths(src_lengths)
+
+    def init_constraints(self, batch_constraints: Optional[Tensor], beam_size: int):
+        self.inner.init_constraints(batch_constraints, beam_size)
+
+    def prune_sentences(self, batch_idxs: Tensor):
+        self.inner.prune_sentences(batch_idxs)
+
+    def update_constraints(self, active_hypos: Tensor):
+        self.inner.update_constraints(active_hypos)
 
 
-def install_guidance(generator, tgt_dict, parts: Sequence[Guidance], always: bool = False) -> Optional[GuidedBeamSearch]:
-    """Give ``generator`` (fairseq's SequenceGenerator) a :class:`GuidedBeamSearch` of ``parts``;
-    nothing to guide keeps fairseq's own beam search unless ``always`` (reluformer-translate: its
-    per-source length limits). Returns the search object (or None)."""
+def install_guidance(generator, parts: Sequence[Guidance], always: bool = False) -> Optional[GuidedSearch]:
+    """Wrap the search of ``generator`` (fairseq's SequenceGenerator, with the search its options
+    chose) in a :class:`GuidedSearch` of ``parts``; nothing to guide keeps it as it is unless
+    ``always`` (reluformer-translate: its per-source length limits). Returns the search object (or None)."""
     if (not parts and not always) or not hasattr(generator, "search"):
         return None
-    generator.search = GuidedBeamSearch(tgt_dict, parts)
+    generator.search = GuidedSearch(generator.search, generator.tgt_dict, parts)
     return generator.search

@@ -3,60 +3,13 @@ pieces from its memory matches (:mod:`reluformer_mt.inference.guidance.piece_tab
 every step. Any model, with or without memory attention; reluformer-translate only (the pieces
 come from the translator's memory lookups)."""
 import difflib
-import math
-from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
 
-from reluformer_mt.inference.guidance.base import (BeamStep, Guidance, GuidanceContext, SourceBatch, TranslationError,
-                                                   register_guidance)
+from reluformer_mt.inference.guidance.base import BeamStep, Guidance, GuidanceContext, SourceBatch
 from reluformer_mt.inference.guidance.piece_table import PieceTable, sentence_pieces
-
-
-@dataclass
-class PiecesOptions:
-    """Translation pieces (Zhang et al. 2018); ``weight`` 0 is off. The command line's names are
-    ``--pieces-weight`` etc. (field metadata ``flat``)."""
-    weight: float = field(default=0.0, metadata={"flat": "pieces_weight"})
-    k: int = field(default=8, metadata={"flat": "pieces_k"})          # matches per sentence whose n-grams are pieces
-    max_n: int = field(default=4, metadata={"flat": "pieces_max_n"})  # longest piece, in tokens
-    floor: float = field(default=0.0, metadata={"flat": "pieces_floor"})  # only matches of fuzzy >= floor give pieces
-    aligned: bool = field(default=False, metadata={"flat": "pieces_aligned"})  # only words aligned to shared source words
-    # a hypothesis must end the sentence it writes (only the separator or EOS may follow) once it is this
-    # many times the sentence's expected length: a length control against hypotheses that follow pieces
-    # to the length limit (then the segment is decoded again as halves); 0: off
-    length_cap: float = field(default=0.0, metadata={"flat": "pieces_length_cap"})
-
-    def __post_init__(self):
-        weight, floor = self.weight, self.floor
-        self.weight, self.floor, self.aligned = float(weight), float(floor), bool(self.aligned)
-        if not math.isfinite(self.weight) or self.weight < 0:
-            raise TranslationError(f"--pieces-weight: expected a finite number >= 0, got {weight}")
-        if not 0 <= self.floor <= 1:
-            raise TranslationError(f"--pieces-floor: expected a fuzzy score between 0 and 1, got {floor}")
-        cap = self.length_cap
-        self.length_cap = float(cap)
-        if not math.isfinite(self.length_cap) or (self.length_cap != 0 and self.length_cap < 1):
-            raise TranslationError(f"--pieces-length-cap: expected 0 (off) or a factor >= 1 of the expected length, got {cap}")
-        if self.length_cap and not self.weight:
-            raise TranslationError("--pieces-length-cap: only with translation pieces (--pieces-weight W > 0)")
-        if self.aligned and not self.weight:
-            raise TranslationError("--pieces-aligned: only with translation pieces (--pieces-weight W > 0)")
-        if self.aligned:
-            from reluformer_mt.evaluation.statistical_aligner import available
-
-            if not available():
-                raise TranslationError("--pieces-aligned: the word alignment of the memory needs eflomal "
-                                       "(pip install eflomal)")
-        k, max_n = self.k, self.max_n
-        self.k, self.max_n = int(k), int(max_n)
-        if self.k < 1 or not 1 <= self.max_n <= 8:
-            raise TranslationError(f"--pieces-k {k} / --pieces-max-n {max_n}: expected k >= 1 and 1 <= n <= 8")
-
-    @property
-    def needs_memory(self) -> bool:
-        return bool(self.weight)
+from reluformer_mt.inference.guidance.pieces_options import PiecesOptions
 
 
 class TranslationPiecesGuide(Guidance):
@@ -66,7 +19,7 @@ class TranslationPiecesGuide(Guidance):
 
     def __init__(self, options: PiecesOptions, context: GuidanceContext):
         super().__init__()
-        self.options, self.memory, self.reads_memory = options, context.memory, context.reads_memory
+        self.options, self.memory, self.reads_memory = options, context.lookup, context.reads_memory
         self.memory_k = options.k
         tgt = self.tgt_dict = context.tgt_dict
         separator = tgt.index(context.separator) if context.separator else tgt.unk()
@@ -139,7 +92,4 @@ class TranslationPiecesGuide(Guidance):
 
 def build_pieces(options: PiecesOptions, context: GuidanceContext):
     """The bonus when a weight is given and the translator consults a memory."""
-    return TranslationPiecesGuide(options, context) if options.weight and context.memory is not None else None
-
-
-register_guidance("pieces", PiecesOptions, build_pieces)
+    return TranslationPiecesGuide(options, context) if options.weight and context.lookup is not None else None

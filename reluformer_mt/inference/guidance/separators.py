@@ -17,14 +17,12 @@ so the row -> source mapping never depends on the batch order, the beam size or 
 have finished.
 """
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from reluformer_mt.inference.guidance.base import BeamStep, Guidance, GuidanceContext, TranslationError, register_guidance
-
-SEPARATOR_MODES = ("constrained", "free")
+from reluformer_mt.inference.guidance.base import BeamStep, Guidance, GuidanceContext
+from reluformer_mt.inference.guidance.separator_options import SEPARATOR_MODES, Separators  # noqa: F401  (re-exported)
 
 
 def constrain_separators(lprobs: Tensor, prefix: Tensor, required: Tensor, separator: int, eos: int) -> Tensor:
@@ -48,16 +46,6 @@ def constrain_separators(lprobs: Tensor, prefix: Tensor, required: Tensor, separ
     return lprobs
 
 
-@dataclass(frozen=True)
-class Separators:
-    """``--separators``: constrained (the constraint above) or free (plain beam search)."""
-    mode: str = field(default="constrained", metadata={"flat": "separators"})
-
-    def __post_init__(self):
-        if self.mode not in SEPARATOR_MODES:
-            raise TranslationError(f"--separators: expected one of {', '.join(SEPARATOR_MODES)}, got {self.mode!r}")
-
-
 class SeparatorConstraint(Guidance):
     """:func:`constrain_separators` at every step, for the rows whose source's separators are counted."""
     stage = "constraint"
@@ -76,6 +64,3 @@ def build_separator_constraint(options: Separators, context: GuidanceContext):
     without it has no separators to keep: sentence by sentence, nothing to constrain)."""
     ids = context.separator_ids()
     return SeparatorConstraint(*ids) if options.mode == "constrained" and ids is not None else None
-
-
-register_guidance("separators", Separators, build_separator_constraint)
