@@ -159,15 +159,15 @@ class Profile:
 # one above them (a part's apply inside the beam search's step)
 PROFILED = [
     ("reluformer_mt.inference.memory:MemoryLookup", "lookup", "memory lookup (retrieval of matches)"),
-    ("reluformer_mt.inference.guidance.base:GuidedSearch", "start", "guidance start (per-batch tables, datastores)"),
-    ("reluformer_mt.inference.guidance.knn:KnnMixture", "decode_entries", "  per-input: force-decoding the matches"),
+    ("reluformer_mt.guidance.base:GuidedSearch", "start", "guidance start (per-batch tables, datastores)"),
+    ("reluformer_mt.guidance.knn:KnnMixture", "decode_entries", "  per-input: force-decoding the matches"),
     ("reluformer_mt.knn.search:PerInputDatastores", "__init__", "  per-input: building the datastores"),
-    ("reluformer_mt.inference.guidance.base:GuidedSearch", "step", "beam search step with guidance"),
+    ("reluformer_mt.guidance.base:GuidedSearch", "step", "beam search step with guidance"),
     ("reluformer_mt.knn.search:KnnMixer", "mix", "  kNN-MT mixture"),
     ("reluformer_mt.knn.search:FullDatastore", "neighbours", "    corpus datastore search"),
     ("reluformer_mt.knn.search:PerInputDatastores", "neighbours", "    per-input datastore search"),
-    ("reluformer_mt.inference.guidance.piece_table:PieceTable", "add_bonus", "  translation pieces bonus"),
-    ("reluformer_mt.inference.guidance.separators:SeparatorConstraint", "apply", "  separator constraint"),
+    ("reluformer_mt.guidance.piece_table:PieceTable", "add_bonus", "  translation pieces bonus"),
+    ("reluformer_mt.guidance.separators:SeparatorConstraint", "apply", "  separator constraint"),
 ]
 
 

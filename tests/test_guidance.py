@@ -1,4 +1,4 @@
-"""Decoding guidance as parts (reluformer_mt.inference.guidance): a new kind is one file -- its
+"""Decoding guidance as parts (reluformer_mt.guidance): a new kind is one file -- its
 options dataclass, its part and one register_guidance call -- and reluformer-translate's command
 line (``--ban-token``), DocumentTranslator (``ban_token=``, or the options object) and
 fairseq-generate (``--guidance ban:token=...``) all use it, with no other file edited. Here the
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from helpers import USER_DIR, needs_shared_data, run_fairseq
-from reluformer_mt.inference.guidance import BeamStep, Guidance, GuidanceContext, TranslationError, register_guidance
-from reluformer_mt.inference.guidance.declared import option
+from reluformer_mt.guidance import BeamStep, Guidance, GuidanceContext, TranslationError, register_guidance
+from reluformer_mt.guidance.declared import option
 
 
 # ------------------------------------------------------------------ the toy kind: one file's worth
@@ -192,7 +192,7 @@ def test_fairseq_generate_refuses_what_needs_the_memory_in_one_line(doc_checkpoi
 def test_guidance_specs_are_checked_by_their_kind():
     import pytest
 
-    from reluformer_mt.inference.guidance import parse_guidance
+    from reluformer_mt.guidance import parse_guidance
 
     assert parse_guidance("ban:token=x") == [BanToken("x")]
     with pytest.raises(TranslationError, match="no kind of guidance 'bann'"):

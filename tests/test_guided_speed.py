@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from reluformer_mt.inference.guidance import TranslationError
-from reluformer_mt.inference.guidance.knn import KnnMtOptions
+from reluformer_mt.guidance import TranslationError
+from reluformer_mt.guidance.knn import KnnMtOptions
 from reluformer_mt.knn.continued import ContinuedSearch
 from reluformer_mt.knn.datastore import Datastore, build_index
 from reluformer_mt.knn.search import PerInputDatastores

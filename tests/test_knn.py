@@ -192,7 +192,7 @@ def test_per_input_datastores_can_read_their_keys_from_the_corpus_datastore(knn_
     force-decoded) and refuses, in one line, the option without --knn-memory and a memory of
     another corpus."""
     from reluformer_mt.inference import DocumentTranslator, TranslationError
-    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.guidance.knn import KnnMixture
     from reluformer_mt.knn.search import RestrictedSearch
 
     store = knn_setup["store"]
@@ -226,7 +226,7 @@ def test_translation_with_a_restricted_search_and_its_one_line_refusals(knn_setu
     import shutil
 
     from reluformer_mt.inference import DocumentTranslator, TranslationError
-    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.guidance.knn import KnnMixture
     from reluformer_mt.knn.search import RestrictedSearch
 
     ckpt, store = knn_setup["checkpoints"]["none"], knn_setup["store"].directory
@@ -342,7 +342,7 @@ def test_tuner_chooses_the_fastest_search_within_its_tolerance_and_the_translato
     from reluformer_mt.experiments.knn_search_tune import datastore_values, format_search, tune_search
     from reluformer_mt.experiments.knn_tune import TuneError, TuneSettings, split_documents, tune, validation_bleu
     from reluformer_mt.inference import DocumentTranslator
-    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.guidance.knn import KnnMixture
     from reluformer_mt.knn.continued import ContinuedSearch
     from reluformer_mt.knn.datastore import Datastore, build_datastore
     from reluformer_mt.knn.search import FullDatastore, KnnOptions
@@ -517,7 +517,7 @@ def test_translation_skipping_confident_rows_and_its_one_line_refusals(knn_setup
     """The translator's --knn-skip-confident: given, or as tuned in datastore.json (not under
     --knn-exact-search); out of range, without a datastore or with --knn-search-every, one line."""
     from reluformer_mt.inference import DocumentTranslator, TranslationError
-    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.guidance.knn import KnnMixture
     from reluformer_mt.knn.datastore import Datastore, DatastoreError
 
     ckpt, directory = knn_setup["checkpoints"]["none"], knn_setup["store"].directory

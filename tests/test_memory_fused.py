@@ -253,7 +253,7 @@ def test_the_portable_loops_equal_the_reference_too(switch):
 
 def test_the_memory_cache_option_is_checked():
     from reluformer_mt.cli.translate import build_parser
-    from reluformer_mt.inference.guidance import TranslationError
+    from reluformer_mt.guidance import TranslationError
     from reluformer_mt.inference.options import MEMORY_CACHE_PRECISIONS, PrecisionOptions
 
     assert PrecisionOptions().memory_cache == "float16" and MemoryReader.step_cache_dtype == torch.float16

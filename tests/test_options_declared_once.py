@@ -24,7 +24,7 @@ SURFACES = [PACKAGE / "cli" / "translate.py", *sorted((PACKAGE / "inference").rg
 
 def declared():
     """keyword -> (group, field) of every registered group; each keyword once."""
-    from reluformer_mt.inference.guidance.declared import keyword
+    from reluformer_mt.guidance.declared import keyword
     from reluformer_mt.inference.options import groups
 
     out = {}
@@ -81,8 +81,8 @@ def test_the_python_api_takes_each_declared_keyword_and_nothing_else():
 
 
 def test_the_task_fields_and_the_tuners_record_are_derived_from_the_declarations():
-    from reluformer_mt.inference.guidance.declared import task_name
-    from reluformer_mt.inference.guidance.knn_options import KnnMtOptions
+    from reluformer_mt.guidance.declared import task_name
+    from reluformer_mt.guidance.knn_options import KnnMtOptions
     from reluformer_mt.knn.values import KnnOptions
     from reluformer_mt.tasks.document_translation import DocumentTranslationConfig
 
@@ -128,7 +128,7 @@ def _definitions(path: Path, flags: set, keywords: set, classes: set):
 
 
 def test_no_surface_defines_an_option_a_second_time():
-    from reluformer_mt.inference.guidance.declared import task_name
+    from reluformer_mt.guidance.declared import task_name
     from reluformer_mt.inference.options import groups
 
     names = declared()
@@ -207,7 +207,7 @@ def test_a_bad_option_is_one_line_naming_it(argv, says, capsys):
     ({"fp16": True, "bf16": True}, "--fp16 and --bf16: give one of them"),
 ])
 def test_the_groups_check_their_options_and_where_they_meet(keywords, says):
-    from reluformer_mt.inference.guidance.declared import TranslationError
+    from reluformer_mt.guidance.declared import TranslationError
     from reluformer_mt.inference.options import TranslatorOptions
 
     with pytest.raises(TranslationError) as error:

@@ -16,7 +16,7 @@ def test_memory_first_copies_only_matches_at_or_above_the_threshold():
 
 def test_tm_first_and_match_score_options_are_checked_before_any_model_loads(capsys):
     from reluformer_mt.cli.translate import main
-    from reluformer_mt.inference.guidance import TranslationError
+    from reluformer_mt.guidance import TranslationError
     from reluformer_mt.inference.options import MemoryOptions, TmFirstOptions, TranslatorOptions
 
     with pytest.raises(TranslationError, match=r"--tm-first 1.5: expected a match score between 0 and 1"):

@@ -55,7 +55,7 @@ def test_match_score_with_memory_none_is_refused_before_loading(tmp_path, capsys
     """--match-score ranks the memory's matches: with --memory none it was accepted and ignored."""
     from test_hardening_outputs_and_rekeying import one_line
 
-    from reluformer_mt.inference.guidance import TranslationError
+    from reluformer_mt.guidance import TranslationError
     from reluformer_mt.inference.options import MemoryOptions
 
     source = tmp_path / "in.txt"

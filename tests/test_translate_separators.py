@@ -1,4 +1,4 @@
-"""Separator-constrained decoding (reluformer_mt.inference.guidance.separators): the masking rule on
+"""Separator-constrained decoding (reluformer_mt.guidance.separators): the masking rule on
 hand-made prefixes, the row -> source mapping of the beam search, and real segments of 1 to 5
 sentences through the tiny document checkpoint (beam 1 and 4), against free decoding."""
 import math
@@ -21,7 +21,7 @@ def step_lprobs(rows):
 # ---------------------------------------------------------------- the rule (no model)
 
 def test_constrain_separators_on_hand_made_prefixes():
-    from reluformer_mt.inference.guidance.separators import constrain_separators
+    from reluformer_mt.guidance.separators import constrain_separators
 
     prefix = torch.tensor([[EOS, 7, 6, 8],        # 0 separators, needs 2: no EOS, separator allowed
                            [EOS, 7, SEP, 6],      # 1 of 2: no EOS, separator allowed
@@ -52,8 +52,8 @@ def test_beam_search_looks_up_each_row_by_its_sentence_id():
     belong to id 4, rows 2-3 to id 0, rows 4-5 to id 2 -- whatever their position."""
     from fairseq.search import BeamSearch
 
-    from reluformer_mt.inference.guidance import GuidedSearch
-    from reluformer_mt.inference.guidance.separators import SeparatorConstraint
+    from reluformer_mt.guidance import GuidedSearch
+    from reluformer_mt.guidance.separators import SeparatorConstraint
 
     class TinyDict:
         def pad(self): return 1
@@ -175,7 +175,7 @@ def test_free_is_the_plain_beam_search(doc_checkpoint):
     from fairseq.sequence_generator import SequenceGenerator
 
     from reluformer_mt.inference import DocumentTranslator
-    from reluformer_mt.inference.guidance import GuidedSearch
+    from reluformer_mt.guidance import GuidedSearch
 
     docs = real_docs(2, max_sentences=12)
     free = DocumentTranslator(doc_checkpoint, beam=2, max_len_a=0, max_len_b=6, separators="free")

@@ -266,7 +266,7 @@ def test_translation_pieces_bonus_by_hand():
     """Zhang et al. 2018's bonus: every n-gram (n <= max n) a next token completes earns the best
     fuzzy score of the matches holding it, while the hypothesis holds fewer copies of the token
     than the matches do; excluded tokens end pieces."""
-    from reluformer_mt.inference.guidance.piece_table import add_piece_bonus, sentence_pieces
+    from reluformer_mt.guidance.piece_table import add_piece_bonus, sentence_pieces
 
     sep = 9
     pieces = sentence_pieces([(torch.tensor([4, 5, 6, sep, 7]), 0.5), (torch.tensor([4, 5, 8, 4]), 0.25)],
@@ -289,7 +289,7 @@ def test_translation_pieces_follow_the_sentence_being_written():
     """In a segment, a hypothesis is rewarded only by the pieces of the sentence it is writing (its
     separators so far), caps count that sentence's tokens, no bonus past the sentence's expected
     length, and matches below the fuzzy floor give no pieces (issue 32)."""
-    from reluformer_mt.inference.guidance.piece_table import add_piece_bonus, sentence_pieces
+    from reluformer_mt.guidance.piece_table import add_piece_bonus, sentence_pieces
 
     sep = 9
     first = sentence_pieces([(torch.tensor([4, 5]), 0.8)], exclude=(sep,), max_n=2)
@@ -312,7 +312,7 @@ def test_a_sentence_at_its_length_cap_can_only_end():
     """--pieces-length-cap F: a row whose sentence is F x its expected length long keeps only the
     separator and EOS possible (their scores as they were); shorter rows and rows without pieces
     are untouched; the part counts the rows it ended."""
-    from reluformer_mt.inference.guidance.piece_table import PieceTable, sentence_pieces
+    from reluformer_mt.guidance.piece_table import PieceTable, sentence_pieces
 
     sep, eos = 9, 2
     first = sentence_pieces([(torch.tensor([4, 5]), 0.8)], exclude=(sep,), max_n=2)  # expected length 2
@@ -334,7 +334,7 @@ def test_translation_pieces_expected_length_follows_the_source():
     """Issue 32: no bonus past the source's expected length: given the sentence's source length
     and each match's, the expected length is the longest a match's length ratio predicts, never
     more than the longest match."""
-    from reluformer_mt.inference.guidance.piece_table import sentence_pieces
+    from reluformer_mt.guidance.piece_table import sentence_pieces
 
     matches = [(torch.tensor([4, 5, 6, 7, 8, 9, 10, 11]), 0.6, 4), (torch.tensor([4, 5, 6]), 0.5, 3)]
     assert sentence_pieces(matches).expected_length == 8  # no source lengths: the longest match
@@ -374,7 +374,7 @@ def test_translation_pieces_table_matches_the_rule_on_random_segments(slot_map, 
     rule gives, for random matches, floors, max n, prefixes that cross separators, and sources
     without pieces; with the caps' (unit, token) -> slot map and without it (a batch whose units x
     vocabulary exceed ``DENSE_LIMIT``: the slots are searched)."""
-    from reluformer_mt.inference.guidance.piece_table import PieceTable, add_piece_bonus, sentence_pieces
+    from reluformer_mt.guidance.piece_table import PieceTable, add_piece_bonus, sentence_pieces
 
     if slot_map == "searched":
         monkeypatch.setattr(PieceTable, "DENSE_LIMIT", 0)
@@ -437,8 +437,8 @@ def test_translation_pieces_guide_models_with_and_without_memory(memory_data, tm
     aligned = DocumentTranslator(tmp_path / "none" / "checkpoint_last.pt", pieces_weight=20.0, pieces_k=2,
                                  pieces_aligned=True, beam=2, max_len_a=0, max_len_b=12)
     assert len(aligned.translate(documents)) == 2
-    from reluformer_mt.inference.guidance import SourceBatch
-    from reluformer_mt.inference.guidance.pieces import PiecesOptions, TranslationPiecesGuide
+    from reluformer_mt.guidance import SourceBatch
+    from reluformer_mt.guidance.pieces import PiecesOptions, TranslationPiecesGuide
 
     guide = aligned.part(TranslationPiecesGuide)
     entries = aligned.memory.entries

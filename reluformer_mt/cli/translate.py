@@ -29,7 +29,7 @@ from reluformer_mt.cli.checks import (EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Def
                                      check_input_file, check_input_folder, check_no_repeats, check_output_file,
                                      no_gpu_visible, writing, write_error)
 from reluformer_mt.cli.stored_config import check_resources_findable
-from reluformer_mt.inference.guidance.declared import SECTIONS
+from reluformer_mt.guidance.declared import SECTIONS
 
 
 def add_translator_options(parser) -> dict:
@@ -51,7 +51,7 @@ def add_translator_options(parser) -> dict:
 def _add_option(section, group, f) -> None:
     """One declared field as an argument: ``--keyword`` with its default, help, choices and metavar; a
     flag for a boolean (``--no-x`` too where its default is unset)."""
-    from reluformer_mt.inference.guidance.declared import keyword, value_type
+    from reluformer_mt.guidance.declared import keyword, value_type
 
     name = keyword(group, f)
     if name == "spm_model":  # every command's one --spm-model syntax
@@ -68,7 +68,7 @@ def _add_option(section, group, f) -> None:
 
 def _argument_type(group, f):
     """Reads a declared field's text as its declaration says (its ``parse``, else its type)."""
-    from reluformer_mt.inference.guidance.declared import value_type
+    from reluformer_mt.guidance.declared import value_type
 
     parse, cast = f.metadata.get("parse"), value_type(f)
 

@@ -432,7 +432,7 @@ def score_grids(t: Tuning, report: dict) -> Tuple[Dict[str, List[dict]], Optiona
 def per_input_grid_neighbours(t: Tuning):
     """Every token's neighbours in its sentence's per-input datastore, from the memory the translator
     reads (the data directory's training split)."""
-    from reluformer_mt.inference.guidance.knn import KnnMixture
+    from reluformer_mt.guidance.knn import KnnMixture
     from reluformer_mt.inference.translator import DocumentTranslator
 
     s = t.settings

@@ -7,13 +7,13 @@
   checkpoint's resources, cuts documents into segments of the trained length, translates them
   with fairseq's beam search and splits them back into exactly one sentence per input sentence;
 - :mod:`reluformer_mt.inference.options`: the translator's options in groups, each declared once;
-- :mod:`reluformer_mt.inference.guidance`: the parts that act on every beam step's scores
+- :mod:`reluformer_mt.guidance`: the parts that act on every beam step's scores
   (separators, translation pieces, kNN-MT), below the task and the translator, which both use them.
 
 The names below are loaded when first used, so that the task's generator can import the guidance
 without the translator.
 """
-from reluformer_mt.inference.guidance.lazy import lazy_attributes
+from reluformer_mt.guidance.lazy import lazy_attributes
 
 _HOMES = {"FORMATS": "inputs", "InputDocument": "inputs", "ParsedInput": "inputs", "parse_input": "inputs",
           "read_input": "inputs", "read_text": "inputs", "write_output": "inputs",

@@ -2,13 +2,13 @@
 resources (:class:`ResourceOptions`), the search (:class:`SearchOptions`), the device and precision
 (:class:`PrecisionOptions`), the translation memory (:class:`MemoryOptions`) and every registered
 kind of decoding guidance (kNN-MT, the translation pieces, the separator constraint, TM-first:
-:mod:`reluformer_mt.inference.guidance.kinds`).
+:mod:`reluformer_mt.guidance.kinds`).
 
 :class:`TranslatorOptions` assembles them from ``DocumentTranslator``'s keywords: a group object
 under the group's name (``search=SearchOptions(beam=5)``), a group's plain value under its name
 (``knn="DIR"``, ``memory="tm.tmx"``) or any field under its keyword (``beam=5``,
 ``pieces_weight=0.5``), which is also reluformer-translate's option (``--pieces-weight``). Imports
-neither torch nor fairseq (:mod:`reluformer_mt.inference.guidance.declared`).
+neither torch nor fairseq (:mod:`reluformer_mt.guidance.declared`).
 """
 import dataclasses
 import functools
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from reluformer_mt.data.segmentation import parse_segment_tokens
-from reluformer_mt.inference.guidance.declared import TranslationError, keyword, number, option
-from reluformer_mt.inference.guidance.kinds import group_of, groups, register_group
-from reluformer_mt.inference.guidance.tm_first_options import TmFirstOptions  # noqa: F401  (re-exported)
+from reluformer_mt.guidance.declared import TranslationError, keyword, number, option
+from reluformer_mt.guidance.kinds import group_of, groups, register_group
+from reluformer_mt.guidance.tm_first_options import TmFirstOptions  # noqa: F401  (re-exported)
 
 MEMORY_CACHE_PRECISIONS = ("float16", "float32")
 _RENAMED = {"piece_weight": "pieces_weight", "piece_k": "pieces_k", "piece_max_n": "pieces_max_n"}
@@ -197,7 +197,7 @@ class TranslatorOptions:
 
     def guidance_options(self) -> list:
         """Every guidance kind's options, in registration order, for
-        :func:`reluformer_mt.inference.guidance.build_guidance`."""
+        :func:`reluformer_mt.guidance.build_guidance`."""
         return [self.groups[g.name] for g in groups() if g.guidance and g.name in self.groups]
 
     def needs_memory(self) -> bool:

@@ -8,7 +8,7 @@ of a segment joined by the separator token; segments are translated in batches b
 
 By default (``separators="constrained"``) the beam search itself keeps the separators: a
 hypothesis gets exactly the segment's number of separators and no empty sentence
-(:mod:`reluformer_mt.inference.guidance.separators`); ``separators="free"`` is plain beam search, which shows
+(:mod:`reluformer_mt.guidance.separators`); ``separators="free"`` is plain beam search, which shows
 how often the model keeps them by itself. A hypothesis that still does not split into the segment's
 number of non-empty sentences (free decoding, or a constrained one cut at the length limit) is
 translated again as two halves, and a half that fails again sentence by sentence; a single
@@ -42,9 +42,9 @@ from reluformer_mt.data.prepared import PREPARED_NAME, parse_spm_models
 from reluformer_mt.data.batching import length_batches
 from reluformer_mt.data.segmentation import greedy_segments
 from reluformer_mt.data.spm import repair_separator_lookalikes
-from reluformer_mt.inference.guidance.base import (Guidance, GuidanceContext, SourceBatch, TranslationError,
+from reluformer_mt.guidance.base import (Guidance, GuidanceContext, SourceBatch, TranslationError,
                                                    build_guidance, install_guidance)
-from reluformer_mt.inference.guidance.separator_options import SEPARATOR_MODES  # noqa: F401  (re-exported)
+from reluformer_mt.guidance.separator_options import SEPARATOR_MODES  # noqa: F401  (re-exported)
 from reluformer_mt.inference.options import TranslatorOptions
 from reluformer_mt.memory.tm_attention import MemoryReader
 

@@ -11,7 +11,7 @@ Two kinds of datastore:
 The state is read where fairseq's decoder hands it to the output projection (a forward hook,
 :class:`StateRecorder`), so every family, with or without memory attention, is served the same
 way and fairseq's ``SequenceGenerator`` is used unchanged; the mixing happens in a part of the beam
-search's guidance (:mod:`reluformer_mt.inference.guidance.knn`), whose rows are the rows the decoder
+search's guidance (:mod:`reluformer_mt.guidance.knn`), whose rows are the rows the decoder
 just ran.
 """
 import math

@@ -1,7 +1,7 @@
 """kNN-MT's search values, declared once: the record ``reluformer-memory tune`` writes beside a
 datastore (``tuned.full``) and the defaults where nothing is tuned. reluformer-translate's
 ``--knn-k`` etc., the translator's ``knn_k`` keywords and the fairseq task's ``--knn-k`` fields are
-derived from these fields (:class:`reluformer_mt.inference.guidance.knn_options.KnnMtOptions`).
+derived from these fields (:class:`reluformer_mt.guidance.knn_options.KnnMtOptions`).
 Imports neither torch nor fairseq.
 """
 import math

@@ -29,8 +29,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from reluformer_mt.data.prepared import SPM_MODEL_SYNTAX, Prepared, load_sentencepiece, parse_spm_models
 from reluformer_mt.data.segments import SEPARATOR, metadata_path, read_segment_metadata, segments_to_documents, split_segment
 from reluformer_mt.evaluation.bleu import corpus_dbleu, corpus_sbleu
-from reluformer_mt.inference.guidance.declared import task_name
-from reluformer_mt.inference.guidance.kinds import guidance_kinds, parse_guidance
+from reluformer_mt.guidance.declared import task_name
+from reluformer_mt.guidance.kinds import guidance_kinds, parse_guidance
 from reluformer_mt.memory.tm_data import TM_FUSIONS, MemoryPairDataset, encode_entries, matches_of_rows
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class _DocumentConfig(TranslationConfig):
                 "target) by <unk> (0 = off; Sennrich & Zhang 2019 use 0.1-0.3)"})
     guidance: Optional[str] = field(default=None, metadata={
         "help": "further decoding guidance at generation, by the name its kind is registered under: "
-                "'NAME:option=value,...', several joined by ';' (reluformer_mt.inference.guidance)"})
+                "'NAME:option=value,...', several joined by ';' (reluformer_mt.guidance)"})
 
 
 def generation_fields() -> list:
@@ -338,10 +338,10 @@ class DocumentTranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """fairseq's generator with the decoding guidance the options ask for, built as
-        reluformer-translate builds its own (:mod:`reluformer_mt.inference.guidance`): with
+        reluformer-translate builds its own (:mod:`reluformer_mt.guidance`): with
         ``--knn-datastore`` its beam search mixes in the datastore's neighbours, so fairseq-generate and
         fairseq-interactive get kNN-MT; ``--guidance`` names further registered kinds."""
-        from reluformer_mt.inference.guidance.base import GuidanceContext, build_guidance, install_guidance
+        from reluformer_mt.guidance.base import GuidanceContext, build_guidance, install_guidance
 
         generator = super().build_generator(models, args, seq_gen_cls=seq_gen_cls,
                                             extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)

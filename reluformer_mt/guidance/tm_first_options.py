@@ -1,9 +1,9 @@
 """TM-first's option, declared once (``--tm-first T``). Imports neither torch nor fairseq; the part
-itself is :mod:`reluformer_mt.inference.guidance.tm_first`."""
+itself is :mod:`reluformer_mt.guidance.tm_first`."""
 from dataclasses import dataclass
 from typing import Optional
 
-from reluformer_mt.inference.guidance.declared import TranslationError, number, option, register_guidance
+from reluformer_mt.guidance.declared import TranslationError, number, option, register_guidance
 
 
 @dataclass(frozen=True)
@@ -29,5 +29,5 @@ class TmFirstOptions:
         return self.threshold is not None
 
 
-register_guidance("tm_first", TmFirstOptions, "reluformer_mt.inference.guidance.tm_first:build_tm_first",
+register_guidance("tm_first", TmFirstOptions, "reluformer_mt.guidance.tm_first:build_tm_first",
                   section="memory")

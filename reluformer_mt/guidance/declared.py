@@ -86,7 +86,7 @@ def register_group(name: str, options: type, section: str = "", prefix: str = ""
 
 
 def register_guidance(name: str, options: type, build: Union[str, Callable], section: str = "") -> Group:
-    """Make ``options`` a kind of decoding guidance: :func:`reluformer_mt.inference.guidance.build_guidance`
+    """Make ``options`` a kind of decoding guidance: :func:`reluformer_mt.guidance.build_guidance`
     builds its part with ``build(options, context)``; its fields are options of reluformer-translate
     (``--NAME-FIELD``), keywords of ``DocumentTranslator`` (``NAME_FIELD``) and, in fairseq-generate,
     ``--guidance NAME:FIELD=VALUE``."""

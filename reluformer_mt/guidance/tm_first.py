@@ -5,8 +5,8 @@ the model still translated the whole segment, so the other sentences of a segmen
 context (and the speed is the model's alone)."""
 from dataclasses import replace
 
-from reluformer_mt.inference.guidance.base import Guidance, GuidanceContext
-from reluformer_mt.inference.guidance.tm_first_options import TmFirstOptions
+from reluformer_mt.guidance.base import Guidance, GuidanceContext
+from reluformer_mt.guidance.tm_first_options import TmFirstOptions
 
 
 class MemoryFirst(Guidance):

@@ -1,8 +1,8 @@
 """The separator constraint's option, declared once (``--separators``). Imports neither torch nor
-fairseq; the part itself is :mod:`reluformer_mt.inference.guidance.separators`."""
+fairseq; the part itself is :mod:`reluformer_mt.guidance.separators`."""
 from dataclasses import dataclass
 
-from reluformer_mt.inference.guidance.declared import TranslationError, option, register_guidance
+from reluformer_mt.guidance.declared import TranslationError, option, register_guidance
 
 SEPARATOR_MODES = ("constrained", "free")
 
@@ -21,5 +21,5 @@ class Separators:
             raise TranslationError(f"--separators: expected one of {', '.join(SEPARATOR_MODES)}, got {self.mode!r}")
 
 
-register_guidance("separators", Separators, "reluformer_mt.inference.guidance.separators:build_separator_constraint",
+register_guidance("separators", Separators, "reluformer_mt.guidance.separators:build_separator_constraint",
                   section="search")

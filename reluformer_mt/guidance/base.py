@@ -5,7 +5,7 @@ A *part* (:class:`Guidance`) acts on each beam step's next-token scores in place
 the distribution (kNN-MT's mixture), add to it (the translation pieces' bonus) or rule tokens out
 (the separator constraint). A *kind* of part is its options dataclass, validated where it is
 declared, and a build function, joined by
-:func:`~reluformer_mt.inference.guidance.declared.register_guidance`; :func:`build_guidance` turns a
+:func:`~reluformer_mt.guidance.declared.register_guidance`; :func:`build_guidance` turns a
 list of options into the parts that apply, ordered by their stage, and :func:`install_guidance`
 wraps the search fairseq's generator built (beam search, sampling, constraints...) in a
 :class:`GuidedSearch` that applies them first. reluformer-translate
@@ -21,8 +21,8 @@ import torch
 from fairseq.search import Search
 from torch import Tensor
 
-from reluformer_mt.inference.guidance.declared import TranslationError
-from reluformer_mt.inference.guidance.kinds import group_of
+from reluformer_mt.guidance.declared import TranslationError
+from reluformer_mt.guidance.kinds import group_of
 
 # the order in which the parts act on a step: a mixture replaces the distribution, a bonus is added
 # to the mixed one, and the constraints rule tokens out of the result; "finish" parts act on the

@@ -1,5 +1,5 @@
 """Translation pieces as a part of decoding guidance (``--pieces-weight`` etc.): each sentence's
-pieces from its memory matches (:mod:`reluformer_mt.inference.guidance.piece_table`), a bonus at
+pieces from its memory matches (:mod:`reluformer_mt.guidance.piece_table`), a bonus at
 every step. Any model, with or without memory attention; reluformer-translate only (the pieces
 come from the translator's memory lookups)."""
 import difflib
@@ -7,9 +7,9 @@ from typing import List, Optional
 
 import torch
 
-from reluformer_mt.inference.guidance.base import BeamStep, Guidance, GuidanceContext, SourceBatch
-from reluformer_mt.inference.guidance.piece_table import PieceTable, sentence_pieces
-from reluformer_mt.inference.guidance.pieces_options import PiecesOptions
+from reluformer_mt.guidance.base import BeamStep, Guidance, GuidanceContext, SourceBatch
+from reluformer_mt.guidance.piece_table import PieceTable, sentence_pieces
+from reluformer_mt.guidance.pieces_options import PiecesOptions
 
 
 class TranslationPiecesGuide(Guidance):

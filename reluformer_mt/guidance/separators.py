@@ -10,7 +10,7 @@ allows only EOS), EOS is kept, so a hypothesis cut at the length limit can still
 and falls back as before.
 
 The part sees, at every step, the prefix of each hypothesis row (to count its separators) and the
-separators each row's source needs (:attr:`reluformer_mt.inference.guidance.base.BeamStep.required`),
+separators each row's source needs (:attr:`reluformer_mt.guidance.base.BeamStep.required`),
 looked up by the dataset ids of the sentences still in the batch (``original_batch_idxs``, which
 fairseq's ``SequenceGenerator`` keeps in step with the rows as finished sentences leave the batch),
 so the row -> source mapping never depends on the batch order, the beam size or which sentences
@@ -21,8 +21,8 @@ import math
 import torch
 from torch import Tensor
 
-from reluformer_mt.inference.guidance.base import BeamStep, Guidance, GuidanceContext
-from reluformer_mt.inference.guidance.separator_options import SEPARATOR_MODES, Separators  # noqa: F401  (re-exported)
+from reluformer_mt.guidance.base import BeamStep, Guidance, GuidanceContext
+from reluformer_mt.guidance.separator_options import SEPARATOR_MODES, Separators  # noqa: F401  (re-exported)
 
 
 def constrain_separators(lprobs: Tensor, prefix: Tensor, required: Tensor, separator: int, eos: int) -> Tensor:

@@ -1,11 +1,11 @@
 """The registry of guidance kinds with the built-in ones registered: kNN-MT, the translation
 pieces, the separator constraint and TM-first, in the order their parts are built (within a stage). Their
 options modules register them; a new kind registers itself the same way
-(:func:`~reluformer_mt.inference.guidance.declared.register_guidance`) in its own file.
+(:func:`~reluformer_mt.guidance.declared.register_guidance`) in its own file.
 Neither torch nor fairseq."""
-from reluformer_mt.inference.guidance import (knn_options, pieces_options, separator_options,  # noqa: F401  (register)
+from reluformer_mt.guidance import (knn_options, pieces_options, separator_options,  # noqa: F401  (register)
                                               tm_first_options)
-from reluformer_mt.inference.guidance.declared import (Group, group_of, groups, kind_named, parse_guidance,  # noqa: F401
+from reluformer_mt.guidance.declared import (Group, group_of, groups, kind_named, parse_guidance,  # noqa: F401
                                                        register_group, register_guidance)
 
 

@@ -1,9 +1,9 @@
 """Decoding guidance: the parts that act on every beam step's scores.
 
-- :mod:`~reluformer_mt.inference.guidance.declared`: the options of every part declared once, the
+- :mod:`~reluformer_mt.guidance.declared`: the options of every part declared once, the
   registry of kinds (:func:`register_guidance`) and ``--guidance`` specs (:func:`parse_guidance`);
   neither torch nor fairseq;
-- :mod:`~reluformer_mt.inference.guidance.base`: the part interface (:class:`Guidance`), the step it
+- :mod:`~reluformer_mt.guidance.base`: the part interface (:class:`Guidance`), the step it
   sees (:class:`BeamStep`), the one builder (:func:`build_guidance`) and the search that applies the
   parts inside the search fairseq built (:class:`GuidedSearch`);
 - kNN-MT's mixture (stage "mixture"): options in ``knn_options``, the part in ``knn``;
@@ -15,7 +15,7 @@ A new kind is one file with its options dataclass, its :class:`Guidance` part an
 ``DocumentTranslator`` and a ``--guidance`` kind of fairseq-generate. The names below are loaded
 when first used, so that the options (and the command line built from them) load no torch.
 """
-from reluformer_mt.inference.guidance.lazy import lazy_attributes
+from reluformer_mt.guidance.lazy import lazy_attributes
 
 _HOMES = {"TranslationError": "declared", "register_guidance": "kinds", "register_group": "kinds",
           "parse_guidance": "kinds", "STAGES": "base", "BeamStep": "base", "Guidance": "base",

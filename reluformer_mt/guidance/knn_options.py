@@ -2,13 +2,13 @@
 ``--knn-datastore`` and ``--knn-k``...): where the neighbours come from, how the datastore is
 searched, and the search values given (each None: the datastore's tuned value, else
 :class:`reluformer_mt.knn.values.KnnOptions`' default; those fields are derived from that record).
-Imports neither torch nor fairseq; the part itself is :mod:`reluformer_mt.inference.guidance.knn`."""
+Imports neither torch nor fairseq; the part itself is :mod:`reluformer_mt.guidance.knn`."""
 import json
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
-from reluformer_mt.inference.guidance.declared import TranslationError, option, register_guidance
+from reluformer_mt.guidance.declared import TranslationError, option, register_guidance
 from reluformer_mt.knn.values import KnnOptions
 
 
@@ -168,4 +168,4 @@ def tuned_restriction(datastore: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-register_guidance("knn", KnnMtOptions, "reluformer_mt.inference.guidance.knn:build_knn")
+register_guidance("knn", KnnMtOptions, "reluformer_mt.guidance.knn:build_knn")

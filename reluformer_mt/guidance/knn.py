@@ -7,8 +7,8 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from reluformer_mt.inference.guidance.base import BeamStep, Guidance, GuidanceContext, SourceBatch, TranslationError
-from reluformer_mt.inference.guidance.knn_options import KnnMtOptions, tuned_restriction  # noqa: F401  (re-exported)
+from reluformer_mt.guidance.base import BeamStep, Guidance, GuidanceContext, SourceBatch, TranslationError
+from reluformer_mt.guidance.knn_options import KnnMtOptions, tuned_restriction  # noqa: F401  (re-exported)
 
 class KnnMixture(Guidance):
     """Mixes the neighbours in first, so that a bonus and the constraints act on the mixed

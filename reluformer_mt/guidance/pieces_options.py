@@ -1,10 +1,10 @@
 """The translation pieces' options, declared once (``--pieces-weight`` etc.; Zhang et al. NAACL
 2018). Imports neither torch nor fairseq; the part itself is
-:mod:`reluformer_mt.inference.guidance.pieces`."""
+:mod:`reluformer_mt.guidance.pieces`."""
 import math
 from dataclasses import dataclass
 
-from reluformer_mt.inference.guidance.declared import TranslationError, number, option, register_guidance
+from reluformer_mt.guidance.declared import TranslationError, number, option, register_guidance
 
 # beyond this the bonus dwarfs every log-probability a model gives (search copies the memory), and
 # near float32's range (1e300 is inf there) beam scores become inf - inf = NaN inside fairseq
@@ -71,4 +71,4 @@ class PiecesOptions:
         return bool(self.weight)
 
 
-register_guidance("pieces", PiecesOptions, "reluformer_mt.inference.guidance.pieces:build_pieces", section="memory")
+register_guidance("pieces", PiecesOptions, "reluformer_mt.guidance.pieces:build_pieces", section="memory")
