@@ -128,6 +128,7 @@ STUDY_CASES = [
     (["--tune", "softmax", "--space", "huge"], "argument --space: invalid choice: 'huge'"),
     (["--tune", "softmax", "--first-rung", "-1"], "argument --first-rung: expected an integer >= 0, got '-1'"),
     (["--tune", "softmax", "--rung-factor", "1"], "--rung-factor: got 1, expected an integer >= 2"),
+    (["--tune", "softmax", "--rung-metric", "loss"], "argument --rung-metric: invalid choice: 'loss'"),
     (["--tune", "softmax", "--extra-target", "missing.tsv"], "--extra-target missing.tsv: file not found"),
     (["--tune", "softmax", "--train-lengths", "12x"], "argument --train-lengths: segment length must be"),
 ]

@@ -334,7 +334,8 @@ def test_the_recipe_space_reaches_the_model_the_flags_and_the_presets(tmp_path):
 def test_a_trial_behind_its_rung_stops_there(tmp_path, bible_corpus):
     """Successive halving with Optuna's pruner: two finished trials scored 40 at the first rung (2
     sentence updates); the preset trial trains 2 updates, reports its greedy valid s-BLEU and is
-    stopped there, counted in the budget and in the table; a second call trains nothing."""
+    stopped there (its validation loss without smoothing ranks it, -nll_loss < 40), counted in the
+    budget and in the table; a second call trains nothing."""
     pytest.importorskip("bible_alignments")
     import optuna
 
@@ -355,12 +356,27 @@ def test_a_trial_behind_its_rung_stops_there(tmp_path, bible_corpus):
     lines = []
     summary = tune.run_search(options, base, report=lines.append)
     stopped = [tr for tr in summary["families"]["softmax"]["trials"] if tr["state"] == "PRUNED"]
-    assert len(stopped) == 1 and stopped[0]["pruned_at"] == 2 and stopped[0]["rung_valid_s_bleu"] < 40
+    assert len(stopped) == 1 and stopped[0]["pruned_at"] == 2 and stopped[0]["rung_valid_nll_loss"] > 0
     assert stopped[0]["params"]["embed_dim"] == 64  # the preset trial, at the quick preset's size
     assert any("stopped at 2 updates" in line for line in lines)
     trial_dir = next((options.out / "softmax").glob("trial-*"))
-    assert json.loads((trial_dir / "rungs.json").read_text()) == {"2": stopped[0]["rung_valid_s_bleu"]}
+    rung = json.loads((trial_dir / "rungs.json").read_text())["2"]  # both measures, ranked by -nll_loss
+    assert rung == {"nll_loss": stopped[0]["rung_valid_nll_loss"], "s_bleu": stopped[0]["rung_valid_s_bleu"]}
+    assert "valid nll" in (options.out / "tuning.md").read_text()
     assert not (trial_dir / "checkpoints" / "softmax" / "document").exists()  # the document phase never ran
     assert "stopped at 2 updates" in (options.out / "tuning.md").read_text()
     again = tune.run_search(options, base, report=lines.append)
     assert again["families"]["softmax"]["trials"] == summary["families"]["softmax"]["trials"]
+
+
+def test_rungs_rank_by_one_measure_per_search(tmp_path):
+    """A rung keeps both measures; -nll_loss ranks by default, s-BLEU with --rung-metric bleu; rungs
+    of a search that stored s-BLEU alone are refused under nll in one line naming the option."""
+    from reluformer_mt.experiments.recipe import rung_value
+
+    record = tmp_path / "rungs.json"
+    assert rung_value({"nll_loss": 6.5, "s_bleu": 0.04}, "nll", record) == -6.5
+    assert rung_value({"nll_loss": 6.5, "s_bleu": 0.04}, "bleu", record) == 0.04
+    assert rung_value(3.42, "bleu", record) == 3.42
+    with pytest.raises(ValueError, match="rungs.json: its rungs hold greedy s-BLEU only; resume it with --rung-metric bleu"):
+        rung_value(3.42, "nll", record)

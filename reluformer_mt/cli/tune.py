@@ -47,10 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "activation dropout, label smoothing, word dropout, decoder layer-drop; docs/FAMILIES.md)")
     add_recipe_data_options(p)  # every trial trains on the recipe's data
     p.add_argument("--first-rung", type=non_negative_int, default=0, metavar="UPDATES",
-                   help="successive halving: report each trial's greedy valid s-BLEU after UPDATES sentence updates, "
+                   help="successive halving: report each trial's validation (--rung-metric) after UPDATES sentence updates, "
                         "then UPDATES x --rung-factor, ...; trials outside the best 1/factor at a rung stop there "
                         "(0: every trial trains its full budget)")
     p.add_argument("--rung-factor", type=positive_int, default=3, help="successive halving's reduction factor (>= 2)")
+    p.add_argument("--rung-metric", choices=("nll", "bleu"), default="nll",
+                   help="what ranks the trials at a rung: fairseq's validation loss without label smoothing "
+                        "(nll, the default: informative from the first rungs) or its greedy s-BLEU (bleu)")
     p.add_argument("--jobs", type=positive_int, default=2, help="trials at once, one thread each")
     p.add_argument("--startup-trials", type=positive_int, default=4,
                    help="random proposals per family before TPE models the finished trials")
@@ -85,7 +88,8 @@ def main(argv=None) -> int:
                                total_updates=args.tune_updates, jobs=args.jobs, startup_trials=args.startup_trials,
                                sampler_seed=args.sampler_seed, bible_root=args.bible_root,
                                valid_chapters=args.valid_chapters, space=args.space, first_rung=args.first_rung,
-                               rung_factor=args.rung_factor, extra_target=args.extra_target,
+                               rung_factor=args.rung_factor, rung_metric=args.rung_metric,
+                               extra_target=args.extra_target,
                                train_lengths=args.train_lengths)
     def search():
         if args.report_only:

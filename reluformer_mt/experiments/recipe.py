@@ -18,9 +18,9 @@ corpus of the search (``--vocab-size`` of the demo), so the families stay compar
 
 Successive halving (Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020, as Optuna's
 ``SuccessiveHalvingPruner``): a trial trains its sentence phase in rungs of ``first_rung``,
-``first_rung * factor``, ... updates; after each rung its greedy validation s-BLEU (fairseq's own
-validation at the rung's last update) is reported, and a trial outside the best ``1/factor`` of
-those that reached the rung stops there. Rungs only fall inside the sentence phase, so every trial
+``first_rung * factor``, ... updates; after each rung fairseq's own validation at the rung's last
+update is reported (its loss without label smoothing by default, or its greedy s-BLEU:
+:func:`rung_value`), and a trial outside the best ``1/factor`` of those that reached the rung stops there. Rungs only fall inside the sentence phase, so every trial
 compares with the others while they all train on verses, whatever their sentence/document split.
 A rung's score is stored in the trial's ``rungs.json``, so a resumed trial reports it again
 without training it again.
@@ -83,17 +83,35 @@ def pruner(first: int, factor: int):
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=first, reduction_factor=factor, min_early_stopping_rate=0)
 
 
-def rung_score(log_file: Path, end: int) -> float:
-    """Greedy validation s-BLEU at update ``end`` (fairseq validates when a run reaches --max-update)."""
+RUNG_METRICS = ("nll", "bleu")
+
+
+def rung_score(log_file: Path, end: int) -> dict:
+    """Fairseq's validation at update ``end`` (it validates when a run reaches --max-update): the
+    label-smoothing-free loss ``nll_loss`` (bits per target token) and the greedy ``s_bleu``."""
     from reluformer_mt.experiments.curves import read_learning_curve
 
-    points = [p for p in read_learning_curve(log_file)["valid"] if p["update"] <= end and p["s_bleu"] is not None]
+    points = [p for p in read_learning_curve(log_file)["valid"] if p["update"] <= end and p["nll_loss"] is not None]
     if not points:
-        raise RuntimeError(f"{log_file}: no validation s-BLEU up to update {end}")
-    return points[-1]["s_bleu"]
+        raise RuntimeError(f"{log_file}: no validation up to update {end}")
+    return {"nll_loss": points[-1]["nll_loss"], "s_bleu": points[-1]["s_bleu"]}
 
 
-def train_rung(o, family: str, dirs: Dict[str, Path], end: int) -> float:
+def rung_value(score, metric: str, record: Path) -> float:
+    """What a rung reports to the pruner (higher is better): -nll_loss or the greedy s-BLEU.
+
+    ``nll`` is the default: at the first rungs most settings' greedy s-BLEU is still near zero (0.00
+    to 0.04 at 500 updates in the first search), so it ranks them by noise, while the loss
+    already separates them; label smoothing differs between trials, so the smoothing-free
+    ``nll_loss`` is compared, not the training criterion's loss."""
+    if not isinstance(score, dict):  # a rung of a search that stored s-BLEU alone
+        if metric != "bleu":
+            raise ValueError(f"{record}: its rungs hold greedy s-BLEU only; resume it with --rung-metric bleu")
+        return score
+    return -score["nll_loss"] if metric == "nll" else score["s_bleu"]
+
+
+def train_rung(o, family: str, dirs: Dict[str, Path], end: int) -> dict:
     """Train the family's sentence phase to update ``end`` (resuming its checkpoint) and score it;
     the seconds spent are kept where the demo's training adds them to the phase's time."""
     import time
@@ -117,9 +135,11 @@ def train_rung(o, family: str, dirs: Dict[str, Path], end: int) -> float:
     return rung_score(log_file, end)
 
 
-def climb_rungs(o, family: str, dirs: Dict[str, Path], trial, ends: List[int], trial_dir: Path) -> dict:
-    """Report each rung's score to the Optuna ``trial``; {"pruned_at": end, "score": s} where the
-    pruner stops it, else {}. Scores already in ``rungs.json`` are reported again, not retrained."""
+def climb_rungs(o, family: str, dirs: Dict[str, Path], trial, ends: List[int], trial_dir: Path,
+                metric: str = "nll") -> dict:
+    """Report each rung's ``metric`` to the Optuna ``trial``; {"pruned_at": end, "score": rung}
+    where the pruner stops it, else {}. Rungs already in ``rungs.json`` are reported again, not
+    retrained (each keeps both measures, so either metric can rank them)."""
     from reluformer_mt.data.textfiles import write_text_atomically
 
     record = trial_dir / "rungs.json"
@@ -128,7 +148,7 @@ def climb_rungs(o, family: str, dirs: Dict[str, Path], trial, ends: List[int], t
         if end not in scores:
             scores[end] = train_rung(o, family, dirs, end)
             write_text_atomically(record, json.dumps(scores, indent=1) + "\n")
-        trial.report(scores[end], end)
+        trial.report(rung_value(scores[end], metric, record), end)
         if trial.should_prune():
             return {"pruned_at": end, "score": scores[end]}
     return {}

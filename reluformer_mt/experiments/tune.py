@@ -163,6 +163,7 @@ class Halving:
     trial_id: int
     first_rung: int
     factor: int
+    metric: str = "nll"  # what a rung reports (recipe.rung_value)
 
     def open_trial(self):
         import optuna
@@ -172,6 +173,11 @@ class Halving:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(study_name=self.study, storage=_storage(self.journal),
                                   pruner=pruner(self.first_rung, self.factor))
+        ranked_by = study.user_attrs.get("rung_metric")
+        if ranked_by is None:
+            study.set_user_attr("rung_metric", self.metric)
+        elif ranked_by != self.metric:  # rungs of two measures cannot rank each other
+            raise ValueError(f"{self.journal}: its rungs are ranked by {ranked_by}; resume it with --rung-metric {ranked_by}")
         return optuna.trial.Trial(study, self.trial_id)
 
 
@@ -190,9 +196,11 @@ def run_trial(base, family: str, params: dict, total_updates: int, trial_dir: Pa
     cpu_start, start = process_cpu_seconds(), time.time()
     if halving is not None:
         ends = rungs(halving.first_rung, halving.factor, o.sentence_updates)
-        stopped = climb_rungs(o, family, dirs, halving.open_trial(), ends, trial_dir)
+        stopped = climb_rungs(o, family, dirs, halving.open_trial(), ends, trial_dir, halving.metric)
         if stopped:
-            result = {"family": family, "params": params, "valid_s_bleu": None, "rung_valid_s_bleu": stopped["score"],
+            rung = stopped["score"] if isinstance(stopped["score"], dict) else {"s_bleu": stopped["score"]}
+            result = {"family": family, "params": params, "valid_s_bleu": None, "rung_valid_s_bleu": rung["s_bleu"],
+                      "rung_valid_nll_loss": rung.get("nll_loss"),
                       "pruned_at": stopped["pruned_at"], "cpu_seconds": round(process_cpu_seconds() - cpu_start, 1),
                       "wall_seconds": round(time.time() - start, 1)}
             _write_atomic(done, json.dumps(result, indent=1) + "\n")
@@ -231,6 +239,7 @@ class TuneOptions:
     space: str = "shared"  # SPACES: the shared settings, or those and the low-resource recipe's
     first_rung: int = 0  # successive halving's first rung in sentence updates (0: no pruning)
     rung_factor: int = 3  # successive halving's reduction factor
+    rung_metric: str = "nll"  # what a rung ranks by: recipe.RUNG_METRICS
     extra_target: Optional[str] = None  # the recipe's data (DemoOptions): a second translation ...
     train_lengths: Sequence[str] = ()  # ... and the document phase's training lengths
 
@@ -307,7 +316,8 @@ class FamilySearch:
     def halving(self, trial) -> Optional[Halving]:
         if not self.t.first_rung:
             return None
-        return Halving(self.journal, self.family, trial._trial_id, self.t.first_rung, self.t.rung_factor)
+        return Halving(self.journal, self.family, trial._trial_id, self.t.first_rung, self.t.rung_factor,
+                       self.t.rung_metric)
 
     def trial_dir(self, params: dict) -> Path:
         return self.dir / f"trial-{settings_key(params)}"
@@ -377,11 +387,11 @@ def _tell(search: FamilySearch, trial, future, report, started: float) -> None:
         report(f"tune: {search.family} trial {trial.number} FAILED: {str(error).splitlines()[0] if str(error) else error!r}")
         return
     if result.get("pruned_at"):
-        for key in ("pruned_at", "rung_valid_s_bleu", "cpu_seconds"):
-            trial.set_user_attr(key, result[key])
+        for key in ("pruned_at", "rung_valid_s_bleu", "rung_valid_nll_loss", "cpu_seconds"):
+            trial.set_user_attr(key, result.get(key))
         search.study.tell(trial, state=TrialState.PRUNED)
         report(f"tune: {search.family} trial {trial.number} ({len(search.counted())}/{search.t.trials}): stopped at "
-               f"{result['pruned_at']} updates (greedy valid s-BLEU {result['rung_valid_s_bleu']:.2f})")
+               f"{result['pruned_at']} updates ({rung_text(result)})")
         return
     for key in ("valid_d_bleu", "valid_fallbacks", "cpu_seconds", "sentence_updates", "document_updates"):
         trial.set_user_attr(key, result[key])
@@ -416,12 +426,19 @@ def family_summary(t: TuneOptions, search: FamilySearch) -> dict:
             "finished": len(trials) >= t.trials, "best": best}
 
 
+def rung_text(result: dict) -> str:
+    """A stopped trial's last rung: its validation loss without smoothing and greedy s-BLEU."""
+    nll, bleu = result.get("rung_valid_nll_loss"), result.get("rung_valid_s_bleu")
+    return ", ".join(([] if nll is None else [f"valid nll {nll:.2f}"]) +
+                     ([] if bleu is None else [f"greedy valid s-BLEU {bleu:.2f}"]))
+
+
 def write_summary(t: TuneOptions, searches: Dict[str, FamilySearch]) -> dict:
     command = "reluformer-study --tune " + ",".join(t.families) + f" --trials {t.trials} --tune-updates {t.total_updates}"
     command += (f" --extra-target {t.extra_target}" if t.extra_target else "") + (
         f" --train-lengths {','.join(t.train_lengths)}" if t.train_lengths else "")
     command += (f" --space {t.space}" if t.space != "shared" else "") + (
-        f" --first-rung {t.first_rung} --rung-factor {t.rung_factor}" if t.first_rung else "")
+        f" --first-rung {t.first_rung} --rung-factor {t.rung_factor} --rung-metric {t.rung_metric}" if t.first_rung else "")
     summary = {"command": command, "objective": "s-BLEU of the validation chapters (document translator, beam search)",
                "baseline": validation_baseline(t), "families": {f: family_summary(t, s) for f, s in searches.items()}}
     _write_atomic(t.out / "tuning.json", json.dumps(summary, indent=1) + "\n")
@@ -464,7 +481,7 @@ def render(summary: dict) -> str:
         for position, tr in enumerate(f["trials"], 1):
             score = "failed" if tr["valid_s_bleu"] is None else f"{tr['valid_s_bleu']:.2f}"
             if tr.get("pruned_at"):
-                score = f"stopped at {tr['pruned_at']} updates (greedy {tr['rung_valid_s_bleu']:.2f})"
+                score = f"stopped at {tr['pruned_at']} updates ({rung_text(tr)})"
             d = tr.get("valid_d_bleu")
             lines.append(f"| {family} | {position} [{tr['number']}] | {score} | {'' if d is None else format(d, '.2f')} | "
                          f"{tr.get('cpu_seconds', 0) / 60:.1f} | {describe_params(tr['params'])} |")
