@@ -12,7 +12,8 @@ import torch
 
 from reluformer_mt.attention import AttentionConfig, ReluformerAttention, fused
 from reluformer_mt.attention.blocked import tiled_attention
-from reluformer_mt.attention.visibility import Visibility, is_causal_mask, live_query_rows, padding_ranges
+from reluformer_mt.attention.visibility import (_VISIBILITY_CACHE, Visibility, is_causal_mask, live_query_rows,
+                                                padding_ranges)
 from helpers import load_benchmark_script
 
 
@@ -223,8 +224,8 @@ def test_small_calls_without_gradients_equal_the_tiled_path(act, factor, bias):
     torch.testing.assert_close(direct, tiled.detach(), atol=1e-6, rtol=1e-6)
 
 
-def test_the_direct_route_asks_the_host_nothing_about_padding(monkeypatch):
-    """Training on sentences (the direct route) builds its mask and counts from the padding mask on
+def test_the_direct_and_dense_routes_ask_the_host_nothing_about_padding(monkeypatch):
+    """Training (the direct and dense routes) builds its mask and counts from the padding mask on
     the device: no copy to the host and no scalar read per padding mask (issue 64: each is a
     wait for the queue on a GPU); a hole in the padding is still masked exactly."""
     torch.manual_seed(3)
@@ -240,9 +241,13 @@ def test_the_direct_route_asks_the_host_nothing_about_padding(monkeypatch):
         raise AssertionError("a host synchronisation on the direct route")
     for name in ("tolist", "item", "__bool__"):
         monkeypatch.setattr(torch.Tensor, name, no_host)
-    vis = Visibility.from_padding(6, 9, kpm, causal=True)
-    out, _, _ = tiled_attention(q, k, v, vis, route="direct", want_rows=True)
-    out.sum().backward()
+    outs = {}
+    for route in ("direct", "dense"):  # dense: the tiles are masked from the padding, none skipped by it
+        vis = Visibility.from_padding(6, 9, kpm, causal=True)
+        outs[route], _, _ = tiled_attention(q, k, v, vis, route=route, want_rows=True, block_q=4, block_k=4)
+        outs[route].sum().backward()
+        _VISIBILITY_CACHE.clear()  # a fresh Visibility for the next route
     monkeypatch.undo()
-    torch.testing.assert_close(out, reference)
+    for out in outs.values():
+        torch.testing.assert_close(out, reference)
     assert not vis.ranges_hold() and torch.equal(vis.resolved().mask, expected)

@@ -271,10 +271,10 @@ def _tiled_attention(q: Tensor, k: Tensor, v: Tensor, keep, *, route: str, activ
     keep = as_visibility(keep)
     if n_visible is None:
         n_visible = keep.n_visible(q.device)  # (B|1, 1, T, 1)
-    # the direct route masks with the dense pattern, built on the device from a padding mask, and
-    # the C++ kernel reads the ranges' check itself: neither asks the host first (issue 64); the
-    # other tiled routes and kernels take host-checked ranges
-    visible = keep if route in ("direct", "fused") and keep.padding is not None else _resolved(keep)
+    # the direct and dense routes mask with the pattern built on the device from a padding mask,
+    # and the C++ kernel reads the ranges' check itself: none asks the host first (issue 64); the
+    # blocked route and the GPU kernels take host-checked ranges (they skip padded tiles)
+    visible = keep if route in ("direct", "fused", "dense") and keep.padding is not None else _resolved(keep)
     c = None if row_factor is None else row_factor.to(q.dtype).expand(B, H, T, 1)
     b = None if row_bias is None else row_bias.to(q.dtype).expand(B, H, T, 1)
     q, c = _scaled_queries(q, c, b, act, scaling)
