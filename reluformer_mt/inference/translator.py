@@ -144,13 +144,11 @@ def find_resources(opened: OpenedCheckpoint, spm_model=None, segment_tokens=None
 # ---------------------------------------------------------------- the translator
 
 def _register_what_it_loads() -> None:
-    """The task and the models a checkpoint names, registered with fairseq by their modules'
-    decorators, and fairseq's fixes for loading (each applied once): what the translator loads,
-    so that a Python user's ``DocumentTranslator(...)`` needs no ``reluformer_mt.register()`` (the
-    plugin, above the translator, registers the criteria too, for training)."""
-    from reluformer_mt import fairseq_compat, models, tasks  # noqa: F401  (their decorators register them)
+    """The plugin registered with fairseq (its fixes for loading, the task, models and criteria; once),
+    so that a Python user's ``DocumentTranslator(...)`` needs no ``reluformer_mt.register()``."""
+    from reluformer_mt.plugin import register
 
-    fairseq_compat.apply()
+    register()
 
 
 def _in_band_order(key: str):
