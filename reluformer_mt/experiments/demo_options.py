@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-# reluformer+tm (the ReLU read-out of the memory) is in the read-out study (docs/TRANSLATION_MEMORY.md):
+# reluformer+tm (the ReLU read-out of the memory) is in the read-out study (docs/history/TRANSLATION_MEMORY.md):
 # at the demo's 2,500 updates it gained less than softmax+tm and took the longest, so the default
 # demo keeps one memory-attention family and guides every family by translation pieces.
 # ``make demo`` trains two families so that it fits 30 minutes on 2 cores (each family trains 2,500

@@ -46,7 +46,7 @@ def hypothesis_file(family: str, mode: str) -> str:
 
 
 # the pieces' fuzzy floors the demo's tuner decodes: 0.3 lost to 0 on the validation chapters for every
-# family of the measured runs (docs/KNN_MT.md's tuned values: floor 0 chosen 4 of 4, and 1-2 s-BLEU
+# family of the measured runs (docs/history/KNN_MT.md's tuned values: floor 0 chosen 4 of 4, and 1-2 s-BLEU
 # lower with 0.3 on the ReLUFormer checkpoint; most verses' best match is below 50 %, so the floor
 # removes their pieces), so the demo skips its two decodes; ``reluformer-memory tune`` still tries both
 DEMO_PIECES_FLOORS = (0.0,)

@@ -133,7 +133,7 @@ class PieceTable:
     searches each row's slots instead). With a ``separator``, a row is rewarded by the unit of the
     sentence it is writing: its number of separators so far. (Issue 32 cut a step's tensor
     operations, with fewer searches and ``index_select`` for the row gathers: the same bonuses,
-    bit for bit, in about a quarter less time: docs/KNN_MT.md.)"""
+    bit for bit, in about a quarter less time: docs/history/KNN_MT.md.)"""
 
     DENSE_LIMIT = 2 ** 24  # entries of the (unit, token) -> slot map (32 MiB as int16)
 

@@ -16,7 +16,7 @@ p(y) = (1 - c) p_vocab(y) + c * sum_{m: token_m = y} w_m, where w is the last re
 head-averaged attention renormalised over the memory (a ReLU row that attends to nothing
 copies nothing: c = 0 there) and c = sigmoid(Linear(decoder state)), computed in log space over the memory's tokens only
 (:func:`copy_probabilities`). Without it a small model
-trained for minutes learns to ignore its matches (measured: docs/TRANSLATION_MEMORY.md);
+trained for minutes learns to ignore its matches (measured: docs/history/TRANSLATION_MEMORY.md);
 ``--tm-no-copy`` is that ablation.
 
 The choice of where to read (after every decoder layer's feed-forward block) and the gate's
@@ -40,7 +40,7 @@ from reluformer_mt.model_args import fill_unset, task_option
 logger = logging.getLogger(__name__)
 
 # no memory encoder layer by default: with the previous-token feature and the copy distribution a
-# 1-layer encoder learned no faster (docs/TRANSLATION_MEMORY.md) and costs k times a source encoder
+# 1-layer encoder learned no faster (docs/history/TRANSLATION_MEMORY.md) and costs k times a source encoder
 TM_DEFAULTS = {"tm_attention": False, "tm_attn_fn": None, "tm_encoder_layers": 0, "tm_no_copy": False}
 
 
