@@ -76,9 +76,11 @@ def is_generated(text: str) -> bool:
 
 def prose_of_a_user_page(text: str) -> str:
     """What a reader reads as the page's own words: code blocks (quoted output, commands), link
-    targets (anchors of history headings) and the blocks a script generates (their captions may
-    name the run's commit) left out; inline code stays, so a commit in backticks is still found."""
-    return LINK_TARGET.sub("]()", FENCED.sub("", GENERATED_BLOCK.sub("", text)))
+    paths (a benchmark report may be named by its run) and the blocks a script generates (their
+    captions may name the run's commit) left out; a link's anchor stays (a user page links to a
+    history heading by what it measured, not by commit), and so does inline code."""
+    return LINK_TARGET.sub(lambda m: "](" + (m.group(0).split("#", 1)[1][:-1] if "#" in m.group(0) else "") + ")",
+                           FENCED.sub("", GENERATED_BLOCK.sub("", text)))
 
 
 def test_user_pages_name_no_commit_in_prose():
@@ -92,9 +94,9 @@ def test_user_pages_name_no_commit_in_prose():
 
 def test_the_commit_pattern_can_fail_and_spares_numbers_links_and_generated_captions():
     for text in ("the demo run (commit 1d106ea)", "code of commits 285e4f6-46572d8", "at commit 2483402,",
-                 "`.ci/run` of 19fc110", "the reader of `ae59003`"):
+                 "`.ci/run` of 19fc110", "the reader of `ae59003`", "[history](h/P.md#measured-commit-d992d39-idle)"):
         assert HASH.search(prose_of_a_user_page(text)), text
-    for text in ("`--slots 1000000`, 25,127 pairs, 2026-11-30", "[history](h/P.md#measured-commit-d992d39-idle)",
+    for text in ("`--slots 1000000`, 25,127 pairs, 2026-11-30", "[report](benchmarks/d992d39-speed.txt)",
                  "```\nreps=5 commit=d992d39\n```", "<!-- t:begin -->\n| run of 1d106ea |\n<!-- t:end -->",
                  "a decade of effaced facades", "sha256 " + "ab12" * 16):
         assert not HASH.search(prose_of_a_user_page(text)), text
