@@ -292,15 +292,17 @@ class OpenedCheckpoint:
         return _get(self.cfg.task, "separator") or SEPARATOR
 
     def load(self, device: str = "cpu", spm_models=None, need_attention: bool = False, check_separator: bool = False,
-             quiet: bool = True) -> "LoadedModel":
+             quiet: bool = True, decoding: Optional[Dict[str, object]] = None) -> "LoadedModel":
         """The model on ``device`` with its SentencePiece processors (``spm_models``, the
         ``--spm-model`` syntax, else prepared.json's; None for word-level data; with
         ``check_separator`` each must encode the separator as one piece) and attention modules.
-        ``need_attention``: refuse a model without ``ReluformerAttention`` cross-attention."""
+        ``need_attention``: refuse a model without ``ReluformerAttention`` cross-attention.
+        ``decoding``: model options that only decoding reads (``memory_cache``), given to the
+        model's config before it is built."""
         device = pick_device(device)
         spm_src, spm_tgt = sentencepiece_for(self.data, spm_models, self.separator if check_separator else None)
         _run_triton_elsewhere(self.path, self.state, device)
-        model, cfg, task = _build(self.path, self.state, self.data, quiet)
+        model, cfg, task = _build(self.path, self.state, self.data, quiet, decoding or {})
         model = model.to(device).eval()
         modules = attention_modules(model)
         if need_attention and not modules["cross"]:
@@ -443,13 +445,17 @@ def load_model(path, data=None, spm_models=None, device: str = "cpu", need_atten
     return opened.load(device, spm_models, need_attention, check_separator, quiet)
 
 
-def _build(path: Path, state: dict, data: DataDir, quiet: bool):
-    """fairseq's model and task from ``state``, pointed at ``data`` for inference."""
+def _build(path: Path, state: dict, data: DataDir, quiet: bool, decoding: Dict[str, object]):
+    """fairseq's model and task from ``state``, pointed at ``data`` for inference, the model's
+    config given the ``decoding`` options."""
     from fairseq import checkpoint_utils
     from omegaconf import open_dict
 
     cfg = state["cfg"]
     with open_dict(cfg):
+        model = cfg.get("model")
+        for name, value in decoding.items() if model is not None else ():
+            setattr(model, name, value)  # a DictConfig or, in a config stored by fairseq's CLI, a Namespace
         cfg.task.data = str(data.path)
         # fairseq infers the pair from binarised train files, which a resource directory may lack
         cfg.task.source_lang, cfg.task.target_lang = data.src_lang, data.tgt_lang
@@ -458,6 +464,7 @@ def _build(path: Path, state: dict, data: DataDir, quiet: bool):
     if state.get("args") is not None:  # an argparse-era checkpoint: fairseq reads its config from there
         state["args"].data, state["args"].eval_bleu = str(data.path), False
         state["args"].source_lang, state["args"].target_lang = data.src_lang, data.tgt_lang
+        vars(state["args"]).update(decoding)
     level = logging.getLogger("fairseq").level
     if quiet:
         logging.getLogger("fairseq").setLevel(logging.WARNING)

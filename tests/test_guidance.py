@@ -173,7 +173,7 @@ def test_guidance_wraps_the_search_fairseq_built(doc_checkpoint):
 @needs_shared_data
 def test_fairseq_generate_refuses_what_needs_the_memory_in_one_line(doc_checkpoint):
     """fairseq-generate looks up no memory matches: the translation pieces, per-input kNN-MT, a
-    restricted search and TM-first are refused by name, not quietly left out."""
+    restricted search, TM-first and memory reading are refused by name, not quietly left out."""
     import pytest
 
     from reluformer_mt.inference import DocumentTranslator
@@ -183,7 +183,9 @@ def test_fairseq_generate_refuses_what_needs_the_memory_in_one_line(doc_checkpoi
                                              "translation memory matches, which only reluformer-translate looks up"),
                        ("knn:memory=true", "--knn-memory: per-input datastores come from each sentence's "),
                        ("knn:datastore=ds,restrict=2", "--knn-restrict 2: the entries it searches come from "),
-                       ("tm_first:threshold=0.9", "--tm-first 0.9: the targets it copies come from ")):
+                       ("tm_first:threshold=0.9", "--tm-first 0.9: the targets it copies come from "),
+                       ("memory_reading", "--guidance memory_reading: under fairseq-generate a memory model reads "
+                                          "the matches its data directory holds")):
         with pytest.raises(TranslationError) as error:
             _guided_generator(t, spec)
         assert says in str(error.value) and "\n" not in str(error.value), str(error.value)

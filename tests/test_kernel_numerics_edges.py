@@ -65,11 +65,10 @@ def reader(cache):
     g = torch.Generator().manual_seed(1)
     dims = types.SimpleNamespace(embed_dim=C)
     cfg = types.SimpleNamespace(decoder=dims, encoder=dims, attention_dropout=0.0, dropout=0.0)
-    module = MemoryReader(cfg, AttentionConfig(fn="softmax"), HEADS).eval()
+    module = MemoryReader(cfg, AttentionConfig(fn="softmax"), HEADS, step_cache_dtype=cache).eval()
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=g) * 0.3)
-    module.step_cache_dtype = cache
     module.attn.set_beam_size(BEAMS)
     return module
 

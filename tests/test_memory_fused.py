@@ -45,12 +45,11 @@ def padded_memory(generator):
 def reader(generator, keep_weights: bool, cache=torch.float32):
     dims = types.SimpleNamespace(embed_dim=C)
     cfg = types.SimpleNamespace(decoder=dims, encoder=dims, attention_dropout=0.0, dropout=0.0)
-    module = MemoryReader(cfg, AttentionConfig(fn="softmax"), HEADS).eval()
+    module = MemoryReader(cfg, AttentionConfig(fn="softmax"), HEADS, step_cache_dtype=cache).eval()
     with torch.no_grad():  # parameters away from their initial zeros and ones
         for parameter in module.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
     module.keep_weights = keep_weights
-    module.step_cache_dtype = cache
     module.attn.set_beam_size(BEAMS)
     return module
 
@@ -256,7 +255,7 @@ def test_the_memory_cache_option_is_checked():
     from reluformer_mt.guidance import TranslationError
     from reluformer_mt.inference.options import MEMORY_CACHE_PRECISIONS, PrecisionOptions
 
-    assert PrecisionOptions().memory_cache == "float16" and MemoryReader.step_cache_dtype == torch.float16
+    assert PrecisionOptions().memory_cache == "float16"
     option = next(a for a in build_parser()._actions if "--memory-cache" in a.option_strings)
     assert tuple(option.choices) == MEMORY_CACHE_PRECISIONS and option.default == "float16"
     with pytest.raises(TranslationError, match="--memory-cache bfloat16: expected one of float16, float32"):

@@ -105,7 +105,7 @@ def test_softmax_reader_cached_step_reads_nothing_from_a_memory_of_padding_alone
     """Beam search: the first step (fairseq's forward, keys cached once per sentence) and the
     direct cached step after it give the formula (on main: NaN at both)."""
     module = reader()
-    module.step_cache_dtype = torch.float32  # the formula to 1e-5: the cache as computed, not float16's rounding
+    assert module.step_cache_dtype is None  # the formula to 1e-5: the cache as computed, not float16's rounding
     module.attn.set_beam_size(beams)
     x, memory, padding = memory_batch()
     x, memory, padding = (x.repeat_interleave(beams, 1), memory.repeat_interleave(beams, 1),

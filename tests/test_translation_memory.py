@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from helpers import USER_DIR, run_fairseq
+from reluformer_mt.guidance.memory_reading import MemoryReading
 from reluformer_mt.memory.tm import (Retriever, TranslationMemoryError, band_of, fuzzy_score, read_memory, read_prepared,
                                      read_tmx, read_tsv, recall_at_k)
 
@@ -146,7 +147,13 @@ def test_fusion_trains_and_translates_with_a_memory(fusion, memory_data, tmp_pat
     documents = [test.sources[:5], test.sources[5:8]]
     translator = DocumentTranslator(save / "checkpoint_last.pt", beam=2, max_len_a=0, max_len_b=6)
     assert translator.memory is not None and translator.memory.k == 2
+    reading = translator.part(MemoryReading)  # memory reading is a part: it gives the model its matches
+    assert reading is not None and reading.memory_k == 2 and translator.guidance[0] is reading
+    fed = []
+    original_inputs = reading.inputs
+    reading.inputs = lambda dataset, batch: fed.append(len(batch.sources)) or original_inputs(dataset, batch)
     results = translator.translate(documents)
+    assert fed and sum(fed) >= 2  # every generate call's sources went through it
     assert [len(d) for d in results] == [5, 3]
     assert all(r.match is not None and 0.0 <= r.match[1] <= 1.0 for d in results for r in d)
     assert sum(v for k, v in translator.stats.items() if k.startswith("memory:")) == 8

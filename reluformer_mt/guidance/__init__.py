@@ -1,4 +1,5 @@
-"""Decoding guidance: the parts that act on every beam step's scores.
+"""Decoding guidance: the parts that act on every beam step's scores (and on what the model reads or
+writes around the search).
 
 - :mod:`~reluformer_mt.guidance.declared`: the options of every part declared once, the
   registry of kinds (:func:`register_guidance`) and ``--guidance`` specs (:func:`parse_guidance`);
@@ -8,7 +9,10 @@
   parts inside the search fairseq built (:class:`GuidedSearch`);
 - kNN-MT's mixture (stage "mixture"): options in ``knn_options``, the part in ``knn``;
 - the translation pieces' bonus (stage "bonus"): ``pieces_options``, ``pieces`` over ``piece_table``;
-- the separator constraint (stage "constraint"): ``separator_options``, ``separators``.
+- the separator constraint (stage "constraint"): ``separator_options``, ``separators``;
+- TM-first (stage "finish", on the finished translations): ``tm_first_options``, ``tm_first``;
+- memory reading (stage "input", a memory model's matches as its inputs): ``memory_reading_options``,
+  ``memory_reading``.
 
 A new kind is one file with its options dataclass, its :class:`Guidance` part and one
 :func:`register_guidance` call: it is then an option of reluformer-translate, a keyword of

@@ -3,7 +3,8 @@ builder, and the beam search that applies the parts.
 
 A *part* (:class:`Guidance`) acts on each beam step's next-token scores in place: it may replace
 the distribution (kNN-MT's mixture), add to it (the translation pieces' bonus) or rule tokens out
-(the separator constraint). A *kind* of part is its options dataclass, validated where it is
+(the separator constraint); a part may also act on what the model is given (memory reading: a
+memory model's matches) or on the finished translations (TM-first). A *kind* of part is its options dataclass, validated where it is
 declared, and a build function, joined by
 :func:`~reluformer_mt.guidance.declared.register_guidance`; :func:`build_guidance` turns a
 list of options into the parts that apply, ordered by their stage, and :func:`install_guidance`
@@ -24,10 +25,11 @@ from torch import Tensor
 from reluformer_mt.guidance.declared import TranslationError
 from reluformer_mt.guidance.kinds import group_of
 
-# the order in which the parts act on a step: a mixture replaces the distribution, a bonus is added
-# to the mixed one, and the constraints rule tokens out of the result; "finish" parts act on the
-# finished translations only (TM-first)
-STAGES = ("mixture", "bonus", "constraint", "finish")
+# the order in which the parts act: "input" parts on the model's inputs before the search (memory
+# reading); at a step, a mixture replaces the distribution, a bonus is added to the mixed one, and
+# the constraints rule tokens out of the result; "finish" parts act on the finished translations
+# only (TM-first)
+STAGES = ("input", "mixture", "bonus", "constraint", "finish")
 
 
 @dataclass
@@ -73,6 +75,7 @@ class SourceBatch:
     units: Optional[Sequence[Sequence[Tuple[int, int]]]] = None
     matches: Dict = field(default_factory=dict)     # (document, unit) -> (ids, fuzzy scores), best first
     unit_words: Dict = field(default_factory=dict)  # (document, unit) -> source words
+    memory_tokens: Optional[Sequence[Tensor]] = None  # each source's memory tokens, where the caller gives them
 
 
 class BeamStep:
@@ -112,6 +115,11 @@ class Guidance:
 
     def apply(self, step: BeamStep) -> None:
         raise NotImplementedError
+
+    def inputs(self, dataset, batch: SourceBatch):
+        """The dataset of ``batch``'s sources as the model is to read it (reluformer-translate; a
+        step part leaves it as it is)."""
+        return dataset
 
     def finish(self, documents: list, nbest: int) -> list:
         """The translations of a translate() call (documents of ``SentenceResult``), as the part

@@ -207,7 +207,7 @@ class DocumentTranslator:
         res = self.options.resources
         self.resources = res = find_resources(opened, res.spm_model, res.segment_tokens)
         loaded = opened.load(self.device, spm_models=list(dict.fromkeys([res.spm_src, res.spm_tgt])),
-                             check_separator=True, quiet=quiet)
+                             check_separator=True, quiet=quiet, decoding={"memory_cache": d.memory_cache})
         self.model, self.cfg, self.task = loaded.model, loaded.cfg, loaded.task
         self.src_dict, self.tgt_dict = loaded.src_dict, loaded.tgt_dict
         self.sp_src, self.sp_tgt = loaded.spm_src, loaded.spm_tgt
@@ -216,9 +216,6 @@ class DocumentTranslator:
             self.models = [m.half() if d.fp16 else m.to(torch.bfloat16) for m in self.models]
             self.model = self.models[0]
         self.max_src = min(int(m.max_positions()[0]) for m in self.models)
-        cache_dtype = getattr(torch, d.memory_cache)  # "float16" or "float32", checked by PrecisionOptions
-        for reader in (r for m in self.models for r in m.modules() if isinstance(r, MemoryReader)):
-            reader.step_cache_dtype = cache_dtype  # --memory-cache
         self._open_segments(res)
         # the model reads its matches (trained with --tm-fusion); any model can be guided by pieces
         self.reads_memory = getattr(self.task.cfg, "tm_fusion", "none") != "none"
@@ -430,12 +427,13 @@ class DocumentTranslator:
         sources as their batches finish; ``on_batch(indices, results)``: called after each batch."""
         from fairseq import utils
 
+        batch = SourceBatch(sources, units, self._matches, self._unit_words, memory_tokens=matches)
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
-        if matches is not None:
-            dataset = self.task.dataset_with_matches(dataset, self._fit_matches(sources, matches))
+        for part in self.guidance:  # what the model reads beside the sources (memory reading)
+            dataset = part.inputs(dataset, batch)
         limits = [self._length_limit(len(s)) for s in sources]
         if self.search is not None:  # the parts' tables of these sources, indexed by sample["id"]
-            self.search.start(SourceBatch(sources, units, self._matches, self._unit_words), self.device, limits)
+            self.search.start(batch, self.device, limits)
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
             sample = dataset.collater([dataset[i] for i in batch])
@@ -470,22 +468,6 @@ class DocumentTranslator:
             real = (src_tokens != self.src_dict.pad()).cpu()
             attn = attn.float().cpu()[real].T  # (target + </s>, source + </s>)
         return {"tokens": tokens, "positional_scores": scores, "attention": attn, "at_length_limit": len(tokens) >= limit}
-
-    def _fit_matches(self, sources, matches):
-        """Each source's memory tokens cut to the model's source positions (with concat fusion, the
-        room the source leaves): a long match (a TM entry of thousands of words) would otherwise
-        reach positions the model never saw in training. Counted in the summary."""
-        limit = self.model.max_positions()
-        limit = int(limit[0] if isinstance(limit, (tuple, list)) else limit)
-        concat = getattr(self.task.cfg, "tm_fusion", "none") == "concat"
-        fitted = []
-        for src, tokens in zip(sources, matches):
-            room = limit - (len(src) if concat else 0)
-            if len(tokens) > room:
-                self.stats[f"memory: segments whose matches were cut to the model's {limit} positions"] += 1
-                tokens = tokens[:max(room, 0)]
-            fitted.append(tokens)
-        return fitted
 
     # ------------------------------------------------------------ splitting back
 
@@ -656,12 +638,11 @@ class DocumentTranslator:
         """Translate ``pending`` into ``out``; returns the segments to retranslate (as halves, then
         sentence by sentence) whose hypotheses did not split into their sentences."""
         sources = [self._source_ids(encoded, seg) for seg in pending]
-        matches = [self._segment_matches(seg) for seg in pending] if self.memory and self.reads_memory else None
         units = [[(seg.doc, i) for i in seg.sentences] for seg in pending]
         def count_final(batch, hyps):  # the sentences of the segments whose output splits back
             bar.update(sum(len(pending[i].sentences) for i in batch if self._splits_back(pending[i], hyps[i]["tokens"])))
 
-        hyps = self.generate([s for s, _ in sources], None, matches, units, on_batch=count_final)
+        hyps = self.generate([s for s, _ in sources], None, units=units, on_batch=count_final)
         retry = []
         for seg, (_, src_pieces), hyp in zip(pending, sources, hyps):
             results = self._resolve(seg, hyp, src_pieces, scores, alignments)
@@ -699,9 +680,6 @@ class DocumentTranslator:
         for n, key in enumerate(keys):
             self._matches[key] = (ids[n], scores[n])
             self.stats[f"memory: units whose best match has fuzzy {band_of(float(scores[n, 0]))}"] += 1
-
-    def _segment_matches(self, seg: _Segment) -> torch.Tensor:
-        return self.memory.tokens_of([self._matches[(seg.doc, i)][0][:self.memory.k] for i in seg.sentences])
 
     def _merge(self, results, units, owners, n_sentences) -> List[SentenceResult]:
         """One result per input sentence from the results of its units (parts)."""

@@ -104,17 +104,18 @@ class MemoryEncoder(nn.Module):
 class MemoryReader(nn.Module):
     """x + g * Attn(LN(x), memory): one memory-attention sublayer with its gate."""
 
-    # the precision of the keys and values that the C++ decoding step reads (reluformer-translate
-    # --memory-cache): float16 halves the bytes each step reads (the readers' step is bound by memory
-    # bandwidth once the batch's memory outgrows the cache), the arithmetic stays float32; float32
-    # keeps them as computed. Training and the PyTorch step always use the model's precision.
-    step_cache_dtype = torch.float16
     kernel_memories = 0  # memories the C++ step read (laid out for it), per reader
     cache_fallbacks = 0  # of those, kept in float32 because float16 could not hold them
     _fallback_said = False
 
-    def __init__(self, cfg, attention_config, heads: int):
+    def __init__(self, cfg, attention_config, heads: int, step_cache_dtype: Optional[torch.dtype] = None):
+        """``step_cache_dtype``: the precision of the keys and values that the C++ decoding step reads
+        (reluformer-translate's --memory-cache, given to the model's config when the translator
+        builds it): float16 halves the bytes each step reads (the step is bound by memory bandwidth
+        once the batch's memory outgrows the cache) while the arithmetic stays float32; None keeps
+        them as computed. Training and the PyTorch step always use the model's precision."""
         super().__init__()
+        self.step_cache_dtype = step_cache_dtype
         dim = cfg.decoder.embed_dim
         self.layer_norm = LayerNorm(dim)
         self.attn = ReluformerAttention(dim, heads, attention_config, kdim=cfg.encoder.embed_dim,
@@ -209,7 +210,7 @@ class MemoryReader(nn.Module):
         kernel_inputs = fused.reader_inputs(self) if fused.available(keys_t, values) else None
         if kernel_inputs is not None:
             self.kernel_memories += 1
-            if self.step_cache_dtype != keys_t.dtype:
+            if self.step_cache_dtype not in (None, keys_t.dtype):
                 keys_t, values = self._cache_copies(keys_t, values)
         laid_out = (keys_t, values, None if bias is None else bias.view(groups, 1, k.size(2)), kernel_inputs)
         self._laid_out = (k, laid_out)

@@ -332,8 +332,11 @@ class ReluformerModel(TransformerModel):
         attach_memory_layers(decoder.layers, args, "decoder")  # --memory-layers
         if getattr(args, "tm_attention", False):
             tm_config = memory_attention_config(attention_config(args, "cross"), args.tm_attn_fn)
+            # the translator's --memory-cache, put into the model's config when it builds it for decoding
+            cache = getattr(args, "memory_cache", None)
+            cache_dtype = None if cache is None else getattr(torch, cache)
             for layer in decoder.layers:
-                layer.tm_reader = MemoryReader(cfg, tm_config, cfg.decoder.attention_heads)
+                layer.tm_reader = MemoryReader(cfg, tm_config, cfg.decoder.attention_heads, step_cache_dtype=cache_dtype)
             if not args.tm_no_copy:
                 decoder.tm_copy_gate = nn.Linear(cfg.decoder.embed_dim, 1)
                 nn.init.constant_(decoder.tm_copy_gate.bias, -2.0)  # copy ~12 % at first: noisy matches stay cheap
