@@ -107,6 +107,40 @@ def test_a_killed_trial_is_queued_again_and_does_not_use_budget(tmp_path):
     assert again.remaining() == 1
 
 
+def test_a_failure_named_by_retry_trials_runs_again_from_a_clean_folder(tmp_path):
+    from optuna.trial import TrialState
+
+    options = tune.TuneOptions(out=tmp_path, trials=2)
+    first = tune.FamilySearch(options, "softmax")
+    trial, params = first.ask()
+    stale = first.trial_dir(params) / "checkpoints"
+    stale.mkdir(parents=True)  # what a stray worker left there
+    first.study.tell(trial, state=TrialState.FAIL)
+    assert tune.FamilySearch(options, "softmax").remaining() == 1  # an ordinary failure uses budget
+    with pytest.raises(ValueError, match=r"--retry-trials softmax:5: expected a failed trial .* no such trial"):
+        tune.FamilySearch(tune.TuneOptions(out=tmp_path, trials=2, retry_trials=[("softmax", 5)]), "softmax")
+    retry = tune.TuneOptions(out=tmp_path, trials=2, retry_trials=[("softmax", trial.number)])
+    again = tune.FamilySearch(retry, "softmax")
+    assert again.remaining() == 2 and not first.trial_dir(params).exists()
+    assert (tmp_path / "softmax" / f"{first.trial_dir(params).name}.failed-{trial.number}" / "checkpoints").is_dir()
+    tune.FamilySearch(retry, "softmax")  # resumed with the same option: not queued twice
+    rerun, rerun_params = again.ask()
+    assert rerun_params == params and rerun.user_attrs["retries_trial"] == trial.number
+    _tell(again, rerun, 2.0)
+    assert again.remaining() == 1 and not tune.FamilySearch(retry, "softmax").ask()[0].user_attrs.get("retries_trial")
+
+
+def test_retry_trials_names_families_of_the_search():
+    from reluformer_mt.cli import tune as cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_checked(["--tune", "rela", "--retry-trials", "rela:x"], cli.check_args)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_checked(["--tune", "rela", "--retry-trials", "softmax:1"], cli.check_args)
+    args = cli.build_parser().parse_checked(["--tune", "rela,softmax", "--retry-trials", "softmax:1"], cli.check_args)
+    assert args.retry_trials == [("softmax", 1)]
+
+
 def test_a_search_end_to_end_at_toy_scale(tmp_path, bible_corpus):
     """Two trials of ReLA on the bible corpus (a 16-dim model, 8 updates each, one validation
     chapter): each trains both phases and translates validation only; a second call trains

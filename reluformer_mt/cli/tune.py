@@ -31,6 +31,17 @@ def comma_list(choices) -> callable:
 family_list = comma_list(FAMILIES)
 
 
+def trial_list(text: str) -> list:
+    """An argparse type: comma-separated FAMILY:NUMBER pairs (``softmax:1,rela:4``)."""
+    pairs = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        family, _, number = item.partition(":")
+        if family not in FAMILIES or not number.isdigit():
+            raise argparse.ArgumentTypeError(f"got {item!r}; expected FAMILY:TRIAL_NUMBER with FAMILY one of "
+                                             f"{', '.join(FAMILIES)}")
+        pairs.append((family, int(number)))
+    return pairs
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="reluformer-study --tune", description=__doc__.split("\n\n")[0],
@@ -55,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what ranks the trials at a rung: fairseq's validation loss without label smoothing "
                         "(nll, the default: informative from the first rungs) or its greedy s-BLEU (bleu)")
     p.add_argument("--jobs", type=positive_int, default=2, help="trials at once, one thread each")
+    p.add_argument("--retry-trials", type=trial_list, default=[], metavar="FAMILY:N,...",
+                   help="run these failed trials again (a failure of the machine, not of their settings): their "
+                        "folders are moved aside to trial-KEY.failed-N and the failures stop counting")
     p.add_argument("--startup-trials", type=positive_int, default=4,
                    help="random proposals per family before TPE models the finished trials")
     p.add_argument("--sampler-seed", type=positive_int, default=1, help="seed of the proposals")
@@ -73,6 +87,9 @@ def check_args(args) -> None:
     check_output_folder(args.out, "--out")
     check_input_folder(args.bible_root, "--bible-root")
     check_recipe_data_options(args)
+    stray = [f"{f}:{n}" for f, n in getattr(args, "retry_trials", []) if f not in getattr(args, "tune", [f])]
+    if stray:
+        raise ValueError(f"--retry-trials: {', '.join(stray)} names a family that --tune does not search")
     if getattr(args, "rung_factor", 3) < 2:
         raise ValueError(f"--rung-factor: got {args.rung_factor}, expected an integer >= 2")
 
@@ -90,7 +107,7 @@ def main(argv=None) -> int:
                                valid_chapters=args.valid_chapters, space=args.space, first_rung=args.first_rung,
                                rung_factor=args.rung_factor, rung_metric=args.rung_metric,
                                extra_target=args.extra_target,
-                               train_lengths=args.train_lengths)
+                               train_lengths=args.train_lengths, retry_trials=args.retry_trials)
     def search():
         if args.report_only:
             summary = tune.report_from_journals(options)

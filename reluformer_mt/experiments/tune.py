@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.experiments.recipe import RECIPE_PRESET, recipe_knobs, size_settings
 
@@ -242,6 +242,7 @@ class TuneOptions:
     rung_metric: str = "nll"  # what a rung ranks by: recipe.RUNG_METRICS
     extra_target: Optional[str] = None  # the recipe's data (DemoOptions): a second translation ...
     train_lengths: Sequence[str] = ()  # ... and the document phase's training lengths
+    retry_trials: Sequence[Tuple[str, int]] = ()  # (family, trial number): failures to run again
 
 
 def _storage(path: Path):
@@ -275,6 +276,7 @@ class FamilySearch:
                                          load_if_exists=True)
         self.journal = self.dir / "journal.log"
         if resume:  # not while reading the journals of a search that may still be running
+            self._retry([n for f, n in t.retry_trials if f == family])
             self._requeue_interrupted()
             self._queue_the_preset()
 
@@ -288,6 +290,30 @@ class FamilySearch:
             self.storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
             self.study.tell(trial.number, state=TrialState.FAIL)
 
+    def _retry(self, numbers: Sequence[int]) -> None:
+        """Failed trials named by ``--retry-trials`` (failed for a cause outside their settings, such
+        as a stale folder): the folder moved aside, the settings queued again, and the failure no
+        longer counted; the study's user attribute ``retried`` remembers them, so a resume with the
+        same option does not queue them twice."""
+        from optuna.trial import TrialState
+
+        retried = list(self.study.user_attrs.get("retried", []))
+        trials = {tr.number: tr for tr in self.study.get_trials(deepcopy=False)}
+        for number in numbers:
+            trial = trials.get(number)
+            if number in retried:
+                continue
+            if trial is None or trial.state != TrialState.FAIL:
+                state = "no such trial" if trial is None else trial.state.name
+                raise ValueError(f"--retry-trials {self.family}:{number}: expected a failed trial in {self.journal}, "
+                                 f"found {state}")
+            folder = self.trial_dir(trial.params)
+            if folder.exists():  # a fresh start: what it left (a stale checkpoint) stays beside, renamed
+                folder.rename(folder.with_name(f"{folder.name}.failed-{number}"))
+            self.study.enqueue_trial(trial.params, user_attrs={"retries_trial": number})
+            retried.append(number)
+            self.study.set_user_attr("retried", retried)
+
     def _queue_the_preset(self) -> None:
         """The quick preset's own settings (:data:`PRESET_PARAMS`) are one of every family's trials,
         so the search ends at least where the shared preset stands (queued once, at the next ask)."""
@@ -297,12 +323,14 @@ class FamilySearch:
             self.study.enqueue_trial(preset, user_attrs={"preset": "quick"})
 
     def counted(self) -> List:
-        """Trials that used budget: finished, or failed for a reason of their own (not a kill)."""
+        """Trials that used budget: finished, or failed for a reason of their own (not a kill, and
+        not run again by ``--retry-trials``)."""
         from optuna.trial import TrialState
 
+        retried = set(self.study.user_attrs.get("retried", []))
         return [tr for tr in self.study.get_trials(deepcopy=False)
                 if tr.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                or (tr.state == TrialState.FAIL and not tr.user_attrs.get("interrupted"))]
+                or (tr.state == TrialState.FAIL and not tr.user_attrs.get("interrupted") and tr.number not in retried)]
 
     def remaining(self) -> int:
         return max(0, self.t.trials - len(self.counted()))
@@ -344,8 +372,8 @@ def run_search(t: TuneOptions, base=None, report: Callable[[str], None] = None) 
                                train_lengths=list(t.train_lengths))
     for family in t.families:
         knobs_of(family, t.space)  # unknown names fail before any work
+    searches = {family: FamilySearch(t, family) for family in t.families}  # a bad --retry-trials fails here
     dirs = prepare_data(t, base)
-    searches = {family: FamilySearch(t, family) for family in t.families}
     report(f"tune: {', '.join(t.families)}: {t.trials} trials each of {t.total_updates} updates, {t.jobs} at a time; "
            + "; ".join(f"{f} {t.trials - s.remaining()} done" for f, s in searches.items()))
     started, running = time.time(), {}
