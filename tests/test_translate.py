@@ -170,7 +170,7 @@ class EchoGenerator:
     def __init__(self, translator):
         self.t, self.round = translator, 0
 
-    def __call__(self, sources, progress=None, matches=None, pieces=None, on_batch=None):
+    def __call__(self, sources, progress=None, matches=None, units=None, on_batch=None):
         self.round += 1
         out = []
         for src in sources:
