@@ -212,6 +212,19 @@ def test_the_demo_command_reads_the_tuned_presets_unless_told_not_to(tmp_path, m
     assert demo_cli.tuned_settings(args) == {"softmax": {"sentence_updates": 900}}  # the command line wins
     args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--untuned"])
     assert demo_cli.tuned_settings(args) == {}
+    # the reference run: the tuned settings, the tuned share of sentence updates on its own budget
+    presets.write_text(json.dumps({"command": "x", "families": {"rela": {
+        "lr": 0.002, "sentence_updates": 2700, "max_update": 1800, "embed_dim": 128}}}))
+    args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--preset", "reference"])
+    reference = demo_cli.PRESETS["reference"]
+    total = reference["sentence_updates"] + reference["max_update"]
+    assert demo_cli.tuned_settings(args) == {"rela": {"lr": 0.002, "sentence_updates": int(0.6 * total),
+                                                      "max_update": total - int(0.6 * total), "embed_dim": 128}}
+    o = demo_cli.options_from_args(args, ["rela"])
+    assert o.extra_target == "web" and o.train_lengths == ["sentence", "128", "512", "document"]
+    assert o.family_settings["rela"]["embed_dim"] == 128
+    args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--preset", "long"])
+    assert demo_cli.tuned_settings(args) == {} and demo_cli.options_from_args(args, ["rela"]).extra_target is None
     presets.write_text("[1, 2]")
     with pytest.raises(ValueError, match="tuned_presets.json: expected the tuner's"):
         demo_cli.tuned_settings(demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d")]))

@@ -17,7 +17,8 @@ from reluformer_mt.cli.checks import (EXIT_OK, EXIT_USAGE, DefaultsHelpFormatter
 from reluformer_mt.cli.run_options import (add_bible_root_option, add_progress_option, add_recipe_data_options, add_run_options,
                                           add_training_device_option, check_recipe_data_options)
 # the options alone (no torch, no fairseq): a bad option is answered before the stages are imported
-from reluformer_mt.experiments.demo_options import DEFAULT_FAMILIES, PRESETS, DemoOptions, split_family
+from reluformer_mt.experiments.demo_options import (DEFAULT_FAMILIES, PRESET_DATA, PRESETS, TUNED_PRESET_NAMES,
+                                                    DemoOptions, split_family)
 from reluformer_mt.families import FAMILIES
 
 PRESET_DEFAULT = " (default: the preset's)"
@@ -99,26 +100,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def tuned_settings(args) -> dict:
     """Each family's tuned settings (reluformer-study --tune, ``tuned_presets.json``) for the quick
-    preset the tuning was made for, less those the command line gives (they win); none with
-    ``--untuned``, another preset or a time budget."""
+    preset the tuning was made for and the reference run (:func:`scaled_to_preset`), less those
+    the command line gives (they win); none with ``--untuned``, another preset or a time budget."""
     from reluformer_mt.experiments.tune import TUNED_PRESETS
 
-    if args.untuned or args.preset != "quick" or args.budget_minutes or not TUNED_PRESETS.exists():
+    if args.untuned or args.preset not in TUNED_PRESET_NAMES or args.budget_minutes or not TUNED_PRESETS.exists():
         return {}
     given = {name for name in ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update", "embed_dim",
                                "ffn_dim", "layers", "heads", "max_tokens") if getattr(args, name, None) is not None}
     try:
         families = json.loads(TUNED_PRESETS.read_text(encoding="utf-8"))["families"]
+        if args.preset != "quick":
+            families = {family: scaled_to_preset(settings, PRESETS[args.preset]) for family, settings in families.items()}
         return {family: {k: v for k, v in settings.items() if k not in given} for family, settings in families.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
         raise ValueError(f"{TUNED_PRESETS}: expected the tuner's {{\"families\": {{FAMILY: {{setting: value}}}}}} "
                          f"(reluformer-study --tune ... --write-presets): {e}") from None
+
+
+def scaled_to_preset(settings: dict, preset: dict) -> dict:
+    """A family's tuned settings on a preset's budget: its share of sentence updates kept, the
+    preset's total of updates (sentence + document phase) instead of the search's."""
+    tuned_total = settings["sentence_updates"] + settings["max_update"]
+    total = preset["sentence_updates"] + preset["max_update"]
+    sentence = int(round(total * settings["sentence_updates"] / tuned_total / 50.0)) * 50
+    return dict(settings, sentence_updates=sentence, max_update=total - sentence)
 
 
 def options_from_args(args, families) -> DemoOptions:
     """The command line's values, and the preset's for those left unset (with each family's tuned
     settings over the preset's: :func:`tuned_settings`)."""
-    preset = PRESETS[args.preset]
+    preset, data = PRESETS[args.preset], PRESET_DATA.get(args.preset, {})
     values = {name: getattr(args, name) if getattr(args, name, None) is not None else default
               for name, default in preset.items()}
     return DemoOptions(out=Path(args.out), families=families, preset=args.preset, size=args.size,
@@ -129,7 +141,8 @@ def options_from_args(args, families) -> DemoOptions:
                        pieces_floor=args.pieces_floor, knn=args.knn, knn_memory_k=args.knn_memory_k,
                        tune_chapters=args.tune_chapters, no_progress=args.no_progress,
                        force=args.force, device=args.device, train_args=list(args.train_args),
-                       extra_target=args.extra_target, train_lengths=list(args.train_lengths),
+                       extra_target=args.extra_target or data.get("extra_target"),
+                       train_lengths=list(args.train_lengths or data.get("train_lengths", [])),
                        family_settings=tuned_settings(args), **values)
 
 

@@ -911,7 +911,8 @@ def write_report(o: DemoOptions, results: Dict[str, dict], base: dict, hypothese
                  total: float):
     """The report and the files of :func:`report_stage` but ``index.html`` (rendered after it)."""
     report_dir = o.out / "report"
-    reference = json.loads(REFERENCE_SUMMARY.read_text()) if REFERENCE_SUMMARY.exists() and o.preset != "long" else None
+    shows_reference = REFERENCE_SUMMARY.exists() and o.preset not in ("long", "reference")  # not beside itself
+    reference = json.loads(REFERENCE_SUMMARY.read_text()) if shows_reference else None
     table = demo_table(results, base, reference)
     write_json(report_dir / "summary.json", summary(results, o, total, base))
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(o).items()}
