@@ -13,7 +13,8 @@ setup(
     classifiers=["License :: OSI Approved :: MIT License", "Programming Language :: Python :: 3"],
     # the C++ kernels (compiled on first use) and the reference run's numbers that demo tables show
     package_data={"reluformer_mt": ["attention/csrc/*.cpp", "attention/csrc/*.h", "knn/csrc/*.cpp", "memory/csrc/*.cpp", "experiments/reference_run.json",
-                                   "experiments/demo_timing.json", "experiments/tuned_presets.json"]},
+                                   "experiments/demo_timing.json", "experiments/tuned_presets.json",
+                                   "experiments/tuned_presets_recipe.json"]},
     install_requires=[
         "torch>=2.4",  # torch.serialization.add_safe_globals: the checkpoint allowlist
         # a fairseq 0.12 build that imports on Python 3.11/3.12; never plain `fairseq`

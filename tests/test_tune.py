@@ -212,8 +212,12 @@ def test_the_demo_command_reads_the_tuned_presets_unless_told_not_to(tmp_path, m
     assert demo_cli.tuned_settings(args) == {"softmax": {"sentence_updates": 900}}  # the command line wins
     args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--untuned"])
     assert demo_cli.tuned_settings(args) == {}
-    # the reference run: the tuned settings, the tuned share of sentence updates on its own budget
-    presets.write_text(json.dumps({"command": "x", "families": {"rela": {
+    # the reference run: the recipe search's settings, the tuned share of sentence updates on its own budget
+    recipe = tmp_path / "tuned_presets_recipe.json"
+    monkeypatch.setattr(tune_module, "RECIPE_PRESETS", recipe)
+    args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--preset", "reference"])
+    assert demo_cli.tuned_settings(args) == {}  # not the quick demo's file
+    recipe.write_text(json.dumps({"command": "x", "families": {"rela": {
         "lr": 0.002, "sentence_updates": 2700, "max_update": 1800, "embed_dim": 128}}}))
     args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--preset", "reference"])
     reference = demo_cli.PRESETS["reference"]
@@ -223,6 +227,7 @@ def test_the_demo_command_reads_the_tuned_presets_unless_told_not_to(tmp_path, m
     o = demo_cli.options_from_args(args, ["rela"])
     assert o.extra_target == "web" and o.train_lengths == ["sentence", "128", "512", "document"]
     assert o.family_settings["rela"]["embed_dim"] == 128
+    assert tune_module.presets_file("recipe") == recipe and tune_module.presets_file("shared") == presets
     args = demo_cli.build_parser().parse_args(["--out", str(tmp_path / "d"), "--preset", "long"])
     assert demo_cli.tuned_settings(args) == {} and demo_cli.options_from_args(args, ["rela"]).extra_target is None
     presets.write_text("[1, 2]")

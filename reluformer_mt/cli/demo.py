@@ -99,22 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def tuned_settings(args) -> dict:
-    """Each family's tuned settings (reluformer-study --tune, ``tuned_presets.json``) for the quick
-    preset the tuning was made for and the reference run (:func:`scaled_to_preset`), less those
+    """Each family's tuned settings (reluformer-study --tune --write-presets) for the quick preset
+    (``tuned_presets.json``) and the reference run (the recipe search's ``tuned_presets_recipe.json``,
+    on its own budget: :func:`scaled_to_preset`), less those
     the command line gives (they win); none with ``--untuned``, another preset or a time budget."""
-    from reluformer_mt.experiments.tune import TUNED_PRESETS
+    from reluformer_mt.experiments.tune import RECIPE_PRESETS, TUNED_PRESETS
 
-    if args.untuned or args.preset not in TUNED_PRESET_NAMES or args.budget_minutes or not TUNED_PRESETS.exists():
+    presets = TUNED_PRESETS if args.preset == "quick" else RECIPE_PRESETS  # the search made for each preset
+    if args.untuned or args.preset not in TUNED_PRESET_NAMES or args.budget_minutes or not presets.exists():
         return {}
     given = {name for name in ("lr", "warmup_updates", "dropout", "sentence_updates", "max_update", "embed_dim",
                                "ffn_dim", "layers", "heads", "max_tokens") if getattr(args, name, None) is not None}
     try:
-        families = json.loads(TUNED_PRESETS.read_text(encoding="utf-8"))["families"]
+        families = json.loads(presets.read_text(encoding="utf-8"))["families"]
         if args.preset != "quick":
             families = {family: scaled_to_preset(settings, PRESETS[args.preset]) for family, settings in families.items()}
         return {family: {k: v for k, v in settings.items() if k not in given} for family, settings in families.items()}
     except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
-        raise ValueError(f"{TUNED_PRESETS}: expected the tuner's {{\"families\": {{FAMILY: {{setting: value}}}}}} "
+        raise ValueError(f"{presets}: expected the tuner's {{\"families\": {{FAMILY: {{setting: value}}}}}} "
                          f"(reluformer-study --tune ... --write-presets): {e}") from None
 
 

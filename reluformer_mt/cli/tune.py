@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bible_root_option(p)
     p.add_argument("--write-presets", action="store_true",
                    help="write each family's best settings to reluformer_mt/experiments/tuned_presets.json "
-                        "(the demo's per-family presets); refused until every family's trials are finished")
+                        "(the quick demo's per-family presets), or with --space recipe to tuned_presets_recipe.json "
+                        "(the reference run's, reluformer-demo --preset reference); refused until every family's "
+                        "trials are finished")
     p.add_argument("--report-only", action="store_true", help="write tuning.md / tuning.json from the journals, train nothing")
     return p
 
@@ -116,9 +118,10 @@ def main(argv=None) -> int:
 
             register()
             summary = tune.run_search(options)
-        if args.write_presets:
-            tune.write_presets(summary)
-            print(f"reluformer-study: wrote {tune.TUNED_PRESETS}", file=sys.stderr)
+        if args.write_presets:  # the quick demo's presets, or the reference run's for --space recipe
+            path = tune.presets_file(args.space)
+            tune.write_presets(summary, path, configs=tune.DEMO_CONFIGS if path == tune.TUNED_PRESETS else None)
+            print(f"reluformer-study: wrote {path}", file=sys.stderr)
 
     return run_command("reluformer-study", search)
 

@@ -44,7 +44,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from reluformer_mt.experiments.recipe import RECIPE_PRESET, recipe_knobs, size_settings
 
-TUNED_PRESETS = Path(__file__).with_name("tuned_presets.json")  # the chosen settings the demo reads
+TUNED_PRESETS = Path(__file__).with_name("tuned_presets.json")  # the chosen settings the quick demo reads
+# the recipe search's choice (--space recipe), which the reference run reads (reluformer-demo
+# --preset reference): a file of its own, so that it does not change the quick demo's budget
+RECIPE_PRESETS = Path(__file__).with_name("tuned_presets_recipe.json")
+
+
+def presets_file(space: str) -> Path:
+    """Where ``--write-presets`` puts a search's choice: by the space it searched."""
+    return RECIPE_PRESETS if space == "recipe" else TUNED_PRESETS
 DEMO_CONFIGS = Path(__file__).parents[2] / "configs" / "demo"  # the hydra presets of a checkout (tuned/FAMILY.yaml)
 SHARED_FAMILIES = ("reluformer", "rela", "softmax")
 
@@ -595,5 +603,5 @@ def _yaml_scalar(text: str):
     return text
 
 
-__all__ = ["FAMILY_KNOBS", "Knob", "SHARED_KNOBS", "TUNED_PRESETS", "TuneOptions", "chosen_presets", "run_search",
+__all__ = ["FAMILY_KNOBS", "Knob", "RECIPE_PRESETS", "SHARED_KNOBS", "TUNED_PRESETS", "TuneOptions", "chosen_presets", "run_search",
            "write_presets"]
