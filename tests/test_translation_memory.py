@@ -154,6 +154,9 @@ def test_fusion_trains_and_translates_with_a_memory(fusion, memory_data, tmp_pat
     reading.inputs = lambda dataset, batch: fed.append(len(batch.sources)) or original_inputs(dataset, batch)
     results = translator.translate(documents)
     assert fed and sum(fed) >= 2  # every generate call's sources went through it
+    source = translator.src_dict.encode_line(" ".join(translator.sp_src.encode(test.sources[0], out_type=str)),
+                                             add_if_not_exist=False, append_eos=True).long()
+    assert len(translator.generate([source])) == 1  # neither units nor matches given: the model reads no memory
     assert [len(d) for d in results] == [5, 3]
     assert all(r.match is not None and 0.0 <= r.match[1] <= 1.0 for d in results for r in d)
     assert sum(v for k, v in translator.stats.items() if k.startswith("memory:")) == 8

@@ -123,10 +123,11 @@ def tuned_settings(args) -> dict:
 def scaled_to_preset(settings: dict, preset: dict) -> dict:
     """A family's tuned settings on a preset's budget: its share of sentence updates kept, the
     preset's total of updates (sentence + document phase) instead of the search's."""
-    tuned_total = settings["sentence_updates"] + settings["max_update"]
-    total = preset["sentence_updates"] + preset["max_update"]
-    sentence = int(round(total * settings["sentence_updates"] / tuned_total / 50.0)) * 50
-    return dict(settings, sentence_updates=sentence, max_update=total - sentence)
+    from reluformer_mt.experiments.tune import split_updates
+
+    share = settings["sentence_updates"] / (settings["sentence_updates"] + settings["max_update"])
+    sentence, document = split_updates(preset["sentence_updates"] + preset["max_update"], share)
+    return dict(settings, sentence_updates=sentence, max_update=document)
 
 
 def options_from_args(args, families) -> DemoOptions:

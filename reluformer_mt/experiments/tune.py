@@ -48,11 +48,6 @@ TUNED_PRESETS = Path(__file__).with_name("tuned_presets.json")  # the chosen set
 # the recipe search's choice (--space recipe), which the reference run reads (reluformer-demo
 # --preset reference): a file of its own, so that it does not change the quick demo's budget
 RECIPE_PRESETS = Path(__file__).with_name("tuned_presets_recipe.json")
-
-
-def presets_file(space: str) -> Path:
-    """Where ``--write-presets`` puts a search's choice: by the space it searched."""
-    return RECIPE_PRESETS if space == "recipe" else TUNED_PRESETS
 DEMO_CONFIGS = Path(__file__).parents[2] / "configs" / "demo"  # the hydra presets of a checkout (tuned/FAMILY.yaml)
 SHARED_FAMILIES = ("reluformer", "rela", "softmax")
 
@@ -139,6 +134,11 @@ def fairseq_flags(family: str, params: dict) -> List[str]:
         else:
             argv += [knob.flag, str(value)]
     return argv
+
+
+def presets_file(space: str) -> Path:
+    """Where ``--write-presets`` puts a search's choice: by the space it searched."""
+    return RECIPE_PRESETS if space == "recipe" else TUNED_PRESETS
 
 
 def split_updates(total: int, share: float) -> tuple:

@@ -26,8 +26,11 @@ class MemoryReading(Guidance):
 
     def inputs(self, dataset, batch: SourceBatch):
         """The dataset with each source's matches: ``batch.memory_tokens`` where given, else the
-        best ``memory_k`` matches of each of its sentences (``batch.units``), in their order."""
+        best ``memory_k`` matches of each of its sentences (``batch.units``), in their order; as it
+        is when the caller gives neither (the model then reads no memory, as before any look-up)."""
         tokens = batch.memory_tokens
+        if tokens is None and batch.units is None:
+            return dataset
         if tokens is None:
             tokens = [self.lookup.tokens_of([batch.matches[unit][0][:self.memory_k] for unit in units])
                       for units in batch.units]

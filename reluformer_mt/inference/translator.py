@@ -427,13 +427,13 @@ class DocumentTranslator:
         sources as their batches finish; ``on_batch(indices, results)``: called after each batch."""
         from fairseq import utils
 
-        batch = SourceBatch(sources, units, self._matches, self._unit_words, memory_tokens=matches)
+        given = SourceBatch(sources, units, self._matches, self._unit_words, memory_tokens=matches)
         dataset = self.task.build_dataset_for_inference(list(sources), [len(s) for s in sources])
         for part in self.guidance:  # what the model reads beside the sources (memory reading)
-            dataset = part.inputs(dataset, batch)
+            dataset = part.inputs(dataset, given)
         limits = [self._length_limit(len(s)) for s in sources]
         if self.search is not None:  # the parts' tables of these sources, indexed by sample["id"]
-            self.search.start(batch, self.device, limits)
+            self.search.start(given, self.device, limits)
         results: List[Optional[dict]] = [None] * len(sources)
         for batch in self._batches([len(s) for s in sources]):
             sample = dataset.collater([dataset[i] for i in batch])
